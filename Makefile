@@ -1,0 +1,109 @@
+# blobref: plain Makefile. `make` builds bin/blobrefd and bin/blobref; `make test` builds the
+# sanitizer variant and runs every test; `make fuzz` builds and briefly runs the libFuzzer targets.
+
+PKGS := libmicrohttpd lmdb libcrypto libcurl jansson inih avro-c zlib snappy libzstd liblz4 \
+        libbrotlidec libbrotlienc
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CC ?= cc
+WARN := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 $(WARN) -Iinclude -Iserver $(PKG_CFLAGS)
+LDLIBS := $(PKG_LIBS) -lpthread -lm
+
+# MODE=release (default), san (AddressSanitizer + UndefinedBehaviorSanitizer) or fuzz (clang,
+# libFuzzer). BUILD_ROOT lets parallel work trees keep separate objects.
+MODE ?= release
+BUILD_ROOT ?= build
+SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+ifeq ($(MODE),san)
+  OPT := -O1 -g $(SAN)
+  BIN := $(BUILD_ROOT)/san/bin
+else ifeq ($(MODE),fuzz)
+  CC := clang
+  OPT := -O1 -g $(SAN) -fsanitize=fuzzer-no-link -DBR_FUZZING
+  BIN := $(BUILD_ROOT)/fuzz/bin
+else
+  OPT := -O2 -g
+  BIN := $(if $(filter build,$(BUILD_ROOT)),bin,$(BUILD_ROOT)/bin)
+endif
+OBJ := $(BUILD_ROOT)/$(MODE)/obj
+CFLAGS ?=
+ALL_CFLAGS := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
+
+LIB_SRCS := $(filter-out server/blobrefd.c,$(wildcard server/*.c))
+LIB_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o)
+LIB := $(BUILD_ROOT)/$(MODE)/libblobref.a
+DAEMON_OBJS := $(OBJ)/server/blobrefd.o
+TOOL_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(wildcard tools/*.c))
+UNIT_SRCS := $(wildcard tests/unit/test_*.c)
+UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD_ROOT)/$(MODE)/tests/%)
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD_ROOT)/fuzz/bin/%)
+
+.PHONY: all deps run test unit-bins fuzz-bins fuzz bench clean format
+all: $(BIN)/blobrefd $(BIN)/blobref
+
+deps:
+	@tools/install-deps.sh build
+
+$(OBJ)/%.o: %.c $(wildcard include/blobref/*.h server/*.h tools/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN)/blobrefd: $(DAEMON_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(OPT) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BIN)/blobref: $(TOOL_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(OPT) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD_ROOT)/$(MODE)/tests/%: $(OBJ)/tests/unit/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(OPT) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+unit-bins: $(UNIT_BINS)
+
+# Builds and runs the server on its embedded default (local store + LMDB under ./var).
+run:
+	@tools/install-deps.sh build
+	@$(MAKE) --no-print-directory all
+	./bin/blobrefd
+
+# Everything: dependencies, sanitizer build, unit tests, fuzz smoke runs, integration tests.
+test:
+	@tools/install-deps.sh test
+	@$(MAKE) --no-print-directory MODE=san all unit-bins
+	@$(MAKE) --no-print-directory all
+	tests/run-unit.sh $(BUILD_ROOT)/san/tests
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$${FUZZ_SECONDS:-15}
+	tests/run-integration.sh $(BUILD_ROOT)/san/bin
+
+# libFuzzer targets (clang); each runs FUZZ_SECONDS on its seed corpus in tests/fuzz/corpus/NAME.
+FUZZ_SECONDS ?= 30
+$(BUILD_ROOT)/fuzz/bin/%: $(OBJ)/tests/fuzz/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(OPT) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+
+fuzz-bins: $(FUZZ_BINS)
+
+fuzz:
+	@$(MAKE) --no-print-directory MODE=fuzz fuzz-bins
+	tests/run-fuzz.sh $(BUILD_ROOT)/fuzz/bin $(FUZZ_SECONDS)
+
+bench:
+	@tools/install-deps.sh bench
+	@$(MAKE) --no-print-directory all
+	tests/bench/run.sh
+
+format:
+	clang-format -i $(wildcard server/*.c server/*.h include/blobref/*.h tools/*.c tools/*.h \
+	  tests/unit/*.c tests/unit/*.h tests/fuzz/*.c)
+
+clean:
+	rm -rf build bin

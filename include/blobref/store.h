@@ -1,0 +1,94 @@
+/* The store interface: where blob bytes live (a local directory now; S3 and read-only HTTP origins
+ * plug in behind the same operations). The daemon, the tools and the table readers use only this. */
+#ifndef BLOBREF_STORE_H
+#define BLOBREF_STORE_H
+
+#include "blobref/common.h"
+#include "blobref/source.h"
+
+typedef struct br_store br_store;
+typedef struct br_store_writer br_store_writer;
+
+enum br_serve_mode { BR_SERVE_PROXY, BR_SERVE_REDIRECT };
+
+/* Everything a store kind needs to open; filled from a `[store NAME]` section. Strings are owned
+ * by the config that holds this struct. */
+typedef struct br_store_config {
+  char *name;
+  char *kind;       /* "fs" | "s3" | "http" */
+  char *root;       /* fs: directory */
+  char *public_url; /* fs/http: base URL for redirects ("" = none) */
+  char *prefix;     /* key prefix, e.g. "" or "blobs/" */
+  enum br_serve_mode serve;
+  uint64_t presign_ttl_ms;
+  int line; /* where the section starts in the config file, for messages */
+} br_store_config;
+
+/* An open read handle on one object. For stores that can hand out a file descriptor (fs), fd is a
+ * descriptor positioned nowhere in particular (use pread/sendfile at an offset) and owned by the
+ * reader until br_store_reader_take_fd(); otherwise fd is -1 and reads go through source. */
+typedef struct br_store_reader {
+  int fd;
+  uint64_t size;
+  br_source *source; /* always set: random access to the object's bytes */
+} br_store_reader;
+
+/* Called by br_store_list for each object; return non-zero to stop the listing. */
+typedef int (*br_store_list_fn)(void *ud, const char *key, uint64_t size);
+
+/* Opens the store described by cfg (creating an fs root if needed, removing leftover temp files).
+ * Returns NULL with err filled. */
+br_store *br_store_open(const br_store_config *cfg, br_err *err);
+void br_store_close(br_store *st);
+const char *br_store_name(const br_store *st);
+const char *br_store_kind(const br_store *st);
+enum br_serve_mode br_store_serve_mode(const br_store *st);
+
+/* Default object key of a blob: "<prefix>sha256/<h[0:2]>/<h[2:4]>/<hex>". out must hold
+ * strlen(prefix) + 80 bytes; returns the length written. */
+size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_LEN], char *out,
+                            size_t outlen);
+
+/* --- writing: stream bytes in, then commit under a key only once durable ------------------- */
+
+/* Starts a new object. Bytes go to a temporary place inside the store. */
+br_store_writer *br_store_write_begin(br_store *st, br_err *err);
+/* Appends len bytes; returns 0, or -1 (err->msg says why; errno ENOSPC/EDQUOT is kept in
+ * br_store_writer_errno for a 507). */
+int br_store_write(br_store_writer *w, const void *buf, size_t len, br_err *err);
+int br_store_writer_errno(const br_store_writer *w);
+/* Makes the bytes durable (fsync) and visible under key atomically (rename + directory fsync).
+ * Frees w whatever the outcome; on failure nothing is left behind. */
+int br_store_write_commit(br_store_writer *w, const char *key, br_err *err);
+/* Drops the temporary bytes and frees w. NULL is allowed. */
+void br_store_write_abort(br_store_writer *w);
+
+/* --- reading ------------------------------------------------------------------------------- */
+
+/* Opens key for reading. Returns 0; 1 if there is no such object; -1 on other errors. */
+int br_store_open_read(br_store *st, const char *key, br_store_reader *out, br_err *err);
+/* Releases a reader (closes fd unless taken). */
+void br_store_reader_close(br_store_reader *r);
+/* Transfers ownership of the reader's fd to the caller (e.g. to libmicrohttpd for sendfile). */
+int br_store_reader_take_fd(br_store_reader *r);
+
+/* Size of key, or 1 if absent, -1 on error. */
+int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err);
+
+/* Writes a URL a client can be redirected to for key, valid for at least ttl_ms (presigned for
+ * S3; public_url + key for fs/http). Returns 0; 1 if this store cannot redirect; -1 on error. */
+int br_store_redirect_url(br_store *st, const char *key, uint64_t ttl_ms, char *out, size_t outlen,
+                          br_err *err);
+
+/* --- management (migration, reconcile, import) ---------------------------------------------- */
+
+/* Deletes key. Absent keys are not an error. */
+int br_store_delete(br_store *st, const char *key, br_err *err);
+/* Lists objects whose key starts with prefix, in no particular order. */
+int br_store_list(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err);
+/* Copies src_key of src into dst under dst_key, durably. Stores of the same kind and endpoint may
+ * do it server-side; otherwise the bytes are streamed through. */
+int br_store_copy(br_store *src, const char *src_key, br_store *dst, const char *dst_key,
+                  br_err *err);
+
+#endif

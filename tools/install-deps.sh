@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages blobref needs to build, test and benchmark; silent when all are present.
+# usage: tools/install-deps.sh [build|test|bench]   (each level includes the ones before it)
+set -euo pipefail
+level=${1:-build}
+build_pkgs=(gcc make pkg-config libmicrohttpd-dev liblmdb-dev libssl-dev libcurl4-openssl-dev
+  libjansson-dev libinih-dev libavro-dev zlib1g-dev libsnappy-dev libzstd-dev liblz4-dev libbrotli-dev)
+test_pkgs=(clang libclang-rt-14-dev curl lmdb-utils python3-requests python3-pytest nodejs npm)
+bench_pkgs=(nginx-light wrk docker-registry)
+want=("${build_pkgs[@]}")
+case "$level" in
+  build) ;;
+  test) want+=("${test_pkgs[@]}") ;;
+  bench) want+=("${test_pkgs[@]}" "${bench_pkgs[@]}") ;;
+  *) echo "usage: $0 [build|test|bench]" >&2; exit 2 ;;
+esac
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+# node/npm may come from outside Debian (e.g. nvm); accept any working ones.
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  m2=(); for p in "${missing[@]}"; do [[ "$p" == nodejs || "$p" == npm ]] || m2+=("$p"); done
+  missing=("${m2[@]}")
+  [ ${#missing[@]} -eq 0 ] && exit 0
+fi
+sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq >/dev/null
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
