@@ -1,14 +1,779 @@
-/* blobref put/get/stat/lookup: the blob commands of the command-line tool (work in progress). */
+/* blobref put/get/stat/lookup: upload, download, describe and look up blobs over the HTTP API. */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <openssl/evp.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "commands.h"
+#include "http_client.h"
 
-static int not_yet(const char *name) {
-  fprintf(stderr, "blobref: %s: not implemented yet\n", name);
-  return 1;
+#define HASH_CHUNK (64 * 1024)    /* read size when hashing a file */
+#define LOOKUP_BATCH 10000        /* hashes per POST /v1/lookup */
+#define LOOKUP_LINE_MAX 1024      /* longest stdin line accepted by lookup */
+#define EXIT_LOOKUP_MISSING 1
+#define EXIT_USAGE 2
+#define EXIT_LOOKUP_ERROR 3
+
+/* ---- small shared pieces ---- */
+
+/* Prints "blobref CMD: message" and a pointer to --help; returns the usage exit status. */
+static int usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int usage_error(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "blobref %s: ", cmd);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, " (see 'blobref %s --help')\n", cmd);
+  return EXIT_USAGE;
 }
 
-int cmd_put(const cli_globals *g, int argc, char **argv) { return not_yet("put"); }
-int cmd_get(const cli_globals *g, int argc, char **argv) { return not_yet("get"); }
-int cmd_stat(const cli_globals *g, int argc, char **argv) { return not_yet("stat"); }
-int cmd_lookup(const cli_globals *g, int argc, char **argv) { return not_yet("lookup"); }
+/* Prints the one-line error "blobref: WHAT: why". */
+static void print_error(const char *what, const char *why) {
+  fprintf(stderr, "blobref: %s: %s\n", what, why);
+}
+
+/* Prints the server's error for a non-2xx reply. */
+static void print_reply_error(const char *what, long status, const br_http_buf *body) {
+  char text[512];
+  br_http_error_text(status, body->data, body->len, text, sizeof text);
+  print_error(what, text);
+}
+
+static int is_2xx(long status) { return status >= 200 && status <= 299; }
+
+/* Resets getopt for a subcommand's argv (argv[0] = the command name). */
+static void getopt_reset(void) {
+  optind = 0; /* glibc: full re-initialisation */
+  opterr = 0;
+}
+
+/* Prints the "unknown option / missing argument" usage error for the last getopt failure. */
+static int bad_option(const char *cmd, char **argv) {
+  const char *arg = optind > 0 ? argv[optind - 1] : "?";
+  return usage_error(cmd, "unknown option or missing argument: '%s'", arg);
+}
+
+/* Hashes the rest of f with SHA-256 (streaming, HASH_CHUNK at a time) into hex. Returns 0, or
+ * -1 with err on a read error. */
+static int sha256_file(FILE *f, char hex[BR_HEX_LEN + 1], uint64_t *size, br_err *err) {
+  int rc = -1;
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int dlen = 0;
+  char *buf = malloc(HASH_CHUNK);
+  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  *size = 0;
+  if (!buf || !md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+    br_fail(err, "out of memory");
+    goto fail;
+  }
+  for (;;) {
+    size_t n = fread(buf, 1, HASH_CHUNK, f);
+    if (n > 0 && EVP_DigestUpdate(md, buf, n) != 1) {
+      br_fail(err, "SHA-256 failed");
+      goto fail;
+    }
+    *size += n;
+    if (n < HASH_CHUNK) break;
+  }
+  if (ferror(f)) {
+    br_fail(err, "read error: %s", strerror(errno));
+    goto fail;
+  }
+  if (EVP_DigestFinal_ex(md, digest, &dlen) != 1 || dlen != BR_SHA256_LEN) {
+    br_fail(err, "SHA-256 failed");
+    goto fail;
+  }
+  br_hex_encode(digest, hex);
+  rc = 0;
+fail:
+  EVP_MD_CTX_free(md);
+  free(buf);
+  return rc;
+}
+
+/* Parses a 2xx JSON reply body into *root. Returns 0 or -1 with err. */
+static int parse_json_reply(const br_http_buf *body, json_t **root, br_err *err) {
+  json_error_t je;
+  *root = body->len ? json_loadb(body->data, body->len, 0, &je) : NULL;
+  if (!*root) return br_fail(err, "server sent a reply that is not JSON");
+  return 0;
+}
+
+/* ---- put ---- */
+
+static const char put_help[] =
+    "usage: blobref put [--type CONTENT-TYPE] [--sha256 HEX] [-v] FILE|-\n"
+    "\n"
+    "Uploads FILE (or standard input for '-') and prints its SHA-256 in hex.\n"
+    "A regular file is hashed locally first and sent with PUT /v1/blobs/HASH and\n"
+    "'Expect: 100-continue', so a blob the server already has is not sent again.\n"
+    "Standard input is streamed with POST /v1/blobs (chunked), or with a chunked\n"
+    "PUT when --sha256 is given.\n"
+    "\n"
+    "  --type CONTENT-TYPE  stored Content-Type (default application/octet-stream)\n"
+    "  --sha256 HEX         expected hash (64 hex digits or sha256:HEX); the server\n"
+    "                       refuses the upload when the bytes do not match it\n"
+    "  -v, --verbose        print 'HEX size=N dedup=yes|no sent=N' instead of HEX\n"
+    "  -h, --help           this help\n"
+    "\n"
+    "Exit status: 0 uploaded (or already present), 1 error, 2 usage error.\n";
+
+typedef struct put_opts {
+  const char *type;
+  const char *path;
+  char hex[BR_HEX_LEN + 1]; /* expected hash, "" when unknown */
+  int verbose;
+} put_opts;
+
+/* Sends the upload; on a 2xx prints the result. Returns the exit status. */
+static int put_send(const cli_globals *g, const put_opts *o, FILE *in, int64_t length,
+                    const char *what) {
+  int rc = 1;
+  br_err err = {{0}};
+  br_http_req req;
+  br_http_buf body = {.max = BR_HTTP_JSON_MAX};
+  json_t *root = NULL;
+  char path[128], ctype[BR_CLI_CONTENT_TYPE_MAX + 32];
+  long status = 0;
+
+  if (o->hex[0])
+    snprintf(path, sizeof path, "/v1/blobs/%s", o->hex);
+  else
+    snprintf(path, sizeof path, "/v1/blobs");
+  if (br_http_req_init(&req, g->server, g->token, path, &err) != 0) {
+    print_error(what, err.msg);
+    return 1;
+  }
+  CURL *c = req.curl;
+  snprintf(ctype, sizeof ctype, "Content-Type: %s", o->type ? o->type : "application/octet-stream");
+  if (br_http_req_header(&req, ctype, &err) != 0) goto fail;
+  curl_easy_setopt(c, CURLOPT_READDATA, in);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, br_http_buf_write);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
+  if (o->hex[0]) {
+    curl_easy_setopt(c, CURLOPT_UPLOAD, 1L); /* PUT */
+    /* Always ask first: the server answers 200 for a known blob before any body byte. */
+    if (br_http_req_header(&req, "Expect: 100-continue", &err) != 0) goto fail;
+  } else {
+    curl_easy_setopt(c, CURLOPT_POST, 1L);
+    if (br_http_req_header(&req, "Expect:", &err) != 0) goto fail; /* nothing to skip */
+  }
+  if (length >= 0) {
+    curl_off_t len = (curl_off_t)length;
+    curl_easy_setopt(c, o->hex[0] ? CURLOPT_INFILESIZE_LARGE : CURLOPT_POSTFIELDSIZE_LARGE, len);
+  } else if (br_http_req_header(&req, "Transfer-Encoding: chunked", &err) != 0) {
+    goto fail;
+  }
+  if (br_http_req_perform(&req, &status, &err) != 0) {
+    if (body.toobig) snprintf(err.msg, sizeof err.msg, "server reply larger than allowed");
+    goto fail;
+  }
+  if (!is_2xx(status)) {
+    print_reply_error(what, status, &body);
+    goto done;
+  }
+  if (parse_json_reply(&body, &root, &err) != 0) goto fail;
+  const char *sha = json_string_value(json_object_get(root, "sha256"));
+  json_t *size = json_object_get(root, "size");
+  json_t *dedup = json_object_get(root, "dedup");
+  if (!sha || strlen(sha) != BR_HEX_LEN || !json_is_integer(size) || !json_is_boolean(dedup)) {
+    br_fail(&err, "server reply lacks sha256/size/dedup");
+    goto fail;
+  }
+  if (o->hex[0] && strcmp(sha, o->hex) != 0) {
+    br_fail(&err, "server stored %s, not the requested %s", sha, o->hex);
+    goto fail;
+  }
+  if (o->verbose) {
+    curl_off_t sent = 0;
+    curl_easy_getinfo(c, CURLINFO_SIZE_UPLOAD_T, &sent);
+    printf("%s size=%" JSON_INTEGER_FORMAT " dedup=%s sent=%" CURL_FORMAT_CURL_OFF_T "\n", sha,
+           json_integer_value(size), json_is_true(dedup) ? "yes" : "no", sent);
+  } else {
+    printf("%s\n", sha);
+  }
+  if (fflush(stdout) != 0) {
+    br_fail(&err, "cannot write to standard output: %s", strerror(errno));
+    goto fail;
+  }
+  rc = 0;
+  goto done;
+fail:
+  print_error(what, err.msg);
+done:
+  json_decref(root);
+  br_http_buf_free(&body);
+  br_http_req_free(&req);
+  return rc;
+}
+
+int cmd_put(const cli_globals *g, int argc, char **argv) {
+  static const struct option longopts[] = {{"type", required_argument, NULL, 't'},
+                                           {"sha256", required_argument, NULL, 's'},
+                                           {"verbose", no_argument, NULL, 'v'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+  put_opts o = {0};
+  int opt, rc = 1;
+  FILE *in = NULL;
+  char what[300];
+  br_err err = {{0}};
+
+  getopt_reset();
+  while ((opt = getopt_long(argc, argv, "vh", longopts, NULL)) != -1) {
+    switch (opt) {
+    case 't':
+      if (br_cli_content_type_check(optarg) != 0)
+        return usage_error("put", "--type must be 1 to %d printable ASCII characters",
+                           BR_CLI_CONTENT_TYPE_MAX);
+      o.type = optarg;
+      break;
+    case 's':
+      if (br_cli_hash_parse(optarg, o.hex) != 0)
+        return usage_error("put", "--sha256: '%.80s' is not a SHA-256 (64 hex digits)", optarg);
+      break;
+    case 'v': o.verbose = 1; break;
+    case 'h': fputs(put_help, stdout); return 0;
+    default: return bad_option("put", argv);
+    }
+  }
+  if (argc - optind != 1) return usage_error("put", "expected exactly one FILE or '-'");
+  o.path = argv[optind];
+  snprintf(what, sizeof what, "put %.250s", o.path);
+
+  int64_t length = -1;
+  if (strcmp(o.path, "-") == 0) {
+    in = stdin;
+  } else {
+    struct stat st;
+    in = fopen(o.path, "rb");
+    if (!in || fstat(fileno(in), &st) != 0) {
+      br_fail(&err, "cannot open: %s", strerror(errno));
+      goto fail;
+    }
+    if (S_ISDIR(st.st_mode)) {
+      br_fail(&err, "is a directory");
+      goto fail;
+    }
+    if (S_ISREG(st.st_mode)) {
+      /* A regular file: hash it first (unless told), then send it with its length. */
+      if (!o.hex[0]) {
+        uint64_t hashed = 0;
+        if (sha256_file(in, o.hex, &hashed, &err) != 0) goto fail;
+        if (fseeko(in, 0, SEEK_SET) != 0) {
+          br_fail(&err, "cannot rewind: %s", strerror(errno));
+          goto fail;
+        }
+        if ((off_t)hashed != st.st_size) {
+          br_fail(&err, "file changed while it was hashed");
+          goto fail;
+        }
+      }
+      length = (int64_t)st.st_size;
+    }
+  }
+  rc = put_send(g, &o, in, length, what);
+  goto done;
+fail:
+  print_error(what, err.msg);
+  rc = 1;
+done:
+  if (in && in != stdin) fclose(in);
+  return rc;
+}
+
+/* ---- get ---- */
+
+static const char get_help[] =
+    "usage: blobref get [--range SPEC] [-o FILE] HASH\n"
+    "\n"
+    "Downloads blob HASH (64 hex digits or sha256:HEX) to standard output or FILE,\n"
+    "following a redirect to the store. A full download is checked against HASH and\n"
+    "fails when its SHA-256 differs. With -o, the bytes go to a temporary file next\n"
+    "to FILE that is renamed over FILE only when the download succeeded.\n"
+    "\n"
+    "  --range SPEC   send 'Range: bytes=SPEC' (e.g. 0-99, 100-, -500, 0-9,20-29)\n"
+    "  -o FILE        write to FILE instead of standard output\n"
+    "  -h, --help     this help\n"
+    "\n"
+    "Exit status: 0 downloaded, 1 error (the server's error code is printed), 2 usage.\n";
+
+typedef struct get_sink {
+  CURL *curl;
+  FILE *out;
+  EVP_MD_CTX *md;
+  br_http_buf err_body; /* body of a non-2xx reply, truncated to its max */
+  uint64_t bytes;
+  int write_errno; /* set when writing the output failed */
+} get_sink;
+
+static size_t get_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
+  get_sink *s = userdata;
+  size_t n = size * nmemb;
+  long status = 0;
+  curl_easy_getinfo(s->curl, CURLINFO_RESPONSE_CODE, &status);
+  if (!is_2xx(status)) {
+    size_t room = s->err_body.max - s->err_body.len;
+    if (room > 0) br_http_buf_append(&s->err_body, ptr, n < room ? n : room);
+    return n;
+  }
+  if (fwrite(ptr, 1, n, s->out) != n) {
+    s->write_errno = errno ? errno : EIO;
+    return 0;
+  }
+  EVP_DigestUpdate(s->md, ptr, n);
+  s->bytes += n;
+  return n;
+}
+
+/* Opens a temporary file next to path (same directory, so rename is atomic) with the
+ * permissions a new file would get. Writes its name into tmp. Returns the FILE or NULL. */
+static FILE *open_temp_next_to(const char *path, char *tmp, size_t tmpsize, br_err *err) {
+  char dirbuf[4096], basebuf[4096];
+  if (strlen(path) >= sizeof dirbuf) {
+    br_fail(err, "output path too long");
+    return NULL;
+  }
+  strcpy(dirbuf, path);
+  strcpy(basebuf, path);
+  const char *dir = dirname(dirbuf), *base = basename(basebuf);
+  int n = snprintf(tmp, tmpsize, "%s/.%s.blobref-XXXXXX", dir, base);
+  if (n < 0 || (size_t)n >= tmpsize) {
+    br_fail(err, "output path too long");
+    return NULL;
+  }
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    br_fail(err, "cannot create a temporary file in %s: %s", dir, strerror(errno));
+    tmp[0] = '\0';
+    return NULL;
+  }
+  mode_t mask = umask(0);
+  umask(mask);
+  if (fchmod(fd, 0666 & ~mask) != 0) { /* mkstemp makes 0600 */
+    br_fail(err, "cannot set the mode of %s: %s", tmp, strerror(errno));
+    close(fd);
+    return NULL;
+  }
+  FILE *f = fdopen(fd, "wb");
+  if (!f) {
+    br_fail(err, "cannot open %s: %s", tmp, strerror(errno));
+    close(fd);
+  }
+  return f;
+}
+
+int cmd_get(const cli_globals *g, int argc, char **argv) {
+  static const struct option longopts[] = {{"range", required_argument, NULL, 'r'},
+                                           {"output", required_argument, NULL, 'o'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+  const char *range = NULL, *outpath = NULL;
+  char hex[BR_HEX_LEN + 1], what[128], path[128], tmp[4200] = "";
+  int opt, rc = 1, req_ready = 0;
+  br_err err = {{0}};
+  br_http_req req;
+  get_sink sink = {.err_body = {.max = BR_HTTP_ERROR_BODY_MAX}};
+  long status = 0;
+
+  getopt_reset();
+  while ((opt = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+    switch (opt) {
+    case 'r':
+      if (br_cli_range_check(optarg, &range, &err) != 0)
+        return usage_error("get", "--range '%.80s': %s", optarg, err.msg);
+      break;
+    case 'o':
+      if (!*optarg) return usage_error("get", "-o needs a file name");
+      outpath = optarg;
+      break;
+    case 'h': fputs(get_help, stdout); return 0;
+    default: return bad_option("get", argv);
+    }
+  }
+  if (argc - optind != 1) return usage_error("get", "expected exactly one HASH");
+  if (br_cli_hash_parse(argv[optind], hex) != 0)
+    return usage_error("get", "'%.80s' is not a SHA-256 (64 hex digits or sha256:HEX)",
+                       argv[optind]);
+  snprintf(what, sizeof what, "get %s", hex);
+  snprintf(path, sizeof path, "/v1/blobs/%s", hex);
+
+  if (br_http_req_init(&req, g->server, g->token, path, &err) != 0) goto fail;
+  req_ready = 1;
+  sink.curl = req.curl;
+  sink.md = EVP_MD_CTX_new();
+  if (!sink.md || EVP_DigestInit_ex(sink.md, EVP_sha256(), NULL) != 1) {
+    br_fail(&err, "out of memory");
+    goto fail;
+  }
+  if (outpath) {
+    sink.out = open_temp_next_to(outpath, tmp, sizeof tmp, &err);
+    if (!sink.out) goto fail;
+  } else {
+    sink.out = stdout;
+  }
+  if (range) {
+    char hdr[BR_CLI_RANGE_SPEC_MAX + 32];
+    snprintf(hdr, sizeof hdr, "Range: bytes=%s", range);
+    if (br_http_req_header(&req, hdr, &err) != 0) goto fail;
+  }
+  curl_easy_setopt(req.curl, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(req.curl, CURLOPT_WRITEFUNCTION, get_write);
+  curl_easy_setopt(req.curl, CURLOPT_WRITEDATA, &sink);
+  errno = 0;
+  if (br_http_req_perform(&req, &status, &err) != 0) {
+    if (sink.write_errno)
+      br_fail(&err, "cannot write %s: %s", outpath ? outpath : "standard output",
+              strerror(sink.write_errno));
+    goto fail;
+  }
+  if (!is_2xx(status)) {
+    print_reply_error(what, status, &sink.err_body);
+    goto done;
+  }
+  if (status == 200) { /* the whole blob (also when a Range was ignored): check it */
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int dlen = 0;
+    char got[BR_HEX_LEN + 1];
+    if (EVP_DigestFinal_ex(sink.md, digest, &dlen) != 1 || dlen != BR_SHA256_LEN) {
+      br_fail(&err, "SHA-256 failed");
+      goto fail;
+    }
+    br_hex_encode(digest, got);
+    if (strcmp(got, hex) != 0) {
+      br_fail(&err, "downloaded %llu bytes with SHA-256 %s, not the requested hash",
+              (unsigned long long)sink.bytes, got);
+      goto fail;
+    }
+  }
+  if (fflush(sink.out) != 0 || (outpath && fsync(fileno(sink.out)) != 0)) {
+    br_fail(&err, "cannot write %s: %s", outpath ? outpath : "standard output", strerror(errno));
+    goto fail;
+  }
+  if (outpath) {
+    FILE *f = sink.out;
+    sink.out = NULL;
+    if (fclose(f) != 0) {
+      br_fail(&err, "cannot write %s: %s", outpath, strerror(errno));
+      goto fail;
+    }
+    if (rename(tmp, outpath) != 0) {
+      br_fail(&err, "cannot rename %s to %s: %s", tmp, outpath, strerror(errno));
+      goto fail;
+    }
+    tmp[0] = '\0';
+  }
+  rc = 0;
+  goto done;
+fail:
+  print_error(what, err.msg);
+done:
+  if (outpath && sink.out) fclose(sink.out);
+  if (tmp[0]) unlink(tmp); /* a failed download leaves nothing behind */
+  EVP_MD_CTX_free(sink.md);
+  br_http_buf_free(&sink.err_body);
+  if (req_ready) br_http_req_free(&req);
+  return rc;
+}
+
+/* ---- stat ---- */
+
+static const char stat_help[] =
+    "usage: blobref stat HASH\n"
+    "\n"
+    "Prints the record of blob HASH (GET /v1/blobs/HASH/meta) as indented JSON:\n"
+    "sha256, size, content_type, created_at, last_upload_at, state, locations.\n"
+    "\n"
+    "Exit status: 0 printed, 1 error (e.g. not_found), 2 usage error.\n";
+
+/* GETs path and parses the 2xx JSON reply into *root. Returns 0, or 1 after printing the
+ * error. */
+static int get_json(const cli_globals *g, const char *path, const char *what, json_t **root) {
+  int rc = 1;
+  br_err err = {{0}};
+  br_http_req req;
+  br_http_buf body = {.max = BR_HTTP_JSON_MAX};
+  long status = 0;
+  *root = NULL;
+  if (br_http_req_init(&req, g->server, g->token, path, &err) != 0) {
+    print_error(what, err.msg);
+    return 1;
+  }
+  curl_easy_setopt(req.curl, CURLOPT_WRITEFUNCTION, br_http_buf_write);
+  curl_easy_setopt(req.curl, CURLOPT_WRITEDATA, &body);
+  if (br_http_req_perform(&req, &status, &err) != 0) {
+    if (body.toobig) br_fail(&err, "reply larger than %zu bytes", body.max);
+    goto fail;
+  }
+  if (!is_2xx(status)) {
+    print_reply_error(what, status, &body);
+    goto done;
+  }
+  if (parse_json_reply(&body, root, &err) != 0) goto fail;
+  rc = 0;
+  goto done;
+fail:
+  print_error(what, err.msg);
+done:
+  br_http_buf_free(&body);
+  br_http_req_free(&req);
+  return rc;
+}
+
+int cmd_stat(const cli_globals *g, int argc, char **argv) {
+  static const struct option longopts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+  char hex[BR_HEX_LEN + 1], what[128], path[128];
+  json_t *root = NULL;
+  int opt, rc;
+
+  getopt_reset();
+  while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (opt) {
+    case 'h': fputs(stat_help, stdout); return 0;
+    default: return bad_option("stat", argv);
+    }
+  }
+  if (argc - optind != 1) return usage_error("stat", "expected exactly one HASH");
+  if (br_cli_hash_parse(argv[optind], hex) != 0)
+    return usage_error("stat", "'%.80s' is not a SHA-256 (64 hex digits or sha256:HEX)",
+                       argv[optind]);
+  snprintf(what, sizeof what, "stat %s", hex);
+  snprintf(path, sizeof path, "/v1/blobs/%s/meta", hex);
+  rc = get_json(g, path, what, &root);
+  if (rc == 0) {
+    if (json_dumpf(root, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0 ||
+        fputc('\n', stdout) == EOF || fflush(stdout) != 0) {
+      print_error(what, "cannot write to standard output");
+      rc = 1;
+    }
+  }
+  json_decref(root);
+  return rc;
+}
+
+/* ---- lookup ---- */
+
+static const char lookup_help[] =
+    "usage: blobref lookup HASH...\n"
+    "       blobref lookup -        (one hash per line on standard input)\n"
+    "\n"
+    "Asks the server which blobs exist (POST /v1/lookup, 10000 hashes per request)\n"
+    "and prints one line per input hash, in input order:\n"
+    "  found HEX SIZE\n"
+    "  missing HEX\n"
+    "Hashes are 64 hex digits or sha256:HEX; blank input lines are skipped.\n"
+    "\n"
+    "Exit status: 0 all found, 1 at least one missing, 2 usage error or invalid hash\n"
+    "(for standard input, batches before the bad line are already printed),\n"
+    "3 server or network error.\n";
+
+typedef struct found_entry {
+  const char *hex; /* borrowed from the reply JSON */
+  json_int_t size;
+} found_entry;
+
+static int found_cmp(const void *a, const void *b) {
+  return strcmp(((const found_entry *)a)->hex, ((const found_entry *)b)->hex);
+}
+
+static int str_cmp(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Looks up n canonical hashes in one request and prints the lines. Returns 0 all found,
+ * EXIT_LOOKUP_MISSING some missing, EXIT_LOOKUP_ERROR after printing an error. */
+static int lookup_batch(const cli_globals *g, char (*hashes)[BR_HEX_LEN + 1], size_t n) {
+  int rc = EXIT_LOOKUP_ERROR, any_missing = 0;
+  br_err err = {{0}};
+  br_http_req req;
+  br_http_buf body = {.max = BR_HTTP_JSON_MAX};
+  json_t *reqjson = NULL, *root = NULL;
+  char *reqtext = NULL;
+  found_entry *found = NULL;
+  const char **missing = NULL;
+  long status = 0;
+  const char *what = "lookup";
+
+  if (br_http_req_init(&req, g->server, g->token, "/v1/lookup", &err) != 0) {
+    print_error(what, err.msg);
+    return EXIT_LOOKUP_ERROR;
+  }
+  json_t *arr = json_array();
+  reqjson = json_object();
+  if (!arr || !reqjson || json_object_set_new(reqjson, "hashes", arr) != 0) goto oom;
+  for (size_t i = 0; i < n; i++)
+    if (json_array_append_new(arr, json_string(hashes[i])) != 0) goto oom;
+  reqtext = json_dumps(reqjson, JSON_COMPACT);
+  if (!reqtext) goto oom;
+  if (br_http_req_header(&req, "Content-Type: application/json", &err) != 0 ||
+      br_http_req_header(&req, "Expect:", &err) != 0)
+    goto fail;
+  curl_easy_setopt(req.curl, CURLOPT_POSTFIELDS, reqtext);
+  curl_easy_setopt(req.curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(reqtext));
+  curl_easy_setopt(req.curl, CURLOPT_WRITEFUNCTION, br_http_buf_write);
+  curl_easy_setopt(req.curl, CURLOPT_WRITEDATA, &body);
+  if (br_http_req_perform(&req, &status, &err) != 0) {
+    if (body.toobig) br_fail(&err, "reply larger than %zu bytes", body.max);
+    goto fail;
+  }
+  if (!is_2xx(status)) {
+    print_reply_error(what, status, &body);
+    goto done;
+  }
+  if (parse_json_reply(&body, &root, &err) != 0) goto fail;
+  json_t *jf = json_object_get(root, "found"), *jm = json_object_get(root, "missing");
+  if (!json_is_array(jf) || !json_is_array(jm)) {
+    br_fail(&err, "server reply lacks the found/missing arrays");
+    goto fail;
+  }
+  size_t nf = json_array_size(jf), nm = json_array_size(jm);
+  found = calloc(nf ? nf : 1, sizeof *found);
+  missing = calloc(nm ? nm : 1, sizeof *missing);
+  if (!found || !missing) goto oom;
+  for (size_t i = 0; i < nf; i++) {
+    json_t *e = json_array_get(jf, i), *sz = json_object_get(e, "size");
+    found[i].hex = json_string_value(json_object_get(e, "sha256"));
+    if (!found[i].hex || !json_is_integer(sz)) {
+      br_fail(&err, "server reply: found[%zu] lacks sha256/size", i);
+      goto fail;
+    }
+    found[i].size = json_integer_value(sz);
+  }
+  for (size_t i = 0; i < nm; i++) {
+    missing[i] = json_string_value(json_array_get(jm, i));
+    if (!missing[i]) {
+      br_fail(&err, "server reply: missing[%zu] is not a string", i);
+      goto fail;
+    }
+  }
+  qsort(found, nf, sizeof *found, found_cmp);
+  qsort(missing, nm, sizeof *missing, str_cmp);
+  for (size_t i = 0; i < n; i++) {
+    found_entry key = {.hex = hashes[i]};
+    const char *mkey = hashes[i];
+    const found_entry *f = nf ? bsearch(&key, found, nf, sizeof *found, found_cmp) : NULL;
+    if (f) {
+      printf("found %s %" JSON_INTEGER_FORMAT "\n", hashes[i], f->size);
+    } else if (nm && bsearch(&mkey, missing, nm, sizeof *missing, str_cmp)) {
+      printf("missing %s\n", hashes[i]);
+      any_missing = 1;
+    } else {
+      br_fail(&err, "server reply does not mention %s", hashes[i]);
+      goto fail;
+    }
+  }
+  rc = any_missing ? EXIT_LOOKUP_MISSING : 0;
+  goto done;
+oom:
+  br_fail(&err, "out of memory");
+fail:
+  print_error(what, err.msg);
+done:
+  free(found);
+  free(missing);
+  free(reqtext);
+  json_decref(reqjson);
+  json_decref(root);
+  br_http_buf_free(&body);
+  br_http_req_free(&req);
+  return rc;
+}
+
+/* Folds one batch result into the overall exit status (errors win over missing). */
+static int lookup_merge(int overall, int batch) { return batch > overall ? batch : overall; }
+
+/* Reads hashes from stdin, one per line, and looks them up batch by batch. */
+static int lookup_stdin(const cli_globals *g, char (*batch)[BR_HEX_LEN + 1]) {
+  int rc = 0;
+  char line[LOOKUP_LINE_MAX + 2];
+  size_t n = 0;
+  unsigned long lineno = 0;
+  while (fgets(line, sizeof line, stdin)) {
+    lineno++;
+    size_t len = strlen(line);
+    if (len == sizeof line - 1 && line[len - 1] != '\n') {
+      fprintf(stderr, "blobref: lookup: line %lu: longer than %d characters\n", lineno,
+              LOOKUP_LINE_MAX);
+      return EXIT_USAGE;
+    }
+    char *s = line;
+    while (len > 0 && (s[len - 1] == '\n' || s[len - 1] == '\r' || s[len - 1] == ' ' ||
+                       s[len - 1] == '\t'))
+      s[--len] = '\0';
+    while (*s == ' ' || *s == '\t') s++;
+    if (!*s) continue;
+    if (br_cli_hash_parse(s, batch[n]) != 0) {
+      fprintf(stderr, "blobref: lookup: line %lu: '%.80s' is not a SHA-256 (64 hex digits)\n",
+              lineno, s);
+      return EXIT_USAGE;
+    }
+    if (++n == LOOKUP_BATCH) {
+      rc = lookup_merge(rc, lookup_batch(g, batch, n));
+      n = 0;
+      if (rc == EXIT_LOOKUP_ERROR) return rc;
+    }
+  }
+  if (ferror(stdin)) {
+    fprintf(stderr, "blobref: lookup: cannot read standard input: %s\n", strerror(errno));
+    return EXIT_LOOKUP_ERROR;
+  }
+  if (n > 0) rc = lookup_merge(rc, lookup_batch(g, batch, n));
+  return rc;
+}
+
+int cmd_lookup(const cli_globals *g, int argc, char **argv) {
+  static const struct option longopts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+  int opt, rc = 0;
+  char(*batch)[BR_HEX_LEN + 1] = NULL;
+
+  getopt_reset();
+  while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (opt) {
+    case 'h': fputs(lookup_help, stdout); return 0;
+    default: return bad_option("lookup", argv);
+    }
+  }
+  int nargs = argc - optind;
+  int from_stdin = nargs == 1 && strcmp(argv[optind], "-") == 0;
+  if (nargs == 0) return usage_error("lookup", "expected HASH... or '-'");
+  /* Every argument is checked before any request. */
+  for (int i = optind; !from_stdin && i < argc; i++) {
+    char hex[BR_HEX_LEN + 1];
+    if (strcmp(argv[i], "-") == 0)
+      return usage_error("lookup", "'-' (standard input) cannot be mixed with hashes");
+    if (br_cli_hash_parse(argv[i], hex) != 0)
+      return usage_error("lookup", "'%.80s' is not a SHA-256 (64 hex digits or sha256:HEX)",
+                         argv[i]);
+  }
+  batch = malloc(LOOKUP_BATCH * sizeof *batch);
+  if (!batch) {
+    print_error("lookup", "out of memory");
+    return EXIT_LOOKUP_ERROR;
+  }
+  if (from_stdin) {
+    rc = lookup_stdin(g, batch);
+  } else {
+    size_t n = 0;
+    for (int i = optind; i < argc && rc != EXIT_LOOKUP_ERROR; i++) {
+      br_cli_hash_parse(argv[i], batch[n]);
+      if (++n == LOOKUP_BATCH || i == argc - 1) {
+        rc = lookup_merge(rc, lookup_batch(g, batch, n));
+        n = 0;
+      }
+    }
+  }
+  if (fflush(stdout) != 0) {
+    print_error("lookup", "cannot write to standard output");
+    rc = EXIT_LOOKUP_ERROR;
+  }
+  free(batch);
+  return rc;
+}

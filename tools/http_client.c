@@ -1,0 +1,230 @@
+/* HTTP client helpers for the blobref subcommands (libcurl + jansson); see http_client.h. */
+#include "http_client.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CONNECT_TIMEOUT_S 10L
+#define LOW_SPEED_TIME_S 120L /* abort when less than 1 byte/s arrives for this long */
+#define MAX_REDIRECTS 5L
+
+int br_http_buf_append(br_http_buf *b, const void *p, size_t n) {
+  if (n > b->max || b->len > b->max - n) {
+    b->toobig = 1;
+    return -1;
+  }
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *d = realloc(b->data, cap);
+    if (!d) return -1;
+    b->data = d;
+    b->cap = cap;
+  }
+  memcpy(b->data + b->len, p, n);
+  b->len += n;
+  b->data[b->len] = '\0';
+  return 0;
+}
+
+void br_http_buf_free(br_http_buf *b) {
+  free(b->data);
+  b->data = NULL;
+  b->len = b->cap = 0;
+}
+
+size_t br_http_buf_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
+  size_t n = size * nmemb;
+  if (br_http_buf_append(userdata, ptr, n) != 0) return 0; /* curl fails with WRITE_ERROR */
+  return n;
+}
+
+int br_http_url(const char *base, const char *path, char *out, size_t outsize, br_err *err) {
+  if (strncmp(base, "http://", 7) != 0 && strncmp(base, "https://", 8) != 0)
+    return br_fail(err, "server URL must start with http:// or https:// (got '%.100s')", base);
+  size_t blen = strlen(base);
+  while (blen > 0 && base[blen - 1] == '/') blen--;
+  while (*path == '/') path++;
+  int n = snprintf(out, outsize, "%.*s/%s", (int)blen, base, path);
+  if (n < 0 || (size_t)n >= outsize) return br_fail(err, "URL longer than %zu bytes", outsize - 1);
+  for (const char *c = out; *c; c++)
+    if ((unsigned char)*c <= ' ' || *c == 0x7f)
+      return br_fail(err, "server URL contains a space or control character");
+  return 0;
+}
+
+int br_http_req_init(br_http_req *r, const char *server, const char *token, const char *path,
+                     br_err *err) {
+  int rc = -1;
+  memset(r, 0, sizeof *r);
+  if (br_http_url(server, path, r->url, sizeof r->url, err) != 0) goto fail;
+  r->curl = curl_easy_init();
+  if (!r->curl) {
+    br_fail(err, "cannot initialise libcurl");
+    goto fail;
+  }
+  CURL *c = r->curl;
+  curl_easy_setopt(c, CURLOPT_URL, r->url);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, r->curl_err);
+  curl_easy_setopt(c, CURLOPT_USERAGENT, "blobref/1");
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, CONNECT_TIMEOUT_S);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, LOW_SPEED_TIME_S);
+  curl_easy_setopt(c, CURLOPT_MAXREDIRS, MAX_REDIRECTS);
+#if LIBCURL_VERSION_NUM >= 0x075500
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+#else
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+  if (token && *token) {
+    /* curl's own bearer auth: never replayed to another host on a redirect. */
+    curl_easy_setopt(c, CURLOPT_HTTPAUTH, (long)CURLAUTH_BEARER);
+    curl_easy_setopt(c, CURLOPT_XOAUTH2_BEARER, token);
+  }
+  rc = 0;
+fail:
+  if (rc != 0) br_http_req_free(r);
+  return rc;
+}
+
+int br_http_req_header(br_http_req *r, const char *line, br_err *err) {
+  struct curl_slist *h = curl_slist_append(r->headers, line);
+  if (!h) return br_fail(err, "out of memory");
+  r->headers = h;
+  return 0;
+}
+
+int br_http_req_perform(br_http_req *r, long *status, br_err *err) {
+  *status = 0;
+  r->curl_err[0] = '\0';
+  curl_easy_setopt(r->curl, CURLOPT_HTTPHEADER, r->headers);
+  CURLcode cc = curl_easy_perform(r->curl);
+  curl_easy_getinfo(r->curl, CURLINFO_RESPONSE_CODE, status);
+  if (cc != CURLE_OK) {
+    const char *why = r->curl_err[0] ? r->curl_err : curl_easy_strerror(cc);
+    if (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST ||
+        cc == CURLE_OPERATION_TIMEDOUT || *status == 0)
+      return br_fail(err, "cannot reach %s: %s", r->url, why);
+    return br_fail(err, "transfer from %s failed: %s", r->url, why);
+  }
+  return 0;
+}
+
+void br_http_req_free(br_http_req *r) {
+  if (r->curl) curl_easy_cleanup(r->curl);
+  curl_slist_free_all(r->headers);
+  r->curl = NULL;
+  r->headers = NULL;
+}
+
+/* Copies at most n bytes of s into out (bounded by outsize), replacing anything that is not
+ * printable ASCII with '?'. Returns the number of characters written. */
+static size_t copy_printable(char *out, size_t outsize, const char *s, size_t n) {
+  size_t i = 0;
+  if (outsize == 0) return 0;
+  for (; i < n && i + 1 < outsize; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    out[i] = (ch >= 0x20 && ch < 0x7f) ? (char)ch : '?';
+  }
+  out[i] = '\0';
+  return i;
+}
+
+void br_http_error_text(long status, const char *body, size_t len, char *out, size_t outsize) {
+  char code[64] = "", msg[256] = "";
+  json_t *root = NULL;
+  if (outsize == 0) return;
+  if (body && len > 0) root = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
+  json_t *e = root ? json_object_get(root, "error") : NULL;
+  const char *jc = e ? json_string_value(json_object_get(e, "code")) : NULL;
+  const char *jm = e ? json_string_value(json_object_get(e, "message")) : NULL;
+  if (jc) {
+    copy_printable(code, sizeof code, jc, strlen(jc));
+    if (jm) copy_printable(msg, sizeof msg, jm, strlen(jm));
+    if (msg[0])
+      snprintf(out, outsize, "%s: %s (HTTP %ld)", code, msg, status);
+    else
+      snprintf(out, outsize, "%s (HTTP %ld)", code, status);
+  } else if (body && len > 0) {
+    copy_printable(msg, 81, body, len);
+    snprintf(out, outsize, "HTTP %ld: %s", status, msg);
+  } else {
+    snprintf(out, outsize, "HTTP %ld", status);
+  }
+  json_decref(root);
+}
+
+int br_cli_hash_parse(const char *arg, char hex[BR_HEX_LEN + 1]) {
+  uint8_t digest[BR_SHA256_LEN];
+  if (!arg) return -1;
+  if (strncmp(arg, "sha256:", 7) == 0) arg += 7;
+  size_t len = strnlen(arg, BR_HEX_LEN + 1);
+  if (br_hex_decode(arg, len, digest) != 0) return -1;
+  br_hex_encode(digest, hex);
+  return 0;
+}
+
+/* Reads a decimal of at most 18 digits at *p (so that it fits in int64). */
+static int parse_decimal(const char **p, uint64_t *out) {
+  const char *s = *p;
+  uint64_t v = 0;
+  int digits = 0;
+  while (*s >= '0' && *s <= '9') {
+    if (++digits > 18) return -1;
+    v = v * 10 + (uint64_t)(*s - '0');
+    s++;
+  }
+  if (digits == 0) return -1;
+  *p = s;
+  *out = v;
+  return 0;
+}
+
+int br_cli_range_check(const char *spec, const char **spec_out, br_err *err) {
+  if (!spec) return br_fail(err, "missing range");
+  if (strncmp(spec, "bytes=", 6) == 0) spec += 6;
+  if (strnlen(spec, BR_CLI_RANGE_SPEC_MAX + 1) > BR_CLI_RANGE_SPEC_MAX)
+    return br_fail(err, "range longer than %d characters", BR_CLI_RANGE_SPEC_MAX);
+  const char *p = spec;
+  int count = 0;
+  for (;;) {
+    uint64_t first = 0, last = 0;
+    while (*p == ' ') p++;
+    if (++count > BR_CLI_RANGE_COUNT_MAX)
+      return br_fail(err, "more than %d ranges", BR_CLI_RANGE_COUNT_MAX);
+    if (*p == '-') {
+      p++;
+      if (parse_decimal(&p, &last) != 0 || last == 0)
+        return br_fail(err, "range %d: '-N' needs a positive byte count", count);
+    } else {
+      if (parse_decimal(&p, &first) != 0 || *p != '-')
+        return br_fail(err, "range %d: expected FIRST-LAST, FIRST- or -SUFFIX", count);
+      p++;
+      if (*p >= '0' && *p <= '9') {
+        if (parse_decimal(&p, &last) != 0) return br_fail(err, "range %d: number too large", count);
+        if (last < first) return br_fail(err, "range %d: last byte before first", count);
+      }
+    }
+    while (*p == ' ') p++;
+    if (*p == '\0') break;
+    if (*p != ',') return br_fail(err, "range %d: unexpected '%c'", count, *p);
+    p++;
+  }
+  *spec_out = spec;
+  return 0;
+}
+
+int br_cli_content_type_check(const char *type) {
+  size_t n = strnlen(type, BR_CLI_CONTENT_TYPE_MAX + 1);
+  if (n == 0 || n > BR_CLI_CONTENT_TYPE_MAX) return -1;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)type[i] < 0x20 || (unsigned char)type[i] >= 0x7f) return -1;
+  return 0;
+}
