@@ -68,6 +68,8 @@ $(BUILD_ROOT)/$(MODE)/tests/%: $(OBJ)/tests/unit/%.o $(LIB)
 	$(CC) $(OPT) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 unit-bins: $(UNIT_BINS)
+# tests/unit/test_cli_*.c compile the tools' pure helpers in (#include "../../tools/x.c").
+$(patsubst %.c,$(OBJ)/%.o,$(wildcard tests/unit/test_cli_*.c)): $(wildcard tools/*.c)
 
 # Builds and runs the server on its embedded default (local store + LMDB under ./var).
 run:
