@@ -12,6 +12,7 @@
 struct file_source {
   br_source base;
   int fd;
+  int owns_fd;
   char path[256];
 };
 
@@ -33,8 +34,28 @@ static int file_pread(br_source *src, void *buf, size_t len, uint64_t off, br_er
 
 static void file_close(br_source *src) {
   struct file_source *fs = (struct file_source *)src;
-  close(fs->fd);
+  if (fs->owns_fd) close(fs->fd);
   free(fs);
+}
+
+static br_source *file_source_new(int fd, uint64_t size, int owns_fd, const char *name,
+                                  br_err *err) {
+  struct file_source *fs = calloc(1, sizeof *fs);
+  if (!fs) {
+    br_fail(err, "out of memory");
+    return NULL;
+  }
+  fs->base.size = size;
+  fs->base.pread = file_pread;
+  fs->base.close = file_close;
+  fs->fd = fd;
+  fs->owns_fd = owns_fd;
+  snprintf(fs->path, sizeof fs->path, "%s", name);
+  return &fs->base;
+}
+
+br_source *br_source_from_fd(int fd, uint64_t size, const char *name, br_err *err) {
+  return file_source_new(fd, size, 0, name, err);
 }
 
 br_source *br_source_open_file(const char *path, br_err *err) {
@@ -49,18 +70,9 @@ br_source *br_source_open_file(const char *path, br_err *err) {
     close(fd);
     return NULL;
   }
-  struct file_source *fs = calloc(1, sizeof *fs);
-  if (!fs) {
-    close(fd);
-    br_fail(err, "out of memory");
-    return NULL;
-  }
-  fs->base.size = (uint64_t)st.st_size;
-  fs->base.pread = file_pread;
-  fs->base.close = file_close;
-  fs->fd = fd;
-  snprintf(fs->path, sizeof fs->path, "%s", path);
-  return &fs->base;
+  br_source *src = file_source_new(fd, (uint64_t)st.st_size, 1, path, err);
+  if (!src) close(fd);
+  return src;
 }
 
 struct mem_source {

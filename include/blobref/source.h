@@ -17,6 +17,10 @@ struct br_source {
 /* Opens a local file as a source. Returns NULL with err filled on failure. */
 br_source *br_source_open_file(const char *path, br_err *err);
 
+/* Wraps an open descriptor of a regular file of the given size. The descriptor is borrowed (not
+ * closed by the source) and must stay open while the source is used; name is for messages. */
+br_source *br_source_from_fd(int fd, uint64_t size, const char *name, br_err *err);
+
 /* Wraps memory as a source; the memory is borrowed and must outlive the source. */
 br_source *br_source_from_memory(const void *data, size_t len, br_err *err);
 

@@ -21,7 +21,8 @@ typedef struct br_store_config {
   char *prefix;     /* key prefix, e.g. "" or "blobs/" */
   enum br_serve_mode serve;
   uint64_t presign_ttl_ms;
-  int line; /* where the section starts in the config file, for messages */
+  int line;      /* where the section starts in the config file, for messages */
+  int read_only; /* set by tools that only look (fsck): no directories made, no clean-up */
 } br_store_config;
 
 /* An open read handle on one object. For stores that can hand out a file descriptor (fs), fd is a

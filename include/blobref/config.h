@@ -1,0 +1,93 @@
+/* blobref configuration: the INI file (conf/blobref.conf) and command-line overrides. */
+#ifndef BLOBREF_CONFIG_H
+#define BLOBREF_CONFIG_H
+
+#include "blobref/common.h"
+#include "blobref/store.h"
+
+#define BR_MAX_STORES 32
+#define BR_MAX_TABLES 64
+#define BR_MAX_TOKENS 64
+#define BR_MAX_REWRITES 16
+
+enum br_table_form { BR_FORM_HEX, BR_FORM_BINARY, BR_FORM_URL };
+
+typedef struct br_table_config {
+  char *name;
+  char *location;
+  char *column;
+  enum br_table_form form;
+  char *store;
+  char *rewrite_from[BR_MAX_REWRITES];
+  char *rewrite_to[BR_MAX_REWRITES];
+  int nrewrites;
+  int line;
+} br_table_config;
+
+enum br_scope { BR_SCOPE_READ = 1, BR_SCOPE_WRITE = 2, BR_SCOPE_ADMIN = 4 };
+
+typedef struct br_token_config {
+  char *name;
+  uint8_t sha256[BR_SHA256_LEN];
+  int has_sha256;
+  unsigned scopes; /* BR_SCOPE_* bits */
+  int line;
+} br_token_config;
+
+/* Every setting, with its default filled in by br_config_init. Strings are owned by the config. */
+typedef struct br_config {
+  char *listen;       /* "HOST:PORT" */
+  char *data_dir;     /* LMDB index in data_dir/index; default fs store root data_dir/blobs */
+  char *upload_store; /* store name for new blobs ("" = the first) */
+  uint64_t max_blob_size;
+  uint64_t max_url_length;
+  uint64_t max_header_size;
+  uint64_t max_json_size;
+  uint64_t max_lookup_hashes;
+  uint64_t connection_timeout_ms;
+  uint64_t max_connections;
+  uint64_t threads; /* 0 = number of cores */
+  uint64_t connection_memory;
+  uint64_t index_map_size;
+  uint64_t index_batch_max;
+  uint64_t cache_max_age_ms; /* redirects' private max-age */
+  uint64_t shutdown_timeout_ms;
+  /* [reconcile] */
+  uint64_t reconcile_interval_ms;
+  uint64_t grace_ms;
+  uint64_t retention_ms;
+  double max_fraction;
+  /* [auth] */
+  unsigned anonymous_scopes;
+
+  br_store_config stores[BR_MAX_STORES];
+  int nstores;
+  br_table_config tables[BR_MAX_TABLES];
+  int ntables;
+  br_token_config tokens[BR_MAX_TOKENS];
+  int ntokens;
+} br_config;
+
+/* Fills cfg with defaults (no stores yet). */
+void br_config_init(br_config *cfg);
+
+/* Reads an INI file over the defaults. On error returns -1 with err = "file:line: message". */
+int br_config_load(br_config *cfg, const char *path, br_err *err);
+
+/* Same, from a string (for tests); name is used in messages. */
+int br_config_load_string(br_config *cfg, const char *text, const char *name, br_err *err);
+
+/* Completes the config after file and flags: adds the embedded default store `local` (fs under
+ * data_dir/blobs) when none is configured, checks cross-references (upload_store, table stores).
+ * Returns -1 with err filled. */
+int br_config_finish(br_config *cfg, br_err *err);
+
+/* Replaces a string setting (frees the old value). Returns -1 on allocation failure. */
+int br_config_set_string(char **field, const char *value);
+
+/* The store config of that name, or NULL. */
+const br_store_config *br_config_store(const br_config *cfg, const char *name);
+
+void br_config_free(br_config *cfg);
+
+#endif

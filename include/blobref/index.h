@@ -1,0 +1,92 @@
+/* The blob index: SHA-256 -> record (size, type, times, state, locations) in LMDB, with one
+ * group-committing writer thread so that many uploads share one durable transaction. */
+#ifndef BLOBREF_INDEX_H
+#define BLOBREF_INDEX_H
+
+#include "blobref/common.h"
+
+#define BR_MAX_LOCATIONS 8
+#define BR_MAX_STORE_NAME 63
+#define BR_MAX_KEY 1024
+#define BR_MAX_CONTENT_TYPE 255
+#define BR_MAX_REASON 255
+#define BR_RECORD_MAX_ENCODED 16384
+
+enum br_role { BR_ROLE_PRIMARY = 0, BR_ROLE_COPY = 1, BR_ROLE_DRAINING = 2 };
+enum br_state { BR_STATE_LIVE = 0, BR_STATE_QUARANTINED = 1 };
+
+typedef struct br_location {
+  char store[BR_MAX_STORE_NAME + 1];
+  char key[BR_MAX_KEY + 1];
+  enum br_role role;
+  uint64_t verified_at_ms; /* when its bytes were last checked against the hash (0 = never) */
+} br_location;
+
+typedef struct br_record {
+  uint64_t size;
+  uint64_t created_ms;
+  uint64_t last_upload_ms; /* last acknowledged upload, dedup hits included */
+  enum br_state state;
+  uint64_t state_ms; /* when the state last changed */
+  char reason[BR_MAX_REASON + 1];
+  char content_type[BR_MAX_CONTENT_TYPE + 1];
+  int nlocations;
+  br_location locations[BR_MAX_LOCATIONS];
+} br_record;
+
+/* Errors beyond -1 that callers map to specific replies. */
+#define BR_INDEX_FULL (-2) /* the LMDB map is full: raise index_map_size */
+
+/* Serialises rec (format version 1, little-endian, length-prefixed strings) into buf.
+ * Returns the encoded length, or 0 if it does not fit in cap or rec is invalid. */
+size_t br_record_encode(const br_record *rec, uint8_t *buf, size_t cap);
+
+/* Parses an encoded record. Returns 0, or -1 with err filled on any malformed input. */
+int br_record_decode(const uint8_t *buf, size_t len, br_record *rec, br_err *err);
+
+/* The location with role primary (or the first one), or NULL if there is none. */
+const br_location *br_record_primary(const br_record *rec);
+
+typedef struct br_index br_index;
+
+typedef struct br_index_options {
+  uint64_t map_size;  /* bytes */
+  unsigned batch_max; /* most operations per transaction (1 = no group commit) */
+  int read_only;      /* open without the writer thread (fsck, tools) */
+} br_index_options;
+
+/* Opens (creating) the index in directory dir and starts the writer thread. NULL + err. */
+br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err);
+
+/* Stops the writer (after finishing queued operations) and closes the environment. */
+void br_index_close(br_index *idx);
+
+/* Looks a blob up. Returns 0 and fills rec; 1 if absent; -1 with err on failure.
+ * Safe from any thread; readers never wait for the writer. */
+int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err);
+
+/* Records an acknowledged upload, durably, before returning. If the blob is absent, rec is
+ * inserted and *created = 1. If present, last_upload_ms is set to rec->last_upload_ms, a
+ * quarantined blob is restored to live, rec's primary location is added when the record has none
+ * in that store, and *created = 0; *stored receives the resulting record if non-NULL.
+ * Returns 0, BR_INDEX_FULL, or -1 with err. Blocks until the batch holding it is committed. */
+int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN],
+                           const br_record *rec, int *created, br_record *stored, br_err *err);
+
+/* Calls fn for every record in key order, inside one read transaction; fn returns non-zero to
+ * stop. Returns 0, or -1 with err. */
+typedef int (*br_index_each_fn)(void *ud, const uint8_t digest[BR_SHA256_LEN],
+                                const br_record *rec);
+int br_index_foreach(br_index *idx, br_index_each_fn fn, void *ud, br_err *err);
+
+/* Counters for /metrics and the benchmark. */
+typedef struct br_index_stats {
+  uint64_t commits;   /* write transactions committed */
+  uint64_t ops;       /* operations applied */
+  uint64_t entries;   /* records in the index */
+  uint64_t map_size;  /* bytes */
+  uint64_t map_used;  /* bytes in use (last page number * page size) */
+} br_index_stats;
+void br_index_get_stats(br_index *idx, br_index_stats *out);
+
+#endif

@@ -1,0 +1,227 @@
+/* blobrefd: the daemon's entry point. Loads the config, opens stores and index, serves until
+ * SIGTERM/SIGINT; `--fsck` checks that every index entry has its bytes instead. */
+#include <errno.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "httpd.h"
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: blobrefd [-c FILE] [--listen HOST:PORT] [--data DIR] [--debug]\n"
+          "       blobrefd --fsck [--verify] [-c FILE] [--data DIR]\n"
+          "With no -c, runs on the embedded default: an fs store 'local' under DIR/blobs and the\n"
+          "index under DIR/index (DIR defaults to ./var). Flags override the file.\n");
+}
+
+struct options {
+  const char *config, *listen, *data;
+  int fsck, verify, debug;
+};
+
+static int parse_args(int argc, char **argv, struct options *o) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    int has_value = i + 1 < argc;
+    if ((!strcmp(a, "-c") || !strcmp(a, "--config")) && has_value)
+      o->config = argv[++i];
+    else if (!strcmp(a, "--listen") && has_value)
+      o->listen = argv[++i];
+    else if (!strcmp(a, "--data") && has_value)
+      o->data = argv[++i];
+    else if (!strcmp(a, "--fsck"))
+      o->fsck = 1;
+    else if (!strcmp(a, "--verify"))
+      o->verify = 1;
+    else if (!strcmp(a, "--debug"))
+      o->debug = 1;
+    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      exit(0);
+    } else {
+      fprintf(stderr, "blobrefd: unknown or incomplete argument '%s'\n", a);
+      usage(stderr);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int load_config(const struct options *o, br_config *cfg, br_err *err) {
+  br_config_init(cfg);
+  if (o->config && br_config_load(cfg, o->config, err) < 0) return -1;
+  if (o->listen && br_config_set_string(&cfg->listen, o->listen) < 0)
+    return br_fail(err, "out of memory");
+  if (o->data && br_config_set_string(&cfg->data_dir, o->data) < 0)
+    return br_fail(err, "out of memory");
+  if (br_config_finish(cfg, err) < 0) {
+    if (o->config) {
+      br_err detail = *err;
+      br_fail(err, "%s: %.400s", o->config, detail.msg);
+    }
+    return -1;
+  }
+  return 0;
+}
+
+static int open_stores(br_server *srv, int read_only, br_err *err) {
+  for (int i = 0; i < srv->cfg->nstores; i++) {
+    br_store_config sc = srv->cfg->stores[i];
+    sc.read_only = read_only;
+    br_store *st = br_store_open(&sc, err);
+    if (!st) return -1;
+    srv->stores[srv->nstores++] = st;
+  }
+  srv->upload_store = br_server_store(srv, srv->cfg->upload_store);
+  return 0;
+}
+
+static void close_all(br_server *srv) {
+  br_index_close(srv->index);
+  for (int i = 0; i < srv->nstores; i++) br_store_close(srv->stores[i]);
+}
+
+/* ---- fsck ------------------------------------------------------------------------------------ */
+
+struct fsck {
+  br_server *srv;
+  int verify;
+  uint64_t blobs, problems;
+};
+
+static int verify_digest(br_store *st, const char *key, const uint8_t want[BR_SHA256_LEN],
+                         br_err *err) {
+  br_store_reader r;
+  int rc = br_store_open_read(st, key, &r, err);
+  if (rc != 0) return rc > 0 ? br_fail(err, "missing") : -1;
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+  static char buf[1 << 20];
+  for (uint64_t off = 0; rc == 0 && off < r.size;) {
+    size_t n = r.size - off < sizeof buf ? (size_t)(r.size - off) : sizeof buf;
+    rc = r.source->pread(r.source, buf, n, off, err);
+    EVP_DigestUpdate(ctx, buf, n);
+    off += n;
+  }
+  uint8_t got[BR_SHA256_LEN];
+  EVP_DigestFinal_ex(ctx, got, NULL);
+  EVP_MD_CTX_free(ctx);
+  br_store_reader_close(&r);
+  if (rc == 0 && memcmp(got, want, BR_SHA256_LEN) != 0) rc = br_fail(err, "SHA-256 mismatch");
+  return rc;
+}
+
+static int fsck_one(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_record *rec) {
+  struct fsck *f = ud;
+  char hex[BR_HEX_LEN + 1];
+  br_hex_encode(digest, hex);
+  f->blobs++;
+  if (rec->nlocations == 0) {
+    printf("%s: no location\n", hex);
+    f->problems++;
+  }
+  for (int i = 0; i < rec->nlocations; i++) {
+    const br_location *l = &rec->locations[i];
+    br_store *st = br_server_store(f->srv, l->store);
+    br_err err;
+    uint64_t size = 0;
+    int rc = st ? br_store_stat(st, l->key, &size, &err) : 1;
+    if (!st) {
+      printf("%s: store %s is not configured\n", hex, l->store);
+    } else if (rc < 0) {
+      printf("%s: %s:%s: %s\n", hex, l->store, l->key, err.msg);
+    } else if (rc > 0) {
+      printf("%s: %s:%s: missing\n", hex, l->store, l->key);
+    } else if (size != rec->size) {
+      printf("%s: %s:%s: %" PRIu64 " bytes, index says %" PRIu64 "\n", hex, l->store, l->key,
+             size, rec->size);
+      rc = 1;
+    } else if (f->verify && verify_digest(st, l->key, digest, &err) < 0) {
+      printf("%s: %s:%s: %s\n", hex, l->store, l->key, err.msg);
+      rc = 1;
+    }
+    if (!st || rc) f->problems++;
+  }
+  return 0;
+}
+
+static int run_fsck(br_server *srv, int verify) {
+  br_err err;
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/index", srv->cfg->data_dir);
+  br_index_options opt = {.map_size = srv->cfg->index_map_size, .batch_max = 1, .read_only = 1};
+  srv->index = br_index_open(dir, &opt, &err);
+  if (!srv->index || open_stores(srv, 1, &err) < 0) {
+    fprintf(stderr, "blobrefd: %s\n", err.msg);
+    close_all(srv);
+    return 2;
+  }
+  struct fsck f = {.srv = srv, .verify = verify};
+  int rc = br_index_foreach(srv->index, fsck_one, &f, &err);
+  if (rc < 0) {
+    printf("index: %s\n", err.msg);
+    f.problems++;
+  }
+  printf("fsck: %" PRIu64 " blobs, %" PRIu64 " problems\n", f.blobs, f.problems);
+  close_all(srv);
+  return f.problems ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  struct options o = {0};
+  if (parse_args(argc, argv, &o) < 0) return 2;
+  if (o.debug) br_log_min_level = BR_LOG_DEBUG;
+  br_config cfg;
+  br_err err;
+  if (load_config(&o, &cfg, &err) < 0) {
+    fprintf(stderr, "blobrefd: %s\n", err.msg);
+    br_config_free(&cfg);
+    return 2;
+  }
+  static br_server srv; /* large (metrics), and lives as long as the process */
+  srv.cfg = &cfg;
+  if (o.fsck) {
+    int rc = run_fsck(&srv, o.verify);
+    br_config_free(&cfg);
+    return rc;
+  }
+  /* Signals are taken by sigwait in this thread; every other thread inherits the mask. */
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  int rc = 1;
+  if (mkdir(cfg.data_dir, 0755) < 0 && errno != EEXIST) {
+    br_error("cannot create data directory %s: %s", cfg.data_dir, strerror(errno));
+    goto out;
+  }
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/index", cfg.data_dir);
+  br_index_options opt = {.map_size = cfg.index_map_size, .batch_max = (unsigned)cfg.index_batch_max};
+  srv.index = br_index_open(dir, &opt, &err);
+  if (!srv.index || open_stores(&srv, 0, &err) < 0 || br_server_start(&srv, &err) < 0) {
+    br_error("%s", err.msg);
+    br_server_stop(&srv);
+    goto out;
+  }
+  br_info("index %s, upload store %s, %d store(s)%s", dir, cfg.upload_store, cfg.nstores,
+          cfg.ntokens ? "" : ", no tokens configured: every client may write");
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  br_info("signal %d: stopping", sig);
+  br_server_stop(&srv);
+  rc = 0;
+out:
+  close_all(&srv);
+  br_config_free(&cfg);
+  if (rc == 0) br_info("stopped");
+  return rc;
+}

@@ -1,0 +1,423 @@
+/* Configuration: one table of keys with types, defaults and bounds; INI parsing via inih. */
+#include "blobref/config.h"
+
+#include <ini.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+enum key_type { KEY_STRING, KEY_SIZE, KEY_DURATION, KEY_COUNT, KEY_FRACTION, KEY_SERVE, KEY_FORM,
+                KEY_SCOPES, KEY_SHA256, KEY_REWRITE };
+
+/* One configurable key: where it lives (offset into its section's struct), its default and
+ * bounds. Sizes are bytes, durations milliseconds, counts plain numbers. */
+struct key_spec {
+  const char *name;
+  enum key_type type;
+  size_t offset;
+  const char *default_value;
+  uint64_t min, max;
+};
+
+#define SRV(field) offsetof(br_config, field)
+static const struct key_spec server_keys[] = {
+    {"listen", KEY_STRING, SRV(listen), "127.0.0.1:8080", 0, 0},
+    {"data_dir", KEY_STRING, SRV(data_dir), "./var", 0, 0},
+    {"upload_store", KEY_STRING, SRV(upload_store), "", 0, 0},
+    {"max_blob_size", KEY_SIZE, SRV(max_blob_size), "5GiB", 1, UINT64_MAX / 2},
+    {"max_url_length", KEY_SIZE, SRV(max_url_length), "4096", 64, 1 << 20},
+    {"max_header_size", KEY_SIZE, SRV(max_header_size), "16KiB", 1024, 1 << 20},
+    {"max_json_size", KEY_SIZE, SRV(max_json_size), "8MiB", 1024, 1ull << 30},
+    {"max_lookup_hashes", KEY_COUNT, SRV(max_lookup_hashes), "100000", 1, 10000000},
+    {"connection_timeout", KEY_DURATION, SRV(connection_timeout_ms), "30s", 1000, 86400000},
+    {"max_connections", KEY_COUNT, SRV(max_connections), "1024", 1, 1000000},
+    {"threads", KEY_COUNT, SRV(threads), "0", 0, 1024},
+    {"connection_memory", KEY_SIZE, SRV(connection_memory), "64KiB", 16384, 16 << 20},
+    {"index_map_size", KEY_SIZE, SRV(index_map_size), "1GiB", 1 << 20, 1ull << 44},
+    {"index_batch_max", KEY_COUNT, SRV(index_batch_max), "1024", 1, 1000000},
+    {"cache_max_age", KEY_DURATION, SRV(cache_max_age_ms), "60s", 0, 86400000ull * 365},
+    {"shutdown_timeout", KEY_DURATION, SRV(shutdown_timeout_ms), "10s", 0, 3600000},
+};
+static const struct key_spec reconcile_keys[] = {
+    {"interval", KEY_DURATION, SRV(reconcile_interval_ms), "6h", 0, UINT64_MAX / 2},
+    {"grace", KEY_DURATION, SRV(grace_ms), "72h", 0, UINT64_MAX / 2},
+    {"retention", KEY_DURATION, SRV(retention_ms), "7d", 0, UINT64_MAX / 2},
+    {"max_fraction", KEY_FRACTION, SRV(max_fraction), "0.10", 0, 1},
+};
+static const struct key_spec auth_keys[] = {
+    {"anonymous", KEY_SCOPES, SRV(anonymous_scopes), "read", 0, 0},
+};
+#define STO(field) offsetof(br_store_config, field)
+static const struct key_spec store_keys[] = {
+    {"kind", KEY_STRING, STO(kind), "fs", 0, 0},
+    {"root", KEY_STRING, STO(root), "", 0, 0},
+    {"serve", KEY_SERVE, STO(serve), "proxy", 0, 0},
+    {"public_url", KEY_STRING, STO(public_url), "", 0, 0},
+    {"prefix", KEY_STRING, STO(prefix), "", 0, 0},
+    {"presign_ttl", KEY_DURATION, STO(presign_ttl_ms), "15m", 1000, 7 * 86400000ull},
+};
+#define TAB(field) offsetof(br_table_config, field)
+static const struct key_spec table_keys[] = {
+    {"location", KEY_STRING, TAB(location), "", 0, 0},
+    {"column", KEY_STRING, TAB(column), "", 0, 0},
+    {"form", KEY_FORM, TAB(form), "hex", 0, 0},
+    {"store", KEY_STRING, TAB(store), "", 0, 0},
+    {"rewrite", KEY_REWRITE, 0, NULL, 0, 0},
+};
+#define TOK(field) offsetof(br_token_config, field)
+static const struct key_spec token_keys[] = {
+    {"sha256", KEY_SHA256, TOK(sha256), NULL, 0, 0},
+    {"scopes", KEY_SCOPES, TOK(scopes), "read", 0, 0},
+};
+#define NKEYS(a) (sizeof(a) / sizeof((a)[0]))
+
+int br_config_set_string(char **field, const char *value) {
+  char *copy = strdup(value);
+  if (!copy) return -1;
+  free(*field);
+  *field = copy;
+  return 0;
+}
+
+static int parse_scopes(const char *value, unsigned *out) {
+  unsigned scopes = 0;
+  char buf[256];
+  if (strlen(value) >= sizeof buf) return -1;
+  strcpy(buf, value);
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
+    if (!strcmp(tok, "read"))
+      scopes |= BR_SCOPE_READ;
+    else if (!strcmp(tok, "write"))
+      scopes |= BR_SCOPE_WRITE | BR_SCOPE_READ;
+    else if (!strcmp(tok, "admin"))
+      scopes |= BR_SCOPE_ADMIN | BR_SCOPE_WRITE | BR_SCOPE_READ;
+    else if (!strcmp(tok, "none"))
+      ;
+    else
+      return -1;
+  }
+  *out = scopes;
+  return 0;
+}
+
+/* Sets one key of a section struct from its text value; returns -1 with a message in err. */
+static int set_key(const struct key_spec *k, void *base, const char *value, br_err *err) {
+  char *p = (char *)base + k->offset;
+  uint64_t n = 0;
+  switch (k->type) {
+    case KEY_STRING:
+      return br_config_set_string((char **)p, value) < 0 ? br_fail(err, "out of memory") : 0;
+    case KEY_SIZE:
+      if (br_parse_size(value, &n) < 0)
+        return br_fail(err, "%s: '%s' is not a size (e.g. 512KiB, 64MiB, 5GiB)", k->name, value);
+      break;
+    case KEY_DURATION:
+      if (br_parse_duration_ms(value, &n) < 0)
+        return br_fail(err, "%s: '%s' is not a duration (e.g. 30s, 15m, 72h, 7d)", k->name, value);
+      break;
+    case KEY_COUNT: {
+      char *end = NULL;
+      unsigned long long v = strtoull(value, &end, 10);
+      if (!*value || *end || value[0] == '-')
+        return br_fail(err, "%s: '%s' is not a whole number", k->name, value);
+      n = v;
+      break;
+    }
+    case KEY_FRACTION: {
+      char *end = NULL;
+      double d = strtod(value, &end);
+      if (!*value || *end || !(d >= 0.0 && d <= 1.0))
+        return br_fail(err, "%s: '%s' is not a fraction between 0 and 1", k->name, value);
+      *(double *)p = d;
+      return 0;
+    }
+    case KEY_SERVE:
+      if (!strcmp(value, "proxy"))
+        *(enum br_serve_mode *)p = BR_SERVE_PROXY;
+      else if (!strcmp(value, "redirect"))
+        *(enum br_serve_mode *)p = BR_SERVE_REDIRECT;
+      else
+        return br_fail(err, "%s: '%s' must be proxy or redirect", k->name, value);
+      return 0;
+    case KEY_FORM:
+      if (!strcmp(value, "hex"))
+        *(enum br_table_form *)p = BR_FORM_HEX;
+      else if (!strcmp(value, "binary"))
+        *(enum br_table_form *)p = BR_FORM_BINARY;
+      else if (!strcmp(value, "url"))
+        *(enum br_table_form *)p = BR_FORM_URL;
+      else
+        return br_fail(err, "%s: '%s' must be hex, binary or url", k->name, value);
+      return 0;
+    case KEY_SCOPES:
+      if (parse_scopes(value, (unsigned *)p) < 0)
+        return br_fail(err, "%s: '%s' must list read, write, admin (or none)", k->name, value);
+      return 0;
+    case KEY_SHA256: {
+      br_token_config *t = base;
+      if (br_hex_decode(value, strlen(value), t->sha256) < 0)
+        return br_fail(err, "%s: must be the 64-hex SHA-256 digest of the token", k->name);
+      t->has_sha256 = 1;
+      return 0;
+    }
+    case KEY_REWRITE: {
+      br_table_config *t = base;
+      const char *arrow = strstr(value, "=>");
+      if (!arrow) return br_fail(err, "rewrite: expected 'FROM => TO'");
+      if (t->nrewrites >= BR_MAX_REWRITES)
+        return br_fail(err, "rewrite: at most %d per table", BR_MAX_REWRITES);
+      const char *from_end = arrow;
+      while (from_end > value && (from_end[-1] == ' ' || from_end[-1] == '\t')) from_end--;
+      const char *to = arrow + 2;
+      while (*to == ' ' || *to == '\t') to++;
+      if (from_end == value || !*to) return br_fail(err, "rewrite: FROM and TO must not be empty");
+      t->rewrite_from[t->nrewrites] = strndup(value, (size_t)(from_end - value));
+      t->rewrite_to[t->nrewrites] = strdup(to);
+      t->nrewrites++;
+      return 0;
+    }
+  }
+  if (n < k->min || n > k->max)
+    return br_fail(err, "%s: %s is out of range", k->name, value);
+  *(uint64_t *)p = n;
+  return 0;
+}
+
+static void set_defaults(const struct key_spec *keys, size_t nkeys, void *base) {
+  for (size_t i = 0; i < nkeys; i++)
+    if (keys[i].default_value) set_key(&keys[i], base, keys[i].default_value, NULL);
+}
+
+void br_config_init(br_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  set_defaults(server_keys, NKEYS(server_keys), cfg);
+  set_defaults(reconcile_keys, NKEYS(reconcile_keys), cfg);
+  set_defaults(auth_keys, NKEYS(auth_keys), cfg);
+}
+
+struct parse_state {
+  br_config *cfg;
+  br_err err;
+  int failed;
+  char section[256];      /* last section seen, to start a new store/table/token once */
+  void *section_base;     /* struct the current section's keys go to */
+  const struct key_spec *keys;
+  size_t nkeys;
+};
+
+static int names_taken(br_config *cfg, const char *kind, const char *name) {
+  if (!strcmp(kind, "store")) {
+    for (int i = 0; i < cfg->nstores; i++)
+      if (!strcmp(cfg->stores[i].name, name)) return 1;
+  } else if (!strcmp(kind, "table")) {
+    for (int i = 0; i < cfg->ntables; i++)
+      if (!strcmp(cfg->tables[i].name, name)) return 1;
+  } else {
+    for (int i = 0; i < cfg->ntokens; i++)
+      if (!strcmp(cfg->tokens[i].name, name)) return 1;
+  }
+  return 0;
+}
+
+/* Resolves a section header to the struct and key table it fills, creating stores, tables and
+ * tokens as they appear. */
+static int enter_section(struct parse_state *ps, const char *section) {
+  br_config *cfg = ps->cfg;
+  snprintf(ps->section, sizeof ps->section, "%s", section);
+  if (!strcmp(section, "server")) {
+    ps->section_base = cfg, ps->keys = server_keys, ps->nkeys = NKEYS(server_keys);
+    return 0;
+  }
+  if (!strcmp(section, "reconcile")) {
+    ps->section_base = cfg, ps->keys = reconcile_keys, ps->nkeys = NKEYS(reconcile_keys);
+    return 0;
+  }
+  if (!strcmp(section, "auth")) {
+    ps->section_base = cfg, ps->keys = auth_keys, ps->nkeys = NKEYS(auth_keys);
+    return 0;
+  }
+  char kind[16], name[128], extra[2];
+  int n = sscanf(section, "%15s %127s %1s", kind, name, extra);
+  if (n != 2)
+    return br_fail(&ps->err, "unknown section [%s] (expected server, store NAME, table NAME, "
+                   "reconcile, auth, token NAME)", section);
+  for (const char *c = name; *c; c++)
+    if (!(*c == '-' || *c == '_' || *c == '.' || (*c >= '0' && *c <= '9') ||
+          (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z')))
+      return br_fail(&ps->err, "[%s]: names may hold letters, digits, '-', '_' and '.'", section);
+  if (strcmp(kind, "store") && strcmp(kind, "table") && strcmp(kind, "token"))
+    return br_fail(&ps->err, "unknown section [%s]", section);
+  if (names_taken(cfg, kind, name)) return br_fail(&ps->err, "[%s] appears twice", section);
+  if (!strcmp(kind, "store")) {
+    if (cfg->nstores >= BR_MAX_STORES) return br_fail(&ps->err, "too many stores");
+    br_store_config *s = &cfg->stores[cfg->nstores++];
+    set_defaults(store_keys, NKEYS(store_keys), s);
+    s->name = strdup(name);
+    ps->section_base = s, ps->keys = store_keys, ps->nkeys = NKEYS(store_keys);
+  } else if (!strcmp(kind, "table")) {
+    if (cfg->ntables >= BR_MAX_TABLES) return br_fail(&ps->err, "too many tables");
+    br_table_config *t = &cfg->tables[cfg->ntables++];
+    set_defaults(table_keys, NKEYS(table_keys), t);
+    t->name = strdup(name);
+    ps->section_base = t, ps->keys = table_keys, ps->nkeys = NKEYS(table_keys);
+  } else {
+    if (cfg->ntokens >= BR_MAX_TOKENS) return br_fail(&ps->err, "too many tokens");
+    br_token_config *t = &cfg->tokens[cfg->ntokens++];
+    set_defaults(token_keys, NKEYS(token_keys), t);
+    t->name = strdup(name);
+    ps->section_base = t, ps->keys = token_keys, ps->nkeys = NKEYS(token_keys);
+  }
+  return 0;
+}
+
+static int on_ini_entry(void *user, const char *section, const char *name, const char *value) {
+  struct parse_state *ps = user;
+  if (ps->failed) return 0;
+  if (!*section) {
+    br_fail(&ps->err, "'%s' before any [section]", name);
+    goto fail;
+  }
+  if (strcmp(section, ps->section) != 0 && enter_section(ps, section) < 0) goto fail;
+  for (size_t i = 0; i < ps->nkeys; i++) {
+    if (!strcmp(ps->keys[i].name, name)) {
+      br_err kerr;
+      if (set_key(&ps->keys[i], ps->section_base, value, &kerr) < 0) {
+        br_fail(&ps->err, "[%s] %s", section, kerr.msg);
+        goto fail;
+      }
+      return 1;
+    }
+  }
+  br_fail(&ps->err, "[%s]: unknown key '%s'", section, name);
+fail:
+  ps->failed = 1;
+  return 0;
+}
+
+/* Line number of the header "[kind name]" in text (inih reports lines only for errors), for
+ * messages about whole sections; 0 if not found. */
+static int section_line(const char *text, const char *kind, const char *name) {
+  int line = 1;
+  for (const char *p = text; *p; line++) {
+    const char *eol = strchr(p, '\n');
+    size_t len = eol ? (size_t)(eol - p) : strlen(p);
+    while (len && (*p == ' ' || *p == '\t')) p++, len--;
+    size_t kl = strlen(kind), nl = strlen(name);
+    if (len > kl + nl + 2 && p[0] == '[' && !strncmp(p + 1, kind, kl) && p[1 + kl] == ' ') {
+      const char *q = p + 1 + kl;
+      while (*q == ' ') q++;
+      if (!strncmp(q, name, nl) && (q[nl] == ']' || q[nl] == ' ')) return line;
+    }
+    if (!eol) break;
+    p = eol + 1;
+  }
+  return 0;
+}
+
+static int load(br_config *cfg, const char *text, const char *name, br_err *err) {
+  struct parse_state ps = {.cfg = cfg};
+  int line = ini_parse_string(text, on_ini_entry, &ps);
+  for (int i = 0; i < cfg->nstores; i++)
+    if (!cfg->stores[i].line) cfg->stores[i].line = section_line(text, "store", cfg->stores[i].name);
+  for (int i = 0; i < cfg->ntables; i++)
+    if (!cfg->tables[i].line) cfg->tables[i].line = section_line(text, "table", cfg->tables[i].name);
+  for (int i = 0; i < cfg->ntokens; i++)
+    if (!cfg->tokens[i].line) cfg->tokens[i].line = section_line(text, "token", cfg->tokens[i].name);
+  if (line == 0 && !ps.failed) return 0;
+  if (!ps.failed) br_fail(&ps.err, "syntax error (expected [section] or key = value)");
+  if (line < 0) return br_fail(err, "%s: %s", name, ps.err.msg);
+  return br_fail(err, "%s:%d: %s", name, line, ps.err.msg);
+}
+
+int br_config_load_string(br_config *cfg, const char *text, const char *name, br_err *err) {
+  return load(cfg, text, name, err);
+}
+
+int br_config_load(br_config *cfg, const char *path, br_err *err) {
+  br_source *src = br_source_open_file(path, err);
+  if (!src) return -1;
+  uint8_t *text = NULL;
+  size_t len = 0;
+  int rc = br_source_read_all(src, 1 << 20, &text, &len, err);
+  br_source_close(src);
+  if (rc < 0) return br_fail(err, "%s: %s", path, err->msg);
+  if (memchr(text, '\0', len)) {
+    free(text);
+    return br_fail(err, "%s: contains a NUL byte", path);
+  }
+  rc = load(cfg, (const char *)text, path, err);
+  free(text);
+  return rc;
+}
+
+const br_store_config *br_config_store(const br_config *cfg, const char *name) {
+  for (int i = 0; i < cfg->nstores; i++)
+    if (!strcmp(cfg->stores[i].name, name)) return &cfg->stores[i];
+  return NULL;
+}
+
+int br_config_finish(br_config *cfg, br_err *err) {
+  if (cfg->nstores == 0) {
+    br_store_config *s = &cfg->stores[cfg->nstores++];
+    set_defaults(store_keys, NKEYS(store_keys), s);
+    s->name = strdup("local");
+    char root[4096];
+    snprintf(root, sizeof root, "%s/blobs", cfg->data_dir);
+    br_config_set_string(&s->root, root);
+  }
+  for (int i = 0; i < cfg->nstores; i++) {
+    br_store_config *s = &cfg->stores[i];
+    if (!strcmp(s->kind, "fs") && !*s->root)
+      return br_fail(err, "[store %s] (line %d): kind = fs needs root", s->name, s->line);
+    if (s->serve == BR_SERVE_REDIRECT && !strcmp(s->kind, "fs") && !*s->public_url)
+      return br_fail(err, "[store %s] (line %d): serve = redirect needs public_url", s->name,
+                     s->line);
+  }
+  if (!*cfg->upload_store) br_config_set_string(&cfg->upload_store, cfg->stores[0].name);
+  if (!br_config_store(cfg, cfg->upload_store))
+    return br_fail(err, "[server] upload_store: no [store %s]", cfg->upload_store);
+  for (int i = 0; i < cfg->ntables; i++) {
+    br_table_config *t = &cfg->tables[i];
+    if (!*t->location || !*t->column)
+      return br_fail(err, "[table %s] (line %d): location and column are required", t->name,
+                     t->line);
+    if (*t->store && !br_config_store(cfg, t->store))
+      return br_fail(err, "[table %s] (line %d): no [store %s]", t->name, t->line, t->store);
+  }
+  for (int i = 0; i < cfg->ntokens; i++)
+    if (!cfg->tokens[i].has_sha256)
+      return br_fail(err, "[token %s] (line %d): sha256 is required", cfg->tokens[i].name,
+                     cfg->tokens[i].line);
+  return 0;
+}
+
+static void free_strings(const struct key_spec *keys, size_t nkeys, void *base) {
+  for (size_t i = 0; i < nkeys; i++)
+    if (keys[i].type == KEY_STRING) {
+      char **p = (char **)((char *)base + keys[i].offset);
+      free(*p);
+      *p = NULL;
+    }
+}
+
+void br_config_free(br_config *cfg) {
+  free_strings(server_keys, NKEYS(server_keys), cfg);
+  for (int i = 0; i < cfg->nstores; i++) {
+    free_strings(store_keys, NKEYS(store_keys), &cfg->stores[i]);
+    free(cfg->stores[i].name);
+  }
+  for (int i = 0; i < cfg->ntables; i++) {
+    br_table_config *t = &cfg->tables[i];
+    free_strings(table_keys, NKEYS(table_keys), t);
+    for (int r = 0; r < t->nrewrites; r++) {
+      free(t->rewrite_from[r]);
+      free(t->rewrite_to[r]);
+    }
+    free(t->name);
+  }
+  for (int i = 0; i < cfg->ntokens; i++) free(cfg->tokens[i].name);
+  memset(cfg, 0, sizeof *cfg);
+}

@@ -1,0 +1,244 @@
+/* /v1/blobs: uploads (PUT with the expected hash, POST with the hash computed here), reads
+ * (GET/HEAD, proxied or redirected) and the record as JSON (/meta). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "httpd.h"
+
+/* A dedup hit refreshes last_upload_ms (which protects the blob from reconcile for the grace
+ * period) with a durable write, unless it was refreshed this recently. */
+#define TOUCH_INTERVAL_MS 60000
+
+void request_free_upload(struct request *req) {
+  if (req->writer) br_store_write_abort(req->writer);
+  req->writer = NULL;
+  if (req->sha) EVP_MD_CTX_free(req->sha);
+  req->sha = NULL;
+}
+
+static const char *header(struct request *req, const char *name) {
+  return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
+}
+
+/* Records a dedup hit durably (when stale) and answers 200. */
+static enum MHD_Result answer_dedup(struct request *req, const br_record *rec) {
+  uint64_t now = br_now_ms();
+  if (rec->state != BR_STATE_LIVE || now - rec->last_upload_ms > TOUCH_INTERVAL_MS) {
+    br_record touch = {.last_upload_ms = now};
+    br_err err;
+    int rc = br_index_record_upload(req->srv->index, req->digest, &touch, NULL, NULL, &err);
+    if (rc == BR_INDEX_FULL) return reply_error(req, E_INDEX_FULL, "%s", err.msg);
+    if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  }
+  atomic_fetch_add(&req->srv->uploads_dedup, 1);
+  return reply_json(req, MHD_HTTP_OK, upload_result_json(req->digest, rec->size, 1));
+}
+
+/* Checks Content-Type and Content-Length and prepares hashing; shared by PUT and POST. */
+static enum MHD_Result upload_begin_common(struct request *req) {
+  const char *ct = header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
+  if (!ct || !*ct) ct = "application/octet-stream";
+  size_t ctlen = strlen(ct);
+  if (ctlen > BR_MAX_CONTENT_TYPE)
+    return reply_error(req, E_BAD_CONTENT_TYPE, "Content-Type is over %d bytes",
+                       BR_MAX_CONTENT_TYPE);
+  for (size_t i = 0; i < ctlen; i++)
+    if ((unsigned char)ct[i] < 0x20 || (unsigned char)ct[i] > 0x7e)
+      return reply_error(req, E_BAD_CONTENT_TYPE, "Content-Type must be printable ASCII");
+  memcpy(req->content_type, ct, ctlen + 1);
+
+  req->declared_length = UINT64_MAX;
+  const char *cl = header(req, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  if (cl) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(cl, &end, 10);
+    if (errno || end == cl || *end || cl[0] == '-')
+      return reply_error(req, E_BAD_REQUEST, "Content-Length is not a number");
+    req->declared_length = v;
+    if (v > req->srv->cfg->max_blob_size)
+      return reply_error(req, E_TOO_LARGE, "the blob is %llu bytes, over the limit of %" PRIu64,
+                         v, req->srv->cfg->max_blob_size);
+  }
+  req->sha = EVP_MD_CTX_new();
+  if (!req->sha || !EVP_DigestInit_ex(req->sha, EVP_sha256(), NULL))
+    return reply_error(req, E_INTERNAL, "cannot start SHA-256");
+  return MHD_YES;
+}
+
+static enum MHD_Result open_writer(struct request *req) {
+  br_err err;
+  req->store = req->srv->upload_store;
+  req->writer = br_store_write_begin(req->store, &err);
+  if (!req->writer)
+    return reply_error(req, errno == ENOSPC || errno == EDQUOT ? E_NO_SPACE : E_INTERNAL, "%s",
+                       err.msg);
+  return MHD_YES;
+}
+
+static enum MHD_Result put_begin(struct request *req) {
+  enum MHD_Result r = upload_begin_common(req);
+  if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc == 0 && rec.state == BR_STATE_LIVE) {
+    const char *expect = header(req, MHD_HTTP_HEADER_EXPECT);
+    if (expect && !strcasecmp(expect, "100-continue")) return answer_dedup(req, &rec);
+    req->discard = 1; /* the body is on its way: hash it, keep nothing */
+    return MHD_YES;
+  }
+  return open_writer(req);
+}
+
+static enum MHD_Result post_begin(struct request *req) {
+  enum MHD_Result r = upload_begin_common(req);
+  if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
+  return open_writer(req);
+}
+
+static int upload_body(struct request *req, const char *data, size_t len) {
+  req->received += len;
+  atomic_fetch_add(&req->srv->bytes_in, len);
+  if (req->received > req->srv->cfg->max_blob_size) {
+    reply_error(req, E_TOO_LARGE, "the blob is over the limit of %" PRIu64 " bytes",
+                req->srv->cfg->max_blob_size);
+    return -1;
+  }
+  EVP_DigestUpdate(req->sha, data, len);
+  if (req->writer) {
+    br_err err;
+    if (br_store_write(req->writer, data, len, &err) < 0) {
+      int e = br_store_writer_errno(req->writer);
+      reply_error(req, e == ENOSPC || e == EDQUOT ? E_NO_SPACE : E_INTERNAL, "%s", err.msg);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static enum MHD_Result upload_finish(struct request *req) {
+  if (req->phase == PHASE_RESUMED) {
+    enum MHD_Result r;
+    if (req->finish_rc < 0) {
+      r = reply_error(req, req->finish_error, "%s", req->finish_message);
+    } else {
+      atomic_fetch_add(req->created ? &req->srv->uploads_created : &req->srv->uploads_dedup, 1);
+      r = reply_json(req, req->created ? MHD_HTTP_CREATED : MHD_HTTP_OK,
+                     upload_result_json(req->digest, req->received, !req->created));
+    }
+    return r;
+  }
+  uint8_t got[BR_SHA256_LEN];
+  unsigned int glen = 0;
+  EVP_DigestFinal_ex(req->sha, got, &glen);
+  if (req->has_digest) {
+    if (memcmp(got, req->digest, BR_SHA256_LEN) != 0) {
+      char hex[BR_HEX_LEN + 1];
+      br_hex_encode(got, hex);
+      request_free_upload(req);
+      return reply_error(req, E_DIGEST_MISMATCH, "the body's SHA-256 is %s", hex);
+    }
+  } else {
+    memcpy(req->digest, got, BR_SHA256_LEN);
+    req->has_digest = 1;
+  }
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc == 0 && rec.state == BR_STATE_LIVE) {
+    request_free_upload(req);
+    return answer_dedup(req, &rec);
+  }
+  if (!req->writer) { /* discarded body of a blob quarantined or gone meanwhile: send it again */
+    return reply_error(req, E_INTERNAL, "the blob changed state during the upload; retry");
+  }
+  br_server_finish_async(req); /* fsync, rename, index commit; then the handler runs again */
+  return MHD_YES;
+}
+
+static enum MHD_Result blob_get(struct request *req) {
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
+  if (rec.state == BR_STATE_QUARANTINED)
+    return reply_error(req, E_QUARANTINED, "the blob is quarantined: %s", rec.reason);
+  const br_location *loc = br_record_primary(&rec);
+  br_store *store = loc ? br_server_store(req->srv, loc->store) : NULL;
+  if (!store)
+    return reply_error(req, E_STORE_UNAVAILABLE, "the blob's store %s is not configured",
+                       loc ? loc->store : "(none)");
+  if (br_store_serve_mode(store) == BR_SERVE_REDIRECT) {
+    char url[4096];
+    int u = br_store_redirect_url(store, loc->key, req->srv->cfg->cache_max_age_ms * 2, url,
+                                  sizeof url, &err);
+    if (u == 0) return reply_redirect(req, url);
+    if (u < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
+  }
+  return reply_blob(req, &rec, store, loc->key);
+}
+
+static const char *role_name(enum br_role r) {
+  return r == BR_ROLE_PRIMARY ? "primary" : r == BR_ROLE_COPY ? "copy" : "draining";
+}
+
+static enum MHD_Result blob_meta(struct request *req) {
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
+  char hex[BR_HEX_LEN + 1], created[40], uploaded[40], changed[40];
+  br_hex_encode(req->digest, hex);
+  format_time_ms(rec.created_ms, created, sizeof created);
+  format_time_ms(rec.last_upload_ms, uploaded, sizeof uploaded);
+  format_time_ms(rec.state_ms, changed, sizeof changed);
+  json_t *locs = json_array();
+  for (int i = 0; i < rec.nlocations; i++) {
+    const br_location *l = &rec.locations[i];
+    json_t *v = json_null();
+    if (l->verified_at_ms) {
+      char t[40];
+      format_time_ms(l->verified_at_ms, t, sizeof t);
+      v = json_string(t);
+    }
+    json_array_append_new(locs, json_pack("{s:s,s:s,s:s,s:o}", "store", l->store, "key", l->key,
+                                          "role", role_name(l->role), "verified_at", v));
+  }
+  json_t *body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "sha256", hex, "size",
+                           (json_int_t)rec.size, "content_type", rec.content_type, "created_at",
+                           created, "last_upload_at", uploaded, "state",
+                           rec.state == BR_STATE_LIVE ? "live" : "quarantined", "locations", locs);
+  if (body && rec.state == BR_STATE_QUARANTINED)
+    json_object_set_new(body, "quarantine",
+                        json_pack("{s:s,s:s}", "reason", rec.reason, "at", changed));
+  return reply_json(req, MHD_HTTP_OK, body);
+}
+
+/* Implemented in http_lookup.c and http_misc.c. */
+enum MHD_Result lookup_finish(struct request *req);
+int json_body(struct request *req, const char *data, size_t len);
+enum MHD_Result health_get(struct request *req);
+enum MHD_Result ready_get(struct request *req);
+enum MHD_Result metrics_get(struct request *req);
+
+const struct route br_routes[] = {
+    {"PUT", "/v1/blobs/{hash}", BR_SCOPE_WRITE, put_begin, upload_body, upload_finish, "put"},
+    {"GET", "/v1/blobs/{hash}", BR_SCOPE_READ, NULL, NULL, blob_get, "get"},
+    {"HEAD", "/v1/blobs/{hash}", BR_SCOPE_READ, NULL, NULL, blob_get, "head"},
+    {"POST", "/v1/blobs", BR_SCOPE_WRITE, post_begin, upload_body, upload_finish, "post"},
+    {"GET", "/v1/blobs/{hash}/meta", BR_SCOPE_READ, NULL, NULL, blob_meta, "meta"},
+    {"POST", "/v1/lookup", BR_SCOPE_READ, NULL, json_body, lookup_finish, "lookup"},
+    {"GET", "/healthz", 0, NULL, NULL, health_get, "health"},
+    {"GET", "/readyz", 0, NULL, NULL, ready_get, "health"},
+    {"GET", "/metrics", 0, NULL, NULL, metrics_get, "metrics"},
+};
+const size_t br_nroutes = sizeof br_routes / sizeof br_routes[0];

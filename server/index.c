@@ -1,0 +1,519 @@
+/* The blob index on LMDB: record encoding, lock-free reads on per-thread reusable read
+ * transactions, and one writer thread that applies queued operations in group commits. */
+#include "blobref/index.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---- record encoding (version 1) ------------------------------------------------------------
+ * u8 version=1, u8 state, u64 size, u64 created_ms, u64 last_upload_ms, u64 state_ms,
+ * str reason, str content_type, u8 nlocations, then per location:
+ * u8 role, u64 verified_at_ms, str store, str key.   (str = u16 length + bytes, little-endian) */
+
+#define RECORD_VERSION 1
+
+struct wbuf {
+  uint8_t *p;
+  size_t len, cap;
+  int overflow;
+};
+
+static void put_bytes(struct wbuf *b, const void *src, size_t n) {
+  if (b->overflow || n > b->cap - b->len) {
+    b->overflow = 1;
+    return;
+  }
+  memcpy(b->p + b->len, src, n);
+  b->len += n;
+}
+
+static void put_u8(struct wbuf *b, uint8_t v) { put_bytes(b, &v, 1); }
+
+static void put_u64(struct wbuf *b, uint64_t v) {
+  uint8_t le[8];
+  for (int i = 0; i < 8; i++) le[i] = (uint8_t)(v >> (8 * i));
+  put_bytes(b, le, 8);
+}
+
+static void put_str(struct wbuf *b, const char *s, size_t max) {
+  size_t n = strnlen(s, max + 1);
+  if (n > max) {
+    b->overflow = 1;
+    return;
+  }
+  uint8_t le[2] = {(uint8_t)n, (uint8_t)(n >> 8)};
+  put_bytes(b, le, 2);
+  put_bytes(b, s, n);
+}
+
+size_t br_record_encode(const br_record *rec, uint8_t *buf, size_t cap) {
+  struct wbuf b = {buf, 0, cap, 0};
+  if (rec->nlocations < 0 || rec->nlocations > BR_MAX_LOCATIONS) return 0;
+  if (rec->state != BR_STATE_LIVE && rec->state != BR_STATE_QUARANTINED) return 0;
+  put_u8(&b, RECORD_VERSION);
+  put_u8(&b, (uint8_t)rec->state);
+  put_u64(&b, rec->size);
+  put_u64(&b, rec->created_ms);
+  put_u64(&b, rec->last_upload_ms);
+  put_u64(&b, rec->state_ms);
+  put_str(&b, rec->reason, BR_MAX_REASON);
+  put_str(&b, rec->content_type, BR_MAX_CONTENT_TYPE);
+  put_u8(&b, (uint8_t)rec->nlocations);
+  for (int i = 0; i < rec->nlocations; i++) {
+    const br_location *l = &rec->locations[i];
+    if (l->role > BR_ROLE_DRAINING) return 0;
+    put_u8(&b, (uint8_t)l->role);
+    put_u64(&b, l->verified_at_ms);
+    put_str(&b, l->store, BR_MAX_STORE_NAME);
+    put_str(&b, l->key, BR_MAX_KEY);
+  }
+  return b.overflow ? 0 : b.len;
+}
+
+struct rbuf {
+  const uint8_t *p;
+  size_t len, off;
+  int bad;
+};
+
+static int get_bytes(struct rbuf *b, void *dst, size_t n) {
+  if (b->bad || n > b->len - b->off) {
+    b->bad = 1;
+    return -1;
+  }
+  memcpy(dst, b->p + b->off, n);
+  b->off += n;
+  return 0;
+}
+
+static uint8_t get_u8(struct rbuf *b) {
+  uint8_t v = 0;
+  get_bytes(b, &v, 1);
+  return v;
+}
+
+static uint64_t get_u64(struct rbuf *b) {
+  uint8_t le[8] = {0};
+  get_bytes(b, le, 8);
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | le[i];
+  return v;
+}
+
+static void get_str(struct rbuf *b, char *dst, size_t max) {
+  uint8_t le[2] = {0, 0};
+  get_bytes(b, le, 2);
+  size_t n = (size_t)le[0] | (size_t)le[1] << 8;
+  if (n > max) b->bad = 1;
+  if (b->bad) {
+    dst[0] = '\0';
+    return;
+  }
+  get_bytes(b, dst, n);
+  dst[b->bad ? 0 : n] = '\0';
+  if (!b->bad && memchr(dst, '\0', n)) b->bad = 1;
+}
+
+int br_record_decode(const uint8_t *buf, size_t len, br_record *rec, br_err *err) {
+  struct rbuf b = {buf, len, 0, 0};
+  memset(rec, 0, sizeof *rec);
+  uint8_t version = get_u8(&b);
+  if (b.bad || version != RECORD_VERSION)
+    return br_fail(err, "index record: unknown format version %u", version);
+  uint8_t state = get_u8(&b);
+  rec->size = get_u64(&b);
+  rec->created_ms = get_u64(&b);
+  rec->last_upload_ms = get_u64(&b);
+  rec->state_ms = get_u64(&b);
+  get_str(&b, rec->reason, BR_MAX_REASON);
+  get_str(&b, rec->content_type, BR_MAX_CONTENT_TYPE);
+  uint8_t n = get_u8(&b);
+  if (state > BR_STATE_QUARANTINED || n > BR_MAX_LOCATIONS) b.bad = 1;
+  rec->state = (enum br_state)state;
+  for (int i = 0; i < n && !b.bad; i++) {
+    br_location *l = &rec->locations[i];
+    uint8_t role = get_u8(&b);
+    if (role > BR_ROLE_DRAINING) b.bad = 1;
+    l->role = (enum br_role)role;
+    l->verified_at_ms = get_u64(&b);
+    get_str(&b, l->store, BR_MAX_STORE_NAME);
+    get_str(&b, l->key, BR_MAX_KEY);
+  }
+  rec->nlocations = n;
+  if (b.bad || b.off != len) return br_fail(err, "index record: malformed (%zu bytes)", len);
+  return 0;
+}
+
+const br_location *br_record_primary(const br_record *rec) {
+  for (int i = 0; i < rec->nlocations; i++)
+    if (rec->locations[i].role == BR_ROLE_PRIMARY) return &rec->locations[i];
+  return rec->nlocations ? &rec->locations[0] : NULL;
+}
+
+/* ---- environment and reads ------------------------------------------------------------------ */
+
+struct op;
+
+struct br_index {
+  MDB_env *env;
+  MDB_dbi dbi;
+  unsigned batch_max;
+  uint64_t generation; /* distinguishes this index from closed ones in per-thread caches */
+  pthread_mutex_t lock;
+  pthread_cond_t work_cv, done_cv;
+  struct op *head, *tail;
+  int stopping, has_writer;
+  pthread_t writer;
+  /* read transactions cached by threads, aborted at close */
+  MDB_txn **readers;
+  size_t nreaders, readers_cap;
+  atomic_uint_fast64_t commits, ops;
+};
+
+static atomic_uint_fast64_t next_generation = 1;
+
+struct reader_cache {
+  uint64_t generation;
+  MDB_txn *txn;
+};
+static __thread struct reader_cache tl_reader;
+
+static int lmdb_fail(br_err *err, const char *what, int rc) {
+  br_fail(err, "index: %s: %s", what, mdb_strerror(rc));
+  return rc == MDB_MAP_FULL ? BR_INDEX_FULL : -1;
+}
+
+/* Returns a read transaction ready for use on this thread (renewed from the cache). */
+static MDB_txn *reader_begin(br_index *idx, br_err *err) {
+  if (tl_reader.generation == idx->generation && tl_reader.txn) {
+    int rc = mdb_txn_renew(tl_reader.txn);
+    if (rc == 0) return tl_reader.txn;
+    lmdb_fail(err, "renew read transaction", rc);
+    return NULL;
+  }
+  MDB_txn *txn = NULL;
+  int rc = mdb_txn_begin(idx->env, NULL, MDB_RDONLY, &txn);
+  if (rc) {
+    lmdb_fail(err, "begin read transaction", rc);
+    return NULL;
+  }
+  pthread_mutex_lock(&idx->lock);
+  if (idx->nreaders == idx->readers_cap) {
+    size_t cap = idx->readers_cap ? idx->readers_cap * 2 : 16;
+    MDB_txn **grown = realloc(idx->readers, cap * sizeof *grown);
+    if (grown) idx->readers = grown, idx->readers_cap = cap;
+  }
+  int cached = idx->nreaders < idx->readers_cap;
+  if (cached) idx->readers[idx->nreaders++] = txn;
+  pthread_mutex_unlock(&idx->lock);
+  if (cached) {
+    tl_reader.generation = idx->generation;
+    tl_reader.txn = txn;
+  }
+  return txn;
+}
+
+static void reader_end(br_index *idx, MDB_txn *txn) {
+  if (tl_reader.txn == txn && tl_reader.generation == idx->generation)
+    mdb_txn_reset(txn);
+  else
+    mdb_txn_abort(txn);
+}
+
+static MDB_val key_of(const uint8_t digest[BR_SHA256_LEN]) {
+  MDB_val k = {BR_SHA256_LEN, (void *)digest};
+  return k;
+}
+
+int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err) {
+  MDB_txn *txn = reader_begin(idx, err);
+  if (!txn) return -1;
+  MDB_val k = key_of(digest), v;
+  int rc = mdb_get(txn, idx->dbi, &k, &v);
+  int out;
+  if (rc == MDB_NOTFOUND)
+    out = 1;
+  else if (rc)
+    out = lmdb_fail(err, "get", rc);
+  else
+    out = br_record_decode(v.mv_data, v.mv_size, rec, err); /* copies out of the map */
+  reader_end(idx, txn);
+  return out;
+}
+
+int br_index_foreach(br_index *idx, br_index_each_fn fn, void *ud, br_err *err) {
+  MDB_txn *txn = NULL;
+  int rc = mdb_txn_begin(idx->env, NULL, MDB_RDONLY, &txn);
+  if (rc) return lmdb_fail(err, "begin read transaction", rc);
+  MDB_cursor *cur = NULL;
+  rc = mdb_cursor_open(txn, idx->dbi, &cur);
+  if (rc) {
+    mdb_txn_abort(txn);
+    return lmdb_fail(err, "open cursor", rc);
+  }
+  MDB_val k, v;
+  int out = 0;
+  br_record *rec = malloc(sizeof *rec);
+  if (!rec) out = br_fail(err, "out of memory");
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); out == 0 && rc == 0;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (k.mv_size != BR_SHA256_LEN) {
+      out = br_fail(err, "index: key of %zu bytes", k.mv_size);
+      break;
+    }
+    if (br_record_decode(v.mv_data, v.mv_size, rec, err) < 0) {
+      char hex[BR_HEX_LEN + 1];
+      br_hex_encode(k.mv_data, hex);
+      out = br_fail(err, "%s: %s", hex, err->msg);
+      break;
+    }
+    if (fn(ud, k.mv_data, rec)) break;
+  }
+  if (out == 0 && rc && rc != MDB_NOTFOUND) out = lmdb_fail(err, "cursor", rc);
+  free(rec);
+  mdb_cursor_close(cur);
+  mdb_txn_abort(txn);
+  return out;
+}
+
+/* ---- the writer: queued operations, group commit ------------------------------------------- */
+
+struct op {
+  /* Applies the operation in txn. Returns 0; -1 for an error of this operation only (err
+   * filled, transaction still usable); or an LMDB error code that spoils the transaction. */
+  int (*apply)(br_index *idx, MDB_txn *txn, struct op *op);
+  const uint8_t *digest;
+  const br_record *rec;
+  br_record *stored;
+  int created;
+  int rc;
+  int done;
+  br_err err;
+  struct op *next;
+};
+
+static int apply_upload(br_index *idx, MDB_txn *txn, struct op *op) {
+  MDB_val k = key_of(op->digest), v;
+  int rc = mdb_get(txn, idx->dbi, &k, &v);
+  br_record *merged = op->stored;
+  if (rc == MDB_NOTFOUND) {
+    *merged = *op->rec;
+    op->created = 1;
+  } else if (rc) {
+    return rc;
+  } else {
+    if (br_record_decode(v.mv_data, v.mv_size, merged, &op->err) < 0) return -1;
+    op->created = 0;
+    if (op->rec->last_upload_ms > merged->last_upload_ms)
+      merged->last_upload_ms = op->rec->last_upload_ms;
+    if (merged->state == BR_STATE_QUARANTINED) {
+      merged->state = BR_STATE_LIVE;
+      merged->state_ms = op->rec->last_upload_ms;
+      merged->reason[0] = '\0';
+    }
+    const br_location *want = br_record_primary(op->rec);
+    int have = 0;
+    for (int i = 0; want && i < merged->nlocations; i++)
+      have |= !strcmp(merged->locations[i].store, want->store);
+    if (want && !have && merged->nlocations < BR_MAX_LOCATIONS) {
+      merged->locations[merged->nlocations] = *want;
+      merged->locations[merged->nlocations].role =
+          merged->nlocations ? BR_ROLE_COPY : BR_ROLE_PRIMARY;
+      merged->nlocations++;
+    }
+  }
+  uint8_t buf[BR_RECORD_MAX_ENCODED];
+  size_t len = br_record_encode(merged, buf, sizeof buf);
+  if (!len) {
+    br_fail(&op->err, "index: record does not encode");
+    return -1;
+  }
+  v.mv_size = len;
+  v.mv_data = buf;
+  return mdb_put(txn, idx->dbi, &k, &v, 0);
+}
+
+/* Runs ops[0..n) in one transaction. If the transaction fails as a whole and holds several
+ * operations, each is retried alone so that one bad operation cannot fail its neighbours. */
+static void run_batch(br_index *idx, struct op **ops, size_t n) {
+  MDB_txn *txn = NULL;
+  int rc = mdb_txn_begin(idx->env, NULL, 0, &txn);
+  int spoiled = rc;
+  for (size_t i = 0; i < n && !spoiled; i++) {
+    ops[i]->rc = 0;
+    int r = ops[i]->apply(idx, txn, ops[i]);
+    if (r < 0)
+      ops[i]->rc = -1;
+    else if (r > 0)
+      spoiled = r;
+  }
+  if (!spoiled) {
+    spoiled = mdb_txn_commit(txn);
+    txn = NULL;
+  }
+  if (txn) mdb_txn_abort(txn);
+  if (!spoiled) {
+    atomic_fetch_add(&idx->commits, 1);
+    atomic_fetch_add(&idx->ops, n);
+    return;
+  }
+  if (n > 1) {
+    for (size_t i = 0; i < n; i++) run_batch(idx, &ops[i], 1);
+    return;
+  }
+  ops[0]->rc = lmdb_fail(&ops[0]->err, "write", spoiled);
+}
+
+static void *writer_main(void *arg) {
+  br_index *idx = arg;
+  struct op **batch = calloc(idx->batch_max, sizeof *batch);
+  pthread_mutex_lock(&idx->lock);
+  for (;;) {
+    while (!idx->head && !idx->stopping) pthread_cond_wait(&idx->work_cv, &idx->lock);
+    if (!idx->head) break;
+    size_t n = 0;
+    while (idx->head && n < idx->batch_max) {
+      batch[n++] = idx->head;
+      idx->head = idx->head->next;
+    }
+    if (!idx->head) idx->tail = NULL;
+    pthread_mutex_unlock(&idx->lock);
+    if (batch)
+      run_batch(idx, batch, n);
+    else
+      for (size_t i = 0; i < n; i++) br_fail(&batch[i]->err, "out of memory"), batch[i]->rc = -1;
+    pthread_mutex_lock(&idx->lock);
+    for (size_t i = 0; i < n; i++) batch[i]->done = 1;
+    pthread_cond_broadcast(&idx->done_cv);
+  }
+  pthread_mutex_unlock(&idx->lock);
+  free(batch);
+  return NULL;
+}
+
+/* Queues op and waits until the writer has committed (or failed) it. */
+static int submit(br_index *idx, struct op *op, br_err *err) {
+  op->next = NULL;
+  op->done = 0;
+  pthread_mutex_lock(&idx->lock);
+  if (idx->stopping || !idx->has_writer) {
+    pthread_mutex_unlock(&idx->lock);
+    return br_fail(err, "index: not accepting writes (read-only or stopping)");
+  }
+  if (idx->tail)
+    idx->tail->next = op;
+  else
+    idx->head = op;
+  idx->tail = op;
+  pthread_cond_signal(&idx->work_cv);
+  while (!op->done) pthread_cond_wait(&idx->done_cv, &idx->lock);
+  pthread_mutex_unlock(&idx->lock);
+  if (op->rc && err) *err = op->err;
+  return op->rc;
+}
+
+int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN],
+                           const br_record *rec, int *created, br_record *stored, br_err *err) {
+  br_record scratch;
+  struct op op = {.apply = apply_upload, .digest = digest, .rec = rec,
+                  .stored = stored ? stored : &scratch};
+  int rc = submit(idx, &op, err);
+  if (rc == 0 && created) *created = op.created;
+  return rc;
+}
+
+br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err) {
+  br_index *idx = calloc(1, sizeof *idx);
+  if (!idx) {
+    br_fail(err, "out of memory");
+    return NULL;
+  }
+  idx->batch_max = opt->batch_max ? opt->batch_max : 1;
+  idx->generation = atomic_fetch_add(&next_generation, 1);
+  pthread_mutex_init(&idx->lock, NULL);
+  pthread_cond_init(&idx->work_cv, NULL);
+  pthread_cond_init(&idx->done_cv, NULL);
+  MDB_txn *txn = NULL;
+  int rc;
+  if (!opt->read_only && mkdir(dir, 0755) < 0 && errno != EEXIST) {
+    br_fail(err, "index: cannot create %s: %s", dir, strerror(errno));
+    goto fail;
+  }
+  if ((rc = mdb_env_create(&idx->env)) || (rc = mdb_env_set_maxdbs(idx->env, 4)) ||
+      (rc = mdb_env_set_maxreaders(idx->env, 4096)) ||
+      (rc = mdb_env_set_mapsize(idx->env, (size_t)opt->map_size))) {
+    lmdb_fail(err, "create environment", rc);
+    goto fail;
+  }
+  rc = mdb_env_open(idx->env, dir, MDB_NOTLS | (opt->read_only ? MDB_RDONLY : 0), 0644);
+  if (rc) {
+    br_fail(err, "index: open %s: %s", dir, mdb_strerror(rc));
+    goto fail;
+  }
+  rc = mdb_txn_begin(idx->env, NULL, opt->read_only ? MDB_RDONLY : 0, &txn);
+  if (!rc) rc = mdb_dbi_open(txn, "blobs", opt->read_only ? 0 : MDB_CREATE, &idx->dbi);
+  if (!rc) {
+    rc = mdb_txn_commit(txn);
+    txn = NULL;
+  }
+  if (rc) {
+    if (txn) mdb_txn_abort(txn);
+    lmdb_fail(err, "open database 'blobs'", rc);
+    goto fail;
+  }
+  if (!opt->read_only) {
+    if (pthread_create(&idx->writer, NULL, writer_main, idx)) {
+      br_fail(err, "index: cannot start the writer thread");
+      goto fail;
+    }
+    idx->has_writer = 1;
+  }
+  return idx;
+fail:
+  if (idx->env) mdb_env_close(idx->env);
+  pthread_mutex_destroy(&idx->lock);
+  pthread_cond_destroy(&idx->work_cv);
+  pthread_cond_destroy(&idx->done_cv);
+  free(idx);
+  return NULL;
+}
+
+void br_index_close(br_index *idx) {
+  if (!idx) return;
+  pthread_mutex_lock(&idx->lock);
+  idx->stopping = 1;
+  pthread_cond_broadcast(&idx->work_cv);
+  pthread_mutex_unlock(&idx->lock);
+  if (idx->has_writer) pthread_join(idx->writer, NULL);
+  for (size_t i = 0; i < idx->nreaders; i++) mdb_txn_abort(idx->readers[i]);
+  free(idx->readers);
+  mdb_env_close(idx->env);
+  pthread_mutex_destroy(&idx->lock);
+  pthread_cond_destroy(&idx->work_cv);
+  pthread_cond_destroy(&idx->done_cv);
+  free(idx);
+}
+
+void br_index_get_stats(br_index *idx, br_index_stats *out) {
+  memset(out, 0, sizeof *out);
+  out->commits = atomic_load(&idx->commits);
+  out->ops = atomic_load(&idx->ops);
+  MDB_envinfo info;
+  MDB_stat st;
+  if (mdb_env_info(idx->env, &info) == 0 && mdb_env_stat(idx->env, &st) == 0) {
+    out->map_size = info.me_mapsize;
+    out->map_used = (uint64_t)(info.me_last_pgno + 1) * st.ms_psize;
+  }
+  MDB_txn *txn = NULL;
+  if (mdb_txn_begin(idx->env, NULL, MDB_RDONLY, &txn) == 0) {
+    MDB_stat dst;
+    if (mdb_stat(txn, idx->dbi, &dst) == 0) out->entries = dst.ms_entries;
+    mdb_txn_abort(txn);
+  }
+}

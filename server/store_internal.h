@@ -1,0 +1,41 @@
+/* Private to the store modules: the per-kind operations table behind br_store_*. */
+#ifndef BLOBREF_STORE_INTERNAL_H
+#define BLOBREF_STORE_INTERNAL_H
+
+#include "blobref/store.h"
+
+struct store_ops {
+  const char *kind;
+  int (*open)(br_store *st, br_err *err);
+  void (*close)(br_store *st);
+  br_store_writer *(*write_begin)(br_store *st, br_err *err);
+  int (*write)(br_store_writer *w, const void *buf, size_t len, br_err *err);
+  int (*write_commit)(br_store_writer *w, const char *key, br_err *err);
+  void (*write_abort)(br_store_writer *w);
+  int (*open_read)(br_store *st, const char *key, br_store_reader *out, br_err *err);
+  int (*stat)(br_store *st, const char *key, uint64_t *size, br_err *err);
+  int (*redirect_url)(br_store *st, const char *key, uint64_t ttl_ms, char *out, size_t outlen,
+                      br_err *err);
+  int (*remove)(br_store *st, const char *key, br_err *err);
+  int (*list)(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err);
+};
+
+struct br_store {
+  const struct store_ops *ops;
+  br_store_config cfg; /* strings borrowed from the config, which outlives the store */
+  void *impl;          /* kind-specific state */
+};
+
+/* Every writer starts with this header so the generic layer can find its store and errno. */
+struct br_store_writer {
+  br_store *store;
+  int saved_errno;
+};
+
+extern const struct store_ops br_store_fs_ops;
+
+/* Checks that a key is a relative path without "." or ".." components, empty components,
+ * backslashes or control characters. Returns 0 or -1. */
+int br_store_key_valid(const char *key);
+
+#endif
