@@ -317,7 +317,46 @@ static int section_line(const char *text, const char *kind, const char *name) {
   return 0;
 }
 
+/* Checks every [section] header before parsing: known kinds, valid names, none twice. (inih
+ * calls us only for keys, so an empty or repeated section would otherwise go unnoticed.) */
+static int check_sections(const char *text, const char *name, br_err *err) {
+  enum { MAX_SECTIONS = BR_MAX_STORES + BR_MAX_TABLES + BR_MAX_TOKENS + 8 };
+  char seen[MAX_SECTIONS][160];
+  int nseen = 0, line = 1;
+  for (const char *p = text; *p; line++) {
+    const char *eol = strchr(p, '\n');
+    size_t len = eol ? (size_t)(eol - p) : strlen(p);
+    while (len && (*p == ' ' || *p == '\t')) p++, len--;
+    if (len && *p == '[') {
+      const char *close = memchr(p, ']', len);
+      if (!close) return br_fail(err, "%s:%d: section header without ']'", name, line);
+      char section[160];
+      size_t sl = (size_t)(close - p - 1);
+      if (sl >= sizeof section) return br_fail(err, "%s:%d: section name too long", name, line);
+      memcpy(section, p + 1, sl);
+      section[sl] = '\0';
+      struct parse_state probe;
+      br_config scratch;
+      memset(&probe, 0, sizeof probe);
+      br_config_init(&scratch);
+      probe.cfg = &scratch;
+      int rc = enter_section(&probe, section);
+      br_config_free(&scratch);
+      if (rc < 0) return br_fail(err, "%s:%d: %s", name, line, probe.err.msg);
+      for (int i = 0; i < nseen; i++)
+        if (!strcmp(seen[i], section))
+          return br_fail(err, "%s:%d: [%s] appears twice", name, line, section);
+      if (nseen == MAX_SECTIONS) return br_fail(err, "%s:%d: too many sections", name, line);
+      memcpy(seen[nseen++], section, sl + 1);
+    }
+    if (!eol) break;
+    p = eol + 1;
+  }
+  return 0;
+}
+
 static int load(br_config *cfg, const char *text, const char *name, br_err *err) {
+  if (check_sections(text, name, err) < 0) return -1;
   struct parse_state ps = {.cfg = cfg};
   int line = ini_parse_string(text, on_ini_entry, &ps);
   for (int i = 0; i < cfg->nstores; i++)

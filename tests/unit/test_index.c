@@ -1,0 +1,187 @@
+/* Index records (encode/decode round trips and malformed input) and the LMDB index itself:
+ * insert vs dedup, restore from quarantine, group commit under concurrency, a full map. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "blobref/index.h"
+#include "unit.h"
+
+static br_record sample(int nloc) {
+  br_record r = {.size = 123456789012ull, .created_ms = 1700000000123ull,
+                 .last_upload_ms = 1700000000999ull, .state = BR_STATE_LIVE,
+                 .state_ms = 1700000000123ull, .nlocations = nloc};
+  strcpy(r.content_type, "image/jpeg");
+  for (int i = 0; i < nloc; i++) {
+    snprintf(r.locations[i].store, sizeof r.locations[i].store, "store%d", i);
+    snprintf(r.locations[i].key, sizeof r.locations[i].key, "sha256/ab/cd/key%d", i);
+    r.locations[i].role = (enum br_role)(i % 3);
+    r.locations[i].verified_at_ms = 42 + (uint64_t)i;
+  }
+  return r;
+}
+
+static int records_equal(const br_record *a, const br_record *b) {
+  if (a->size != b->size || a->created_ms != b->created_ms ||
+      a->last_upload_ms != b->last_upload_ms || a->state != b->state ||
+      a->state_ms != b->state_ms || strcmp(a->reason, b->reason) ||
+      strcmp(a->content_type, b->content_type) || a->nlocations != b->nlocations)
+    return 0;
+  for (int i = 0; i < a->nlocations; i++)
+    if (strcmp(a->locations[i].store, b->locations[i].store) ||
+        strcmp(a->locations[i].key, b->locations[i].key) ||
+        a->locations[i].role != b->locations[i].role ||
+        a->locations[i].verified_at_ms != b->locations[i].verified_at_ms)
+      return 0;
+  return 1;
+}
+
+static void test_encoding(void) {
+  uint8_t buf[BR_RECORD_MAX_ENCODED];
+  for (int nloc = 0; nloc <= BR_MAX_LOCATIONS; nloc++) {
+    br_record r = sample(nloc), back;
+    if (nloc == 2) {
+      r.state = BR_STATE_QUARANTINED;
+      strcpy(r.reason, "unreferenced since 2026-11-01");
+    }
+    size_t len = br_record_encode(&r, buf, sizeof buf);
+    CHECK(len > 0, "encode with %d locations", nloc);
+    br_err err;
+    CHECK(br_record_decode(buf, len, &back, &err) == 0, "decode: %s", err.msg);
+    CHECK(records_equal(&r, &back), "round trip with %d locations", nloc);
+    /* every truncation and one extra byte are refused */
+    for (size_t cut = 0; cut < len; cut++)
+      CHECK(br_record_decode(buf, cut, &back, &err) < 0, "truncated to %zu of %zu accepted", cut, len);
+    buf[len] = 0;
+    CHECK(br_record_decode(buf, len + 1, &back, &err) < 0, "trailing byte accepted");
+  }
+  br_record r = sample(1), back;
+  size_t len = br_record_encode(&r, buf, sizeof buf);
+  br_err err;
+  buf[0] = 2; /* unknown version */
+  CHECK(br_record_decode(buf, len, &back, &err) < 0, "version 2 accepted");
+  buf[0] = 1;
+  buf[1] = 7; /* unknown state */
+  CHECK(br_record_decode(buf, len, &back, &err) < 0, "state 7 accepted");
+  /* does not fit / invalid */
+  CHECK(br_record_encode(&r, buf, 10) == 0, "encode into 10 bytes");
+  r.nlocations = BR_MAX_LOCATIONS + 1;
+  CHECK(br_record_encode(&r, buf, sizeof buf) == 0, "too many locations encoded");
+}
+
+static char dir[256];
+
+static br_index *open_index(uint64_t map, unsigned batch) {
+  br_index_options opt = {.map_size = map, .batch_max = batch};
+  br_err err;
+  br_index *idx = br_index_open(dir, &opt, &err);
+  CHECK(idx != NULL, "open %s: %s", dir, err.msg);
+  return idx;
+}
+
+static void digest_of(unsigned n, uint8_t d[BR_SHA256_LEN]) {
+  memset(d, 0, BR_SHA256_LEN);
+  for (int i = 0; i < 4; i++) d[i] = (uint8_t)(n >> (8 * i));
+  d[31] = 0x5a;
+}
+
+struct worker {
+  br_index *idx;
+  unsigned first, count;
+  int created, failed;
+};
+
+static void *upload_many(void *arg) {
+  struct worker *w = arg;
+  for (unsigned i = 0; i < w->count; i++) {
+    uint8_t d[BR_SHA256_LEN];
+    digest_of(w->first + i, d);
+    br_record r = sample(1);
+    int created = 0;
+    br_err err;
+    if (br_index_record_upload(w->idx, d, &r, &created, NULL, &err) < 0)
+      w->failed++;
+    else
+      w->created += created;
+  }
+  return NULL;
+}
+
+static void test_lmdb(void) {
+  snprintf(dir, sizeof dir, "/tmp/blobref-test-index-%d", (int)getpid());
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  br_index *idx = open_index(64 << 20, 64);
+  uint8_t d[BR_SHA256_LEN];
+  digest_of(1, d);
+  br_record r = sample(1), got;
+  br_err err;
+  CHECK(br_index_get(idx, d, &got, &err) == 1, "absent before insert");
+  int created = -1;
+  CHECK(br_index_record_upload(idx, d, &r, &created, NULL, &err) == 0 && created == 1, "insert");
+  CHECK(br_index_get(idx, d, &got, &err) == 0 && records_equal(&r, &got), "get after insert");
+  /* a second upload is a dedup: keeps the record, moves last_upload forward only */
+  br_record again = {.last_upload_ms = r.last_upload_ms + 1000};
+  CHECK(br_index_record_upload(idx, d, &again, &created, &got, &err) == 0 && created == 0, "dedup");
+  CHECK(got.last_upload_ms == r.last_upload_ms + 1000 && got.size == r.size &&
+            got.nlocations == 1,
+        "dedup record: last_upload %llu", (unsigned long long)got.last_upload_ms);
+  br_record older = {.last_upload_ms = 5};
+  br_index_record_upload(idx, d, &older, &created, &got, &err);
+  CHECK(got.last_upload_ms == r.last_upload_ms + 1000, "last_upload never goes back");
+
+  /* concurrent uploads: 8 threads x 500, each digest twice across threads -> exactly one create */
+  struct worker w[8];
+  pthread_t t[8];
+  for (int i = 0; i < 8; i++) {
+    w[i] = (struct worker){.idx = idx, .first = 1000 + (unsigned)(i % 4) * 500, .count = 500};
+    pthread_create(&t[i], NULL, upload_many, &w[i]);
+  }
+  int total_created = 0, failed = 0;
+  for (int i = 0; i < 8; i++) {
+    pthread_join(t[i], NULL);
+    total_created += w[i].created;
+    failed += w[i].failed;
+  }
+  CHECK(failed == 0 && total_created == 2000, "concurrent: %d created, %d failed", total_created,
+        failed);
+  br_index_stats st;
+  br_index_get_stats(idx, &st);
+  CHECK(st.entries == 2001, "entries %llu", (unsigned long long)st.entries);
+  CHECK(st.commits < st.ops, "group commit: %llu commits for %llu ops",
+        (unsigned long long)st.commits, (unsigned long long)st.ops);
+  br_index_close(idx);
+
+  /* reopen: everything is still there */
+  idx = open_index(64 << 20, 64);
+  br_index_get_stats(idx, &st);
+  CHECK(st.entries == 2001, "entries after reopen %llu", (unsigned long long)st.entries);
+  digest_of(1499, d);
+  CHECK(br_index_get(idx, d, &got, &err) == 0, "digest 1499 after reopen");
+  br_index_close(idx);
+  if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+
+  /* a tiny map fills up: a clear error (BR_INDEX_FULL), never a crash, earlier data intact */
+  idx = open_index(256 << 10, 16);
+  int full = 0, ok = 0;
+  for (unsigned i = 0; i < 20000 && !full; i++) {
+    digest_of(i, d);
+    br_record big = sample(BR_MAX_LOCATIONS);
+    int rc = br_index_record_upload(idx, d, &big, NULL, NULL, &err);
+    if (rc == BR_INDEX_FULL)
+      full = 1;
+    else if (rc == 0)
+      ok++;
+  }
+  CHECK(full, "map never filled after %d records", ok);
+  digest_of(0, d);
+  CHECK(ok > 0 && br_index_get(idx, d, &got, &err) == 0, "first record survives a full map");
+  br_index_close(idx);
+  if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+}
+
+int main(void) {
+  test_encoding();
+  test_lmdb();
+  return unit_summary("index");
+}
