@@ -316,7 +316,7 @@ static void report(void) {
     p99 = st.lat[(size_t)((st.nlat - 1) * 0.99)] / 1000.0;
   }
   size_t sz = g.blobs ? blob_size(&g.blobs[0]) : 0;
-  double sent = g.expect ? (double)(st.ok - st.early) : (double)st.ok;
+  double sent = g.mode == M_MOUNT ? 0 : g.expect ? (double)(st.ok - st.early) : (double)st.ok;
   if (sent < 0) sent = 0;
   printf("requests=%" PRIu64 " ok=%" PRIu64 " errors=%" PRIu64 " early=%" PRIu64
          " aborted=%" PRIu64 " seconds=%.3f rps=%.1f p50_ms=%.3f p99_ms=%.3f mbps=%.1f status=",

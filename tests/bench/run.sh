@@ -1,0 +1,571 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark of blobrefd, nginx and docker-registry on 127.0.0.1 (make bench; not in make test).
+#
+# usage: tests/bench/run.sh [BIN_DIR]        BIN_DIR holds blobrefd (default: bin)
+# env:   ROUNDS=3 (5 for a steadier median)  DURATION=10 (seconds per measurement)
+#        QUICK=1          smoke check: 1 round, 3 s, fewer uploads
+#        WRK_THREADS=2 WRK_CONNS=64          read load (wrk -tN -cN; HEAD uses upload_load, see below)
+#        UPLOAD_CONNS=16 UPLOAD_MAX=2000     new 1 MiB uploads: concurrency, cap per measurement
+#        DEDUP_CONNS=64                      dedup uploads (Expect: 100-continue) concurrency
+#        SERVERS="blobref nginx registry"    leave one out to benchmark the others
+#        OUT=build/bench/results.md  KEEP=1 (keep the work directory)
+#
+# Every server runs on 127.0.0.1 with a fair operator's settings, from a temporary directory, and
+# is stopped at the end, also on failure or ^C. Each measurement is checked first (status, bytes,
+# SHA-256); servers take turns in a different order each round; the table shows medians.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BENCH=$ROOT/tests/bench
+BIN=${1:-${BIN:-bin}}
+case "$BIN" in /*) ;; *) BIN=$ROOT/$BIN ;; esac
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-10}
+UPLOAD_MAX=${UPLOAD_MAX:-2000}
+if [ "${QUICK:-0}" = 1 ]; then
+  ROUNDS=1
+  DURATION=3
+  UPLOAD_MAX=500
+fi
+WRK_THREADS=${WRK_THREADS:-2}
+WRK_CONNS=${WRK_CONNS:-64}
+UPLOAD_CONNS=${UPLOAD_CONNS:-16}
+DEDUP_CONNS=${DEDUP_CONNS:-64}
+SERVERS=${SERVERS:-blobref nginx registry}
+OUT=${OUT:-$ROOT/build/bench/results.md}
+N_SMALL=1000  # 4 KiB blobs
+N_LARGE=32    # 1 MiB blobs
+MIB=1048576
+
+for n in ROUNDS DURATION UPLOAD_MAX WRK_THREADS WRK_CONNS UPLOAD_CONNS DEDUP_CONNS; do
+  v=${!n}
+  [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -ge 1 ] && [ "$v" -le 100000 ] || { echo "run.sh: bad $n=$v" >&2; exit 2; }
+done
+[ "$DURATION" -le 600 ] && [ "$ROUNDS" -le 20 ] || { echo "run.sh: DURATION <= 600, ROUNDS <= 20" >&2; exit 2; }
+has() { [[ " $SERVERS " == *" $1 "* ]]; }
+for t in wrk nginx docker-registry cc curl sha256sum; do
+  command -v "$t" >/dev/null || { echo "run.sh: $t not found (make bench installs it)" >&2; exit 2; }
+done
+if has blobref && [ ! -x "$BIN/blobrefd" ]; then
+  echo "run.sh: $BIN/blobrefd not found (run make, or pass BIN_DIR, or SERVERS='nginx registry')" >&2
+  exit 2
+fi
+
+# ---- work directory, processes, cleanup ----
+T=$(mktemp -d "${TMPDIR:-/tmp}/blobref-bench.XXXXXX")
+chmod 755 "$T" # nginx workers run as an unprivileged user
+declare -A PIDS=()
+log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() {
+  log "FAILED: $*"
+  exit 1
+}
+
+stop_server() {
+  local name=$1 pid=${PIDS[$1]:-}
+  [ -n "$pid" ] || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  unset "PIDS[$name]"
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  for name in "${!PIDS[@]}"; do stop_server "$name"; done
+  if [ "${KEEP:-0}" = 1 ] || [ $rc -ne 0 ]; then
+    log "work directory kept: $T"
+  else
+    rm -rf "$T"
+  fi
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# A TCP port in 20000..29999 (below the ephemeral range) that nothing listens on.
+declare -A TAKEN=()
+free_port() {
+  local p
+  for _ in $(seq 200); do
+    p=$((20000 + RANDOM % 10000))
+    [ -z "${TAKEN[$p]:-}" ] || continue
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      TAKEN[$p]=1
+      echo "$p"
+      return 0
+    fi
+  done
+  die "no free port"
+}
+
+# wait_ready NAME URL: waits up to 20 s for URL to answer 200 while NAME's process lives.
+wait_ready() {
+  local name=$1 url=$2 pid=${PIDS[$1]}
+  for _ in $(seq 200); do
+    kill -0 "$pid" 2>/dev/null || { tail -20 "$T/$name.log" >&2; die "$name exited"; }
+    [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)" = 200 ] && return 0
+    sleep 0.1
+  done
+  tail -20 "$T/$name.log" >&2
+  die "$name not ready at $url"
+}
+
+# start_blobref NAME PORT [extra [server] lines] [extra [store local] lines]
+start_blobref() {
+  local name=$1 port=$2 server_extra=${3:-} store_extra=${4:-} dir=$T/$1
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  cat >"$dir/blobref.conf" <<EOF
+[server]
+listen = 127.0.0.1:$port
+data_dir = $dir
+$server_extra
+
+[store local]
+kind = fs
+root = $dir/blobs
+$store_extra
+EOF
+  "$BIN/blobrefd" -c "$dir/blobref.conf" >"$T/$name.log" 2>&1 &
+  PIDS[$name]=$!
+  wait_ready "$name" "http://127.0.0.1:$port/readyz"
+}
+
+# start_registry NAME PORT: CNCF distribution 2.8 on the filesystem driver, log level error.
+start_registry() {
+  local name=$1 port=$2 dir=$T/$1
+  rm -rf "$dir"
+  mkdir -p "$dir/storage"
+  cat >"$dir/config.yml" <<EOF
+version: 0.1
+log:
+  level: error
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: $dir/storage
+  cache:
+    blobdescriptor: inmemory
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:$port
+  secret: blobref-bench-$port
+EOF
+  docker-registry serve "$dir/config.yml" >"$T/$name.log" 2>&1 &
+  PIDS[$name]=$!
+  wait_ready "$name" "http://127.0.0.1:$port/v2/"
+}
+
+start_nginx() {
+  local port=$1 dir=$T/nginx
+  mkdir -p "$dir/tmp" "$T/up"
+  chmod 777 "$dir/tmp" "$T/up"
+  cat >"$dir/nginx.conf" <<EOF
+worker_processes 2;
+pid $dir/nginx.pid;
+error_log $dir/error.log error;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  tcp_nodelay on;
+  keepalive_timeout 65;
+  keepalive_requests 1000000;
+  open_file_cache max=10000 inactive=60s;
+  open_file_cache_valid 60s;
+  open_file_cache_errors on;
+  client_body_temp_path $dir/tmp;
+  proxy_temp_path $dir/tmp;
+  fastcgi_temp_path $dir/tmp;
+  uwsgi_temp_path $dir/tmp;
+  scgi_temp_path $dir/tmp;
+  default_type application/octet-stream;
+  server {
+    listen 127.0.0.1:$port;
+    root $T/files;
+    location /sha256/ { }
+    location ~ "^/r/([0-9a-f]{2})([0-9a-f]{2})([0-9a-f]{60})\$" {
+      return 302 http://127.0.0.1:$port/sha256/\$1/\$2/\$1\$2\$3;
+    }
+    location /up/ {
+      root $T;
+      dav_methods PUT;
+      create_full_put_path on;
+      client_max_body_size 64m;
+    }
+  }
+}
+EOF
+  nginx -e "$dir/error.log" -p "$dir" -c "$dir/nginx.conf" -g 'daemon off;' >"$T/nginx.log" 2>&1 &
+  PIDS[nginx]=$!
+  local h
+  h=$(head -1 "$T/small.hex")
+  wait_ready nginx "http://127.0.0.1:$port/sha256/${h:0:2}/${h:2:2}/$h"
+}
+
+# ---- load generators ----
+log "building upload_load"
+cc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -o "$T/upload_load" \
+  "$BENCH/upload_load.c" -lcrypto -lpthread
+UL=$T/upload_load
+
+# kv "LINE" KEY: the value of KEY=... in LINE.
+kv() { sed -n "s/.*[ ]$2=\([^ ]*\).*/\1/p" <<<" $1"; }
+
+# ---- data: the same blobs for every server ----
+NONCE=$(date +%s)-$$
+log "generating $N_SMALL x 4 KiB and $N_LARGE x 1 MiB blobs"
+"$UL" -m gen -s 4096 -n $N_SMALL -S "small-$NONCE" -o "$T/files" >"$T/small.list"
+"$UL" -m gen -s $MIB -n $N_LARGE -S "large-$NONCE" -o "$T/files" >"$T/large.list"
+chmod -R a+rX "$T/files"
+cut -c1-64 "$T/small.list" >"$T/small.hex"
+cut -c1-64 "$T/large.list" >"$T/large.hex"
+# Spot-check the generator against coreutils.
+read -r h p < <(tail -1 "$T/large.list")
+[ "$(sha256sum "$p" | cut -c1-64)" = "$h" ] || die "upload_load gen: wrong hash for $p"
+
+P_BLOBREF=$(free_port)
+P_REDIRECT=$(free_port)
+P_BLOBREF_UP=$(free_port)
+P_NGINX=$(free_port)
+P_REGISTRY=$(free_port)
+P_REGISTRY_UP=$(free_port)
+U_BLOBREF=http://127.0.0.1:$P_BLOBREF
+U_REDIRECT=http://127.0.0.1:$P_REDIRECT
+U_NGINX=http://127.0.0.1:$P_NGINX
+U_REGISTRY=http://127.0.0.1:$P_REGISTRY
+
+# preload NAME MODE URL LIST EXPECTED_STATUS
+preload() {
+  local out
+  out=$("$UL" -m "$2" -u "$3" -f "$4" -c 8 -d 300) || true
+  [ "$(kv "$out" status)" = "$5:$(wc -l <"$4")" ] || die "preloading $1 ($4): $out"
+}
+
+has nginx && start_nginx "$P_NGINX"
+if has registry; then
+  log "starting docker-registry and pushing the blobs"
+  start_registry registry "$P_REGISTRY"
+  preload registry registry "$U_REGISTRY/v2/bench/blobs" "$T/small.list" 201
+  preload registry registry "$U_REGISTRY/v2/bench/blobs" "$T/large.list" 201
+fi
+if has blobref; then
+  log "starting blobrefd (proxy and redirect) and uploading the blobs"
+  start_blobref blobref "$P_BLOBREF"
+  preload blobref put "$U_BLOBREF/v1/blobs" "$T/small.list" 201
+  preload blobref put "$U_BLOBREF/v1/blobs" "$T/large.list" 201
+  start_blobref redirect "$P_REDIRECT" "" "serve = redirect
+public_url = $U_NGINX"
+  preload redirect put "$U_REDIRECT/v1/blobs" "$T/small.list" 201
+fi
+
+# ---- request lists (METHOD PATH [RANGE]) ----
+path_of() { # SERVER HEX
+  case $1 in
+  blobref) echo "/v1/blobs/$2" ;;
+  nginx) echo "/sha256/${2:0:2}/${2:2:2}/$2" ;;
+  registry) echo "/v2/bench/blobs/sha256:$2" ;;
+  esac
+}
+for s in blobref nginx registry; do
+  case $s in
+  blobref) pre=/v1/blobs/ ;;
+  registry) pre=/v2/bench/blobs/sha256: ;;
+  nginx) pre=/sha256/ ;;
+  esac
+  awk -v pre="$pre" -v s="$s" '{ p = (s == "nginx") ? pre substr($1,1,2) "/" substr($1,3,2) "/" $1 : pre $1
+         print "HEAD " p > "'"$T/head.$s"'"; print "GET " p > "'"$T/get4k.$s"'" }' "$T/small.hex"
+  awk -v pre="$pre" -v s="$s" -v mib=$MIB 'BEGIN { srand(42) }
+       { p = (s == "nginx") ? pre substr($1,1,2) "/" substr($1,3,2) "/" $1 : pre $1
+         print "GET " p > "'"$T/get1m.$s"'"
+         for (i = 0; i < 16; i++) { a = int(rand() * (mib - 65536) / 4096) * 4096
+           print "GET " p " bytes=" a "-" (a + 65535) > "'"$T/range.$s"'" } }' "$T/large.hex"
+done
+awk '{ print "GET /v1/blobs/" $1 }' "$T/small.hex" >"$T/redirect.blobref"
+awk '{ print "GET /r/" $1 }' "$T/small.hex" >"$T/redirect.nginx"
+
+url_of() { # SERVER SCENARIO
+  case $1 in
+  blobref) [ "$2" = redirect ] && echo "$U_REDIRECT" || echo "$U_BLOBREF" ;;
+  nginx) echo "$U_NGINX" ;;
+  registry) echo "$U_REGISTRY" ;;
+  esac
+}
+
+# check_read SERVER SCENARIO: one request of each kind answered right, with the right bytes.
+check_read() {
+  local s=$1 sc=$2 base line method path range hex file got code
+  base=$(url_of "$s" "$sc")
+  line=$(sed -n 7p "$T/$sc.$s")
+  read -r method path range <<<"$line"
+  hex=$(grep -o '[0-9a-f]\{64\}' <<<"$path")
+  file=$T/files/sha256/${hex:0:2}/${hex:2:2}/$hex
+  case $sc in
+  head)
+    got=$(curl -s -I "$base$path" | tr -d '\r' | awk 'NR==1 { c=$2 } tolower($1)=="content-length:" { l=$2 } END { print c, l }')
+    [ "$got" = "200 4096" ] || die "$s HEAD $path: got '$got', want '200 4096'"
+    ;;
+  get4k | get1m)
+    code=$(curl -s -o "$T/check.out" -w '%{http_code}' "$base$path")
+    [ "$code" = 200 ] && cmp -s "$T/check.out" "$file" || die "$s GET $path: status $code or wrong bytes"
+    ;;
+  range)
+    code=$(curl -s -o "$T/check.out" -w '%{http_code}' -H "Range: $range" "$base$path")
+    local a=${range#bytes=}
+    a=${a%-*}
+    dd if="$file" of="$T/check.want" bs=4096 skip=$((a / 4096)) count=16 status=none
+    [ "$code" = 206 ] && cmp -s "$T/check.out" "$T/check.want" || die "$s Range $range $path: status $code or wrong bytes"
+    ;;
+  redirect)
+    got=$(curl -s -o /dev/null -w '%{http_code} %{redirect_url}' "$base$path")
+    [[ "$got" == 30[27]" http"* ]] || die "$s redirect $path: got '$got'"
+    code=$(curl -s -o "$T/check.out" -w '%{http_code}' "${got#* }")
+    [ "$code" = 200 ] && cmp -s "$T/check.out" "$file" || die "$s redirect target ${got#* }: status $code or wrong bytes"
+    ;;
+  esac
+}
+
+# ---- measurements ----
+mkdir -p "$T/res"
+NOTES=()
+RAW=$T/raw.log
+note() { NOTES+=("$*"); }
+
+# save SCENARIO SERVER RPS P99_MS [EXTRA]
+save() { echo "$3 $4 ${5:-}" >>"$T/res/$1.$2"; }
+
+run_read() { # SERVER SCENARIO
+  local s=$1 sc=$2 base out rps p99 errs bad
+  base=$(url_of "$s" "$sc")
+  if [ "$sc" = head ]; then
+    # wrk 4.1 waits for a body after a HEAD response (wg/wrk#198): upload_load's reqs mode.
+    out=$(timeout $((DURATION + 60)) "$UL" -m reqs -u "$base" -f "$T/$sc.$s" -t "$WRK_THREADS" \
+      -c "$WRK_CONNS" -d "$DURATION") || true
+    rps=$(kv "$out" rps)
+    p99=$(kv "$out" p99_ms)
+    errs=$(kv "$out" errors)
+    bad=$(kv "$out" status | tr , '\n' | grep -cv '^200:' || true)
+  else
+    out=$(BENCH_REQS=$T/$sc.$s timeout $((DURATION + 60)) wrk -t"$WRK_THREADS" -c"$WRK_CONNS" \
+      -d"${DURATION}s" --timeout 10s -s "$BENCH/rotate.lua" "$base" | sed -n 's/^WRK //p') || true
+    rps=$(kv "$out" rps)
+    p99=$(kv "$out" p99_ms)
+    errs=$(kv "$out" errors)
+    bad=$(kv "$out" non2xx3xx)
+  fi
+  echo "$sc $s round=$ROUND $out" >>"$RAW"
+  [ -n "$rps" ] || die "$sc on $s: no result ($out)"
+  [ "${errs:-0}" = 0 ] && [ "${bad:-0}" = 0 ] || note "$sc on $s, round $ROUND: $out"
+  save "$sc" "$s" "$rps" "$p99"
+  log "$sc $s: $rps req/s, p99 $p99 ms"
+}
+
+# run_upload SCENARIO SERVER: new 1 MiB uploads (never seen before) or dedup uploads.
+run_upload() {
+  local sc=$1 s=$2 out want seed="$NONCE-r$ROUND-$1-$2" inst=""
+  local common=(-d "$DURATION")
+  case "$sc.$s" in
+  new.blobref | new.blobref_b1)
+    inst=$s
+    if [ "$s" = blobref_b1 ]; then
+      start_blobref "$inst" "$P_BLOBREF_UP" "index_batch_max = 1"
+    else
+      start_blobref "$inst" "$P_BLOBREF_UP"
+    fi
+    out=$(timeout $((DURATION + 60)) "$UL" -m put -u "http://127.0.0.1:$P_BLOBREF_UP/v1/blobs" -s $MIB \
+      -n "$UPLOAD_MAX" -S "$seed" -c "$UPLOAD_CONNS" "${common[@]}") || true
+    want='^201:'
+    ;;
+  new.nginx)
+    out=$(timeout $((DURATION + 60)) "$UL" -m put -u "$U_NGINX/up" -s $MIB -n "$UPLOAD_MAX" -S "$seed" \
+      -c "$UPLOAD_CONNS" "${common[@]}") || true
+    want='^201:'
+    ;;
+  new.registry)
+    inst=registry_up
+    start_registry "$inst" "$P_REGISTRY_UP"
+    out=$(timeout $((DURATION + 60)) "$UL" -m registry -u "http://127.0.0.1:$P_REGISTRY_UP/v2/bench/blobs" \
+      -s $MIB -n "$UPLOAD_MAX" -S "$seed" -c "$UPLOAD_CONNS" "${common[@]}") || true
+    want='^201:'
+    ;;
+  dedup.blobref)
+    out=$(timeout $((DURATION + 60)) "$UL" -m put -e -r -u "$U_BLOBREF/v1/blobs" -f "$T/large.list" \
+      -c "$DEDUP_CONNS" "${common[@]}") || true
+    want='^200:'
+    ;;
+  dedup.registry)
+    out=$(timeout $((DURATION + 60)) "$UL" -m mount -r -u "$U_REGISTRY/v2/dedup/blobs" -F bench \
+      -f "$T/large.list" -c "$DEDUP_CONNS" "${common[@]}") || true
+    want='^201:'
+    ;;
+  esac
+  echo "$sc $s round=$ROUND $out" >>"$RAW"
+  if [ -n "$inst" ]; then
+    stop_server "$inst"
+    rm -rf "${T:?}/$inst"
+  fi
+  rm -rf "${T:?}/up" && mkdir -m 777 "$T/up"
+  timeout 120 sync || true # written-back dirty pages must not slow the next measurement
+  local rps p99 bad
+  rps=$(kv "$out" rps)
+  p99=$(kv "$out" p99_ms)
+  [ -n "$rps" ] || die "$sc upload on $s: no result ($out)"
+  bad=$(kv "$out" status | tr , '\n' | grep -cv "$want" || true)
+  [ "$(kv "$out" errors)" = 0 ] && [ "$bad" = 0 ] || note "$sc upload on $s, round $ROUND: $out"
+  if [ "$sc.$s" = dedup.blobref ] && [ "$(kv "$out" early)" != "$(kv "$out" ok)" ]; then
+    note "dedup on blobref, round $ROUND: only $(kv "$out" early) of $(kv "$out" ok) answered before the body"
+  fi
+  save "$sc" "$s" "$rps" "$p99" "$(kv "$out" mbps)"
+  log "$sc upload $s: $rps/s, p99 $p99 ms, $(kv "$out" mbps) MB/s"
+}
+
+ORDER=()
+for s in blobref nginx registry; do has "$s" && ORDER+=("$s"); done
+[ ${#ORDER[@]} -gt 0 ] || die "SERVERS names none of blobref nginx registry"
+
+log "checking every server's answers"
+for sc in head get4k get1m range redirect; do
+  for s in "${ORDER[@]}"; do
+    [ "$sc.$s" = redirect.registry ] || check_read "$s" "$sc"
+  done
+done
+log "warming the page cache"
+cat "$T"/files/sha256/*/*/* >/dev/null
+for d in blobref registry; do [ -d "$T/$d" ] && find "$T/$d" -type f -exec cat {} + >/dev/null; done
+
+log "disk ceiling: 1 MiB files written with write+fsync+rename+dir fsync, $UPLOAD_CONNS writers"
+DISK=$(timeout $((DURATION + 60)) "$UL" -m disk -o "$T/disk" -s $MIB -n "$UPLOAD_MAX" -S "disk-$NONCE" \
+  -c "$UPLOAD_CONNS" -d "$DURATION") || true
+rm -rf "${T:?}/disk"
+timeout 120 sync || true
+echo "disk $DISK" >>"$RAW"
+log "disk: $DISK"
+
+START=$(date +%s)
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+  # Servers take turns: round r starts with the r-th server.
+  k=$(((ROUND - 1) % ${#ORDER[@]}))
+  turn=("${ORDER[@]:k}" "${ORDER[@]:0:k}")
+  log "round $ROUND/$ROUNDS: order ${turn[*]}"
+  for sc in head get4k get1m range redirect; do
+    for s in "${turn[@]}"; do
+      [ "$sc.$s" = redirect.registry ] || run_read "$s" "$sc"
+    done
+  done
+  for s in "${turn[@]}"; do
+    run_upload new "$s"
+    [ "$s" = blobref ] && run_upload new blobref_b1
+  done
+  for s in "${turn[@]}"; do
+    [ "$s" = nginx ] || run_upload dedup "$s"
+  done
+done
+ELAPSED=$(($(date +%s) - START))
+
+# ---- table ----
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) exit; print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+med() { # SCENARIO SERVER COLUMN
+  [ -f "$T/res/$1.$2" ] || return 0
+  awk -v c="$3" '{ print $c }' "$T/res/$1.$2" | median
+}
+fmt_rps() { [ -n "$1" ] && printf '%.0f' "$1" || echo "n/a"; }
+fmt_ms() { [ -n "$1" ] && printf '%.2f ms' "$1" || echo "n/a"; }
+ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }' || echo "n/a"; }
+
+declare -A LABEL=(
+  [head]="HEAD 4 KiB blob"
+  [get4k]="GET 4 KiB blob"
+  [get1m]="GET 1 MiB blob"
+  [range]="GET Range 64 KiB of a 1 MiB blob"
+  [redirect]="Redirect lookup (blobref 307 / nginx \`return 302\`)"
+  [new]="New 1 MiB upload (blobref group commit / nginx dav PUT / registry POST+PUT)"
+  [dedup]="Dedup 1 MiB upload, \`Expect: 100-continue\` (registry: cross-repo mount)"
+)
+TABLE=$T/table.md
+{
+  echo "| scenario | blobref req/s | p99 | nginx req/s | p99 | registry req/s | p99 | blobref/nginx | blobref/registry |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  for sc in head get4k get1m range redirect new b1 dedup; do
+    if [ "$sc" = b1 ]; then
+      b=$(med new blobref_b1 1)
+      bp=$(med new blobref_b1 2)
+      n=$(med new nginx 1)
+      r=$(med new registry 1)
+      echo "| New 1 MiB upload, blobref \`index_batch_max = 1\` | $(fmt_rps "$b") | $(fmt_ms "$bp") | — | — | — | — | $(ratio "$b" "$n") | $(ratio "$b" "$r") |"
+      continue
+    fi
+    b=$(med "$sc" blobref 1)
+    n=$(med "$sc" nginx 1)
+    r=$(med "$sc" registry 1)
+    echo "| ${LABEL[$sc]} | $(fmt_rps "$b") | $(fmt_ms "$(med "$sc" blobref 2)") | $(fmt_rps "$n") | $(fmt_ms "$(med "$sc" nginx 2)") | $(fmt_rps "$r") | $(fmt_ms "$(med "$sc" registry 2)") | $(ratio "$b" "$n") | $(ratio "$b" "$r") |"
+  done
+} >"$TABLE"
+
+# ---- targets (reported, not asserted) ----
+target() { # LABEL VALUE OP LIMIT
+  if [ -z "$2" ]; then
+    echo "- $1: not measured"
+  elif awk -v v="$2" -v l="$4" -v op="$3" 'BEGIN { exit !(op == ">=" ? v >= l : v < l) }'; then
+    echo "- $1: met ($2)"
+  else
+    echo "- $1: **missed** ($2)"
+  fi
+}
+rat() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b }' || true; }
+TARGETS=$T/targets.md
+DISK_MBPS=$(kv "$DISK" mbps)
+{
+  target "HEAD >= 0.7x nginx" "$(rat "$(med head blobref 1)" "$(med head nginx 1)")" ">=" 0.7
+  target "GET 4 KiB >= 0.7x nginx" "$(rat "$(med get4k blobref 1)" "$(med get4k nginx 1)")" ">=" 0.7
+  target "Range 64 KiB >= 0.7x nginx" "$(rat "$(med range blobref 1)" "$(med range nginx 1)")" ">=" 0.7
+  target "GET 1 MiB >= 0.9x nginx" "$(rat "$(med get1m blobref 1)" "$(med get1m nginx 1)")" ">=" 0.9
+  for sc in head get4k get1m range new dedup; do
+    target "${LABEL[$sc]%% (*} >= 10x registry" "$(rat "$(med "$sc" blobref 1)" "$(med "$sc" registry 1)")" ">=" 10
+  done
+  target "New uploads bound by the disk (blobref MB/s / disk ceiling MB/s, >= 0.7 counts as bound)" \
+    "$(rat "$(med new blobref 3)" "$DISK_MBPS")" ">=" 0.7
+  target "Dedup uploads >= 10,000/s" "$(med dedup blobref 1)" ">=" 10000
+  target "Group commit over index_batch_max = 1 (new uploads, >= 1x)" "$(rat "$(med new blobref 1)" "$(med new blobref_b1 1)")" ">=" 1
+} >"$TARGETS"
+
+mkdir -p "$(dirname "$OUT")"
+{
+  echo "# blobref side-by-side benchmark"
+  echo
+  echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); rounds: $ROUNDS (medians; servers alternate round by round); ${DURATION} s per measurement; measuring took ${ELAPSED} s"
+  echo "- machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), kernel $(uname -r); load average at start ${LOAD_START}, at end $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "- versions: blobref $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), $(nginx -v 2>&1 | sed 's/^nginx version: //'), docker-registry $(docker-registry --version 2>/dev/null | awk '{print $NF}'), $(wrk -v 2>&1 | head -1 | awk '{print "wrk", $2}')"
+  echo "- load: wrk -t$WRK_THREADS -c$WRK_CONNS (HEAD: upload_load reqs mode, same threads and connections: wrk 4.1 cannot HEAD); new uploads: $UPLOAD_CONNS connections, at most $UPLOAD_MAX distinct 1 MiB blobs per measurement; dedup: $DEDUP_CONNS connections"
+  echo
+  cat "$TABLE"
+  echo
+  echo "Disk ceiling (no HTTP; 1 MiB files written, fsynced, renamed, directory fsynced; $UPLOAD_CONNS writers): $(fmt_rps "$(kv "$DISK" rps)") files/s, $DISK_MBPS MB/s."
+  echo "New uploads, median MB/s: blobref $(med new blobref 3), blobref index_batch_max=1 $(med new blobref_b1 3), nginx $(med new nginx 3), registry $(med new registry 3)."
+  echo
+  echo "Targets (reported, not asserted):"
+  echo
+  cat "$TARGETS"
+  echo
+  echo "Notes:"
+  echo
+  echo "- Same blobs everywhere: $N_SMALL x 4 KiB and $N_LARGE x 1 MiB; requests rotate over all of them (Range: 16 offsets per blob)."
+  echo "- nginx: worker_processes 2, sendfile, keepalive, open_file_cache, access_log off; uploads with the dav module (\`dav_methods PUT\`), which does not fsync and is not content-addressed; it has no dedup upload (n/a)."
+  echo "- registry: docker-registry (CNCF distribution) filesystem driver, in-memory blob descriptor cache, log level error; a new upload is POST + PUT (2 round trips, one timed upload); its nearest dedup equivalent is the cross-repository mount (\`POST /v2/dedup/blobs/uploads/?mount=...&from=bench\`, 201); it has no redirect mode (n/a)."
+  echo "- blobref dedup uploads send \`Expect: 100-continue\`; the server answers 200 before any body byte and closes the connection, so each upload is a new TCP connection."
+  echo "- Every server runs on the same cores as the load generator; other work on the machine adds noise (compare ratios from one run, not absolute numbers)."
+  for n in "${NOTES[@]}"; do echo "- problem: $n"; done
+} >"$OUT"
+cp "$RAW" "$(dirname "$OUT")/raw.log"
+cat "$OUT"
+log "written to $OUT (raw numbers: $(dirname "$OUT")/raw.log)"
