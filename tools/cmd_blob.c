@@ -14,9 +14,9 @@
 #include "commands.h"
 #include "http_client.h"
 
-#define HASH_CHUNK (64 * 1024)    /* read size when hashing a file */
-#define LOOKUP_BATCH 10000        /* hashes per POST /v1/lookup */
-#define LOOKUP_LINE_MAX 1024      /* longest stdin line accepted by lookup */
+#define HASH_CHUNK (64 * 1024) /* read size when hashing a file */
+#define LOOKUP_BATCH 10000     /* hashes per POST /v1/lookup */
+#define LOOKUP_LINE_MAX 1024   /* longest stdin line accepted by lookup */
 #define EXIT_LOOKUP_MISSING 1
 #define EXIT_USAGE 2
 #define EXIT_LOOKUP_ERROR 3
@@ -230,19 +230,24 @@ int cmd_put(const cli_globals *g, int argc, char **argv) {
   getopt_reset();
   while ((opt = getopt_long(argc, argv, "vh", longopts, NULL)) != -1) {
     switch (opt) {
-    case 't':
-      if (br_cli_content_type_check(optarg) != 0)
-        return usage_error("put", "--type must be 1 to %d printable ASCII characters",
-                           BR_CLI_CONTENT_TYPE_MAX);
-      o.type = optarg;
-      break;
-    case 's':
-      if (br_cli_hash_parse(optarg, o.hex) != 0)
-        return usage_error("put", "--sha256: '%.80s' is not a SHA-256 (64 hex digits)", optarg);
-      break;
-    case 'v': o.verbose = 1; break;
-    case 'h': fputs(put_help, stdout); return 0;
-    default: return bad_option("put", argv);
+      case 't':
+        if (br_cli_content_type_check(optarg) != 0)
+          return usage_error("put", "--type must be 1 to %d printable ASCII characters",
+                             BR_CLI_CONTENT_TYPE_MAX);
+        o.type = optarg;
+        break;
+      case 's':
+        if (br_cli_hash_parse(optarg, o.hex) != 0)
+          return usage_error("put", "--sha256: '%.80s' is not a SHA-256 (64 hex digits)", optarg);
+        break;
+      case 'v':
+        o.verbose = 1;
+        break;
+      case 'h':
+        fputs(put_help, stdout);
+        return 0;
+      default:
+        return bad_option("put", argv);
     }
   }
   if (argc - optind != 1) return usage_error("put", "expected exactly one FILE or '-'");
@@ -388,16 +393,19 @@ int cmd_get(const cli_globals *g, int argc, char **argv) {
   getopt_reset();
   while ((opt = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
     switch (opt) {
-    case 'r':
-      if (br_cli_range_check(optarg, &range, &err) != 0)
-        return usage_error("get", "--range '%.80s': %s", optarg, err.msg);
-      break;
-    case 'o':
-      if (!*optarg) return usage_error("get", "-o needs a file name");
-      outpath = optarg;
-      break;
-    case 'h': fputs(get_help, stdout); return 0;
-    default: return bad_option("get", argv);
+      case 'r':
+        if (br_cli_range_check(optarg, &range, &err) != 0)
+          return usage_error("get", "--range '%.80s': %s", optarg, err.msg);
+        break;
+      case 'o':
+        if (!*optarg) return usage_error("get", "-o needs a file name");
+        outpath = optarg;
+        break;
+      case 'h':
+        fputs(get_help, stdout);
+        return 0;
+      default:
+        return bad_option("get", argv);
     }
   }
   if (argc - optind != 1) return usage_error("get", "expected exactly one HASH");
@@ -538,8 +546,11 @@ int cmd_stat(const cli_globals *g, int argc, char **argv) {
   getopt_reset();
   while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (opt) {
-    case 'h': fputs(stat_help, stdout); return 0;
-    default: return bad_option("stat", argv);
+      case 'h':
+        fputs(stat_help, stdout);
+        return 0;
+      default:
+        return bad_option("stat", argv);
     }
   }
   if (argc - optind != 1) return usage_error("stat", "expected exactly one HASH");
@@ -706,8 +717,8 @@ static int lookup_stdin(const cli_globals *g, char (*batch)[BR_HEX_LEN + 1]) {
       return EXIT_USAGE;
     }
     char *s = line;
-    while (len > 0 && (s[len - 1] == '\n' || s[len - 1] == '\r' || s[len - 1] == ' ' ||
-                       s[len - 1] == '\t'))
+    while (len > 0 &&
+           (s[len - 1] == '\n' || s[len - 1] == '\r' || s[len - 1] == ' ' || s[len - 1] == '\t'))
       s[--len] = '\0';
     while (*s == ' ' || *s == '\t') s++;
     if (!*s) continue;
@@ -738,8 +749,11 @@ int cmd_lookup(const cli_globals *g, int argc, char **argv) {
   getopt_reset();
   while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (opt) {
-    case 'h': fputs(lookup_help, stdout); return 0;
-    default: return bad_option("lookup", argv);
+      case 'h':
+        fputs(lookup_help, stdout);
+        return 0;
+      default:
+        return bad_option("lookup", argv);
     }
   }
   int nargs = argc - optind;

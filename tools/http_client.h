@@ -9,12 +9,12 @@
 
 #include "blobref/common.h"
 
-#define BR_HTTP_URL_MAX 8192                  /* longest URL we build */
-#define BR_HTTP_JSON_MAX ((size_t)64 << 20)   /* largest JSON reply we accept (64 MiB) */
+#define BR_HTTP_URL_MAX 8192                      /* longest URL we build */
+#define BR_HTTP_JSON_MAX ((size_t)64 << 20)       /* largest JSON reply we accept (64 MiB) */
 #define BR_HTTP_ERROR_BODY_MAX ((size_t)64 << 10) /* bytes of an error body we keep */
-#define BR_CLI_RANGE_SPEC_MAX 4096            /* longest --range spec */
-#define BR_CLI_RANGE_COUNT_MAX 64             /* most ranges in one --range (as the server) */
-#define BR_CLI_CONTENT_TYPE_MAX 255           /* longest --type (as the server) */
+#define BR_CLI_RANGE_SPEC_MAX 4096                /* longest --range spec */
+#define BR_CLI_RANGE_COUNT_MAX 64                 /* most ranges in one --range (as the server) */
+#define BR_CLI_CONTENT_TYPE_MAX 255               /* longest --type (as the server) */
 
 /* A growable byte buffer that refuses to grow past `max` (then `toobig` is set and the curl
  * write callback fails the transfer). Zero-initialise, set max, free with br_http_buf_free. */

@@ -1,7 +1,6 @@
 /* Unit tests for the blobref tool's pure helpers: hash arguments, --range specs, --type values,
  * URL joining and the one-line text of server errors (tools/http_client.c, built in here). */
 #include "../../tools/http_client.c"
-
 #include "unit.h"
 
 #define H64 "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -30,8 +29,7 @@ static void test_hash_parse(void) {
     char hex[BR_HEX_LEN + 1] = "";
     int rc = br_cli_hash_parse(cases[i].in, hex);
     if (cases[i].want) {
-      CHECK(rc == 0 && strcmp(hex, cases[i].want) == 0, "'%s' -> rc %d '%s'", cases[i].in, rc,
-            hex);
+      CHECK(rc == 0 && strcmp(hex, cases[i].want) == 0, "'%s' -> rc %d '%s'", cases[i].in, rc, hex);
     } else {
       CHECK(rc == -1, "'%s' accepted as '%s'", cases[i].in, hex);
     }
@@ -72,8 +70,8 @@ static void test_range_check(void) {
     const char *out = NULL;
     int rc = br_cli_range_check(cases[i].in, &out, &err);
     if (cases[i].want) {
-      CHECK(rc == 0 && out && strcmp(out, cases[i].want) == 0, "'%s' -> rc %d (%s)",
-            cases[i].in, rc, err.msg);
+      CHECK(rc == 0 && out && strcmp(out, cases[i].want) == 0, "'%s' -> rc %d (%s)", cases[i].in,
+            rc, err.msg);
     } else {
       CHECK(rc == -1 && err.msg[0], "'%s' accepted", cases[i].in);
     }
@@ -157,8 +155,7 @@ static void test_error_text(void) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char out[256];
     br_http_error_text(cases[i].status, cases[i].body, strlen(cases[i].body), out, sizeof out);
-    CHECK(strcmp(out, cases[i].want) == 0, "%ld '%s' -> '%s'", cases[i].status, cases[i].body,
-          out);
+    CHECK(strcmp(out, cases[i].want) == 0, "%ld '%s' -> '%s'", cases[i].status, cases[i].body, out);
   }
   char tiny[8];
   br_http_error_text(404, "{\"error\":{\"code\":\"not_found\",\"message\":\"x\"}}", 44, tiny,
