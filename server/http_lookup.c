@@ -1,6 +1,7 @@
 /* POST /v1/lookup: which of many hashes exist (size, URL) and which are missing. Also the
  * bounded JSON body reader shared by routes that take JSON. */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,57 +54,76 @@ static int json_depth(const char *s, size_t len) {
   return max;
 }
 
-/* Parses the body as a JSON object; answers 400 bad_json itself and returns NULL on failure. */
-static json_t *parse_json_body(struct request *req) {
-  if (json_depth(req->body ? req->body : "", req->body_len) > MAX_JSON_DEPTH) {
-    reply_error(req, E_BAD_JSON, "JSON nested deeper than %d levels", MAX_JSON_DEPTH);
-    return NULL;
+int lookup_parse(const char *body, size_t len, uint64_t max_hashes, uint8_t **digests,
+                 size_t *n, enum br_api_error *e, char *msg, size_t msglen) {
+  *digests = NULL;
+  *n = 0;
+  if (json_depth(body, len) > MAX_JSON_DEPTH) {
+    *e = E_BAD_JSON;
+    snprintf(msg, msglen, "JSON nested deeper than %d levels", MAX_JSON_DEPTH);
+    return -1;
   }
   json_error_t jerr;
-  json_t *root = json_loadb(req->body ? req->body : "", req->body_len, JSON_REJECT_DUPLICATES,
-                            &jerr);
+  json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+  int rc = -1;
+  *e = E_BAD_JSON;
   if (!root) {
-    reply_error(req, E_BAD_JSON, "invalid JSON at line %d column %d: %s", jerr.line,
-                jerr.column, jerr.text);
-    return NULL;
+    snprintf(msg, msglen, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column,
+             jerr.text);
+    return -1;
   }
-  if (!json_is_object(root)) {
-    json_decref(root);
-    reply_error(req, E_BAD_JSON, "the body must be a JSON object");
-    return NULL;
+  json_t *hashes = json_object_get(root, "hashes");
+  if (!json_is_object(root) || !json_is_array(hashes)) {
+    snprintf(msg, msglen, "the body must be {\"hashes\": [\"<hex>\", ...]}");
+    goto done;
   }
-  return root;
+  size_t count = json_array_size(hashes);
+  if (count > max_hashes) {
+    *e = E_TOO_MANY_HASHES;
+    snprintf(msg, msglen, "%zu hashes, at most %" PRIu64 " per call", count, max_hashes);
+    goto done;
+  }
+  uint8_t *out = malloc(count ? count * BR_SHA256_LEN : 1);
+  if (!out) {
+    *e = E_INTERNAL;
+    snprintf(msg, msglen, "out of memory");
+    goto done;
+  }
+  for (size_t i = 0; i < count; i++) {
+    json_t *h = json_array_get(hashes, i);
+    if (!json_is_string(h)) {
+      snprintf(msg, msglen, "hashes[%zu] is not a string", i);
+      free(out);
+      goto done;
+    }
+    if (br_blob_id_parse(json_string_value(h), json_string_length(h), out + i * BR_SHA256_LEN) <
+        0) {
+      *e = E_BAD_HASH;
+      snprintf(msg, msglen, "hashes[%zu] is not 64 lowercase hex digits", i);
+      free(out);
+      goto done;
+    }
+  }
+  *digests = out;
+  *n = count;
+  rc = 0;
+done:
+  json_decref(root);
+  return rc;
 }
 
 enum MHD_Result lookup_finish(struct request *req) {
-  json_t *root = parse_json_body(req);
-  if (!root) return MHD_YES;
+  uint8_t *digests = NULL;
+  size_t n = 0;
+  enum br_api_error e;
+  char msg[256];
+  if (lookup_parse(req->body ? req->body : "", req->body_len, req->srv->cfg->max_lookup_hashes,
+                   &digests, &n, &e, msg, sizeof msg) < 0)
+    return reply_error(req, e, "%s", msg);
   enum MHD_Result r;
-  json_t *hashes = json_object_get(root, "hashes");
-  json_t *found = NULL, *missing = NULL;
-  if (!json_is_array(hashes)) {
-    r = reply_error(req, E_BAD_JSON, "\"hashes\" must be an array of strings");
-    goto done;
-  }
-  size_t n = json_array_size(hashes);
-  if (n > req->srv->cfg->max_lookup_hashes) {
-    r = reply_error(req, E_TOO_MANY_HASHES, "%zu hashes, at most %" PRIu64 " per call", n,
-                    req->srv->cfg->max_lookup_hashes);
-    goto done;
-  }
-  found = json_array();
-  missing = json_array();
+  json_t *found = json_array(), *missing = json_array();
   for (size_t i = 0; i < n; i++) {
-    json_t *h = json_array_get(hashes, i);
-    uint8_t digest[BR_SHA256_LEN];
-    if (!json_is_string(h)) {
-      r = reply_error(req, E_BAD_JSON, "hashes[%zu] is not a string", i);
-      goto done;
-    }
-    if (br_blob_id_parse(json_string_value(h), json_string_length(h), digest) < 0) {
-      r = reply_error(req, E_BAD_HASH, "hashes[%zu] is not 64 lowercase hex digits", i);
-      goto done;
-    }
+    const uint8_t *digest = digests + i * BR_SHA256_LEN;
     br_record rec;
     br_err err;
     int rc = br_index_get(req->srv->index, digest, &rec, &err);
@@ -126,6 +146,6 @@ enum MHD_Result lookup_finish(struct request *req) {
 done:
   json_decref(found);
   json_decref(missing);
-  json_decref(root);
+  free(digests);
   return r;
 }

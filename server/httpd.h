@@ -142,6 +142,11 @@ json_t *upload_result_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size, i
 /* Formats milliseconds since the epoch as RFC 3339 UTC. */
 void format_time_ms(uint64_t ms, char *out, size_t outlen);
 
+/* Parses a lookup body {"hashes":[...]} (bounded depth and count) into a malloc'd array of n
+ * digests. Returns 0, or -1 with the error and its message. */
+int lookup_parse(const char *body, size_t len, uint64_t max_hashes, uint8_t **digests, size_t *n,
+                 enum br_api_error *e, char *msg, size_t msglen);
+
 /* http_blobs.c, http_lookup.c, http_misc.c: the route handlers. */
 extern const struct route br_routes[];
 extern const size_t br_nroutes;

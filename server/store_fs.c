@@ -217,7 +217,7 @@ static int fs_write_commit(br_store_writer *bw, const char *key, br_err *err) {
   else
     strcpy(dir, ".");
   rc = fsync_dir_at(fs->root_fd, dir, err);
-done:
+done:;
   int saved = bw->saved_errno;
   if (w->fd >= 0) close(w->fd);
   if (w->tmp_name[0]) unlinkat(fs->root_fd, w->tmp_name, 0);
