@@ -589,3 +589,41 @@ def test_server_down_is_a_clear_error(tmp_path):
         assert "cannot reach" in line and url in line, line
     p = run("ftp://127.0.0.1:1", "stat", UNKNOWN)
     assert p.returncode == 1 and "http://" in one_line_error(p)
+
+
+# ---------------------------------------------------------------------------------------------
+# server-side limits reach the user as one clear line
+
+
+@pytest.fixture
+def small_server(tmp_path):
+    conf = f"[server]\nmax_blob_size = 1KiB\n[store local]\nkind = fs\nroot = {tmp_path / 'data' / 'blobs'}\n"
+    srv = Server(tmp_path / "data", config_text=conf).start()
+    yield srv
+    assert srv.stop() == 0
+
+
+def test_put_file_over_max_blob_size(small_server, tmp_path):
+    relay = Relay(small_server.port)
+    try:
+        f = tmp_path / "big.bin"
+        f.write_bytes(os.urandom(3 * 1024 * 1024))
+        t0 = time.time()
+        p = run(relay.url, "put", f)
+        assert p.returncode == 1, p
+        line = one_line_error(p)
+        assert "too_large" in line and "413" in line, line
+        assert time.time() - t0 < 10
+        # Content-Length + Expect: the server refuses before the body is sent.
+        assert relay.total() < 64 * 1024
+    finally:
+        relay.close()
+
+
+@pytest.mark.xfail(reason="blobrefd bug: a chunked upload over max_blob_size is logged as 413 but "
+                          "the reply never reaches the client (empty reply after connection_timeout)",
+                   strict=False)
+def test_put_stdin_over_max_blob_size(small_server):
+    p = run(small_server.url, "put", "-", input=os.urandom(5000), timeout=15)
+    assert p.returncode == 1, p
+    assert "too_large" in one_line_error(p)
