@@ -17,6 +17,7 @@ function init(args)
     local method, path, range = line:match("^(%S+)%s+(%S+)%s*(%S*)$")
     if method then
       local headers = {}
+      for k, v in pairs(wrk.headers) do headers[k] = v end -- wrk -H ...
       if range ~= "" then headers["Range"] = range end
       n = n + 1
       reqs[n] = wrk.format(method, path, headers)

@@ -194,6 +194,7 @@ http {
     listen 127.0.0.1:$port;
     root $T/files;
     location /sha256/ { }
+    location = /healthz { return 200 '{"status":"ok"}'; }
     location ~ "^/r/([0-9a-f]{2})([0-9a-f]{2})([0-9a-f]{60})\$" {
       return 302 http://127.0.0.1:$port/sha256/\$1/\$2/\$1\$2\$3;
     }
@@ -218,6 +219,8 @@ log "building upload_load"
 cc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -o "$T/upload_load" \
   "$BENCH/upload_load.c" -lcrypto -lpthread
 UL=$T/upload_load
+
+fmt_rps() { [ -n "$1" ] && printf '%.0f' "$1" || echo "n/a"; }
 
 # kv "LINE" KEY: the value of KEY=... in LINE.
 kv() { sed -n "s/.*[ ]$2=\([^ ]*\).*/\1/p" <<<" $1"; }
@@ -376,10 +379,12 @@ run_upload() {
   local common=(-d "$DURATION")
   case "$sc.$s" in
   new.blobref | new.blobref_b1)
-    inst=$s
+    # A fresh instance per measurement (its own data directory, removed afterwards).
     if [ "$s" = blobref_b1 ]; then
+      inst=blobref_up_b1
       start_blobref "$inst" "$P_BLOBREF_UP" "index_batch_max = 1"
     else
+      inst=blobref_up
       start_blobref "$inst" "$P_BLOBREF_UP"
     fi
     out=$(timeout $((DURATION + 60)) "$UL" -m put -u "http://127.0.0.1:$P_BLOBREF_UP/v1/blobs" -s $MIB \
@@ -471,6 +476,21 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
     [ "$s" = nginx ] || run_upload dedup "$s"
   done
 done
+
+# Diagnostic: how fast each server takes a new connection per request (what a dedup upload with
+# Expect: 100-continue costs blobref, which answers it early and closes the connection).
+CONN_NOTE=""
+if has blobref && has nginx; then
+  for s in blobref nginx; do
+    echo "GET /healthz" >"$T/conn.$s"
+    out=$(BENCH_REQS=$T/conn.$s timeout $((DURATION + 60)) wrk -t"$WRK_THREADS" -c"$WRK_CONNS" \
+      -d"${DURATION}s" --timeout 10s -H 'Connection: close' -s "$BENCH/rotate.lua" "$(url_of $s conn)" |
+      sed -n 's/^WRK //p') || true
+    echo "conn $s $out" >>"$RAW"
+    CONN_NOTE+="$s $(fmt_rps "$(kv "$out" rps)")/s (p99 $(kv "$out" p99_ms) ms), "
+    log "connection per request, $s: $out"
+  done
+fi
 ELAPSED=$(($(date +%s) - START))
 
 # ---- table ----
@@ -479,7 +499,6 @@ med() { # SCENARIO SERVER COLUMN
   [ -f "$T/res/$1.$2" ] || return 0
   awk -v c="$3" '{ print $c }' "$T/res/$1.$2" | median
 }
-fmt_rps() { [ -n "$1" ] && printf '%.0f' "$1" || echo "n/a"; }
 fmt_ms() { [ -n "$1" ] && printf '%.2f ms' "$1" || echo "n/a"; }
 ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }' || echo "n/a"; }
 
@@ -551,6 +570,7 @@ mkdir -p "$(dirname "$OUT")"
   cat "$TABLE"
   echo
   echo "Disk ceiling (no HTTP; 1 MiB files written, fsynced, renamed, directory fsynced; $UPLOAD_CONNS writers): $(fmt_rps "$(kv "$DISK" rps)") files/s, $DISK_MBPS MB/s."
+  [ -z "$CONN_NOTE" ] || echo "New TCP connection per request (GET /healthz, \`Connection: close\`, wrk, measured once after the rounds): ${CONN_NOTE%, }."
   echo "New uploads, median MB/s: blobref $(med new blobref 3), blobref index_batch_max=1 $(med new blobref_b1 3), nginx $(med new nginx 3), registry $(med new registry 3)."
   echo
   echo "Targets (reported, not asserted):"
