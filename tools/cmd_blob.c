@@ -503,40 +503,6 @@ static const char stat_help[] =
     "\n"
     "Exit status: 0 printed, 1 error (e.g. not_found), 2 usage error.\n";
 
-/* GETs path and parses the 2xx JSON reply into *root. Returns 0, or 1 after printing the
- * error. */
-static int get_json(const cli_globals *g, const char *path, const char *what, json_t **root) {
-  int rc = 1;
-  br_err err = {{0}};
-  br_http_req req;
-  br_http_buf body = {.max = BR_HTTP_JSON_MAX};
-  long status = 0;
-  *root = NULL;
-  if (br_http_req_init(&req, g->server, g->token, path, &err) != 0) {
-    print_error(what, err.msg);
-    return 1;
-  }
-  curl_easy_setopt(req.curl, CURLOPT_WRITEFUNCTION, br_http_buf_write);
-  curl_easy_setopt(req.curl, CURLOPT_WRITEDATA, &body);
-  if (br_http_req_perform(&req, &status, &err) != 0) {
-    if (body.toobig) br_fail(&err, "reply larger than %zu bytes", body.max);
-    goto fail;
-  }
-  if (!is_2xx(status)) {
-    print_reply_error(what, status, &body);
-    goto done;
-  }
-  if (parse_json_reply(&body, root, &err) != 0) goto fail;
-  rc = 0;
-  goto done;
-fail:
-  print_error(what, err.msg);
-done:
-  br_http_buf_free(&body);
-  br_http_req_free(&req);
-  return rc;
-}
-
 int cmd_stat(const cli_globals *g, int argc, char **argv) {
   static const struct option longopts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
   char hex[BR_HEX_LEN + 1], what[128], path[128];
@@ -559,8 +525,13 @@ int cmd_stat(const cli_globals *g, int argc, char **argv) {
                        argv[optind]);
   snprintf(what, sizeof what, "stat %s", hex);
   snprintf(path, sizeof path, "/v1/blobs/%s/meta", hex);
-  rc = get_json(g, path, what, &root);
-  if (rc == 0) {
+  long status = 0;
+  br_err err = {{0}};
+  rc = br_http_json(g->server, g->token, "GET", path, NULL, &status, &root, &err);
+  if (rc != 0) {
+    print_error(what, err.msg);
+    rc = 1;
+  } else {
     if (json_dumpf(root, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0 ||
         fputc('\n', stdout) == EOF || fflush(stdout) != 0) {
       print_error(what, "cannot write to standard output");
@@ -605,42 +576,19 @@ static int str_cmp(const void *a, const void *b) {
 static int lookup_batch(const cli_globals *g, char (*hashes)[BR_HEX_LEN + 1], size_t n) {
   int rc = EXIT_LOOKUP_ERROR, any_missing = 0;
   br_err err = {{0}};
-  br_http_req req;
-  br_http_buf body = {.max = BR_HTTP_JSON_MAX};
   json_t *reqjson = NULL, *root = NULL;
-  char *reqtext = NULL;
   found_entry *found = NULL;
   const char **missing = NULL;
   long status = 0;
   const char *what = "lookup";
 
-  if (br_http_req_init(&req, g->server, g->token, "/v1/lookup", &err) != 0) {
-    print_error(what, err.msg);
-    return EXIT_LOOKUP_ERROR;
-  }
   json_t *arr = json_array();
   reqjson = json_object();
   if (!arr || !reqjson || json_object_set_new(reqjson, "hashes", arr) != 0) goto oom;
   for (size_t i = 0; i < n; i++)
     if (json_array_append_new(arr, json_string(hashes[i])) != 0) goto oom;
-  reqtext = json_dumps(reqjson, JSON_COMPACT);
-  if (!reqtext) goto oom;
-  if (br_http_req_header(&req, "Content-Type: application/json", &err) != 0 ||
-      br_http_req_header(&req, "Expect:", &err) != 0)
+  if (br_http_json(g->server, g->token, "POST", "/v1/lookup", reqjson, &status, &root, &err) != 0)
     goto fail;
-  curl_easy_setopt(req.curl, CURLOPT_POSTFIELDS, reqtext);
-  curl_easy_setopt(req.curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(reqtext));
-  curl_easy_setopt(req.curl, CURLOPT_WRITEFUNCTION, br_http_buf_write);
-  curl_easy_setopt(req.curl, CURLOPT_WRITEDATA, &body);
-  if (br_http_req_perform(&req, &status, &err) != 0) {
-    if (body.toobig) br_fail(&err, "reply larger than %zu bytes", body.max);
-    goto fail;
-  }
-  if (!is_2xx(status)) {
-    print_reply_error(what, status, &body);
-    goto done;
-  }
-  if (parse_json_reply(&body, &root, &err) != 0) goto fail;
   json_t *jf = json_object_get(root, "found"), *jm = json_object_get(root, "missing");
   if (!json_is_array(jf) || !json_is_array(jm)) {
     br_fail(&err, "server reply lacks the found/missing arrays");
@@ -691,11 +639,8 @@ fail:
 done:
   free(found);
   free(missing);
-  free(reqtext);
   json_decref(reqjson);
   json_decref(root);
-  br_http_buf_free(&body);
-  br_http_req_free(&req);
   return rc;
 }
 

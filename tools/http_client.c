@@ -3,7 +3,6 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,6 +121,53 @@ void br_http_req_free(br_http_req *r) {
   curl_slist_free_all(r->headers);
   r->curl = NULL;
   r->headers = NULL;
+}
+
+int br_http_json(const char *server, const char *token, const char *method, const char *path,
+                 const json_t *body, long *status, json_t **reply, br_err *err) {
+  int rc = -1;
+  br_http_req req;
+  br_http_buf buf = {.max = BR_HTTP_JSON_MAX};
+  char *text = NULL;
+  *status = 0;
+  *reply = NULL;
+  if (br_http_req_init(&req, server, token, path, err) != 0) return -1;
+  curl_easy_setopt(req.curl, CURLOPT_CUSTOMREQUEST, method);
+  if (body) {
+    text = json_dumps(body, JSON_COMPACT);
+    if (!text) {
+      br_fail(err, "out of memory");
+      goto fail;
+    }
+    if (br_http_req_header(&req, "Content-Type: application/json", err) != 0 ||
+        br_http_req_header(&req, "Expect:", err) != 0)
+      goto fail;
+    curl_easy_setopt(req.curl, CURLOPT_POSTFIELDS, text);
+    curl_easy_setopt(req.curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(text));
+  }
+  curl_easy_setopt(req.curl, CURLOPT_WRITEFUNCTION, br_http_buf_write);
+  curl_easy_setopt(req.curl, CURLOPT_WRITEDATA, &buf);
+  if (br_http_req_perform(&req, status, err) != 0) {
+    if (buf.toobig) br_fail(err, "reply from %s larger than %zu bytes", req.url, buf.max);
+    goto fail;
+  }
+  if (*status < 200 || *status > 299) {
+    char line[sizeof err->msg];
+    br_http_error_text(*status, buf.data, buf.len, line, sizeof line);
+    br_fail(err, "%s", line);
+    goto fail;
+  }
+  *reply = buf.len ? json_loadb(buf.data, buf.len, 0, NULL) : NULL;
+  if (!*reply) {
+    br_fail(err, "reply from %s is not JSON", req.url);
+    goto fail;
+  }
+  rc = 0;
+fail:
+  free(text);
+  br_http_buf_free(&buf);
+  br_http_req_free(&req);
+  return rc;
 }
 
 /* Copies at most n bytes of s into out (bounded by outsize), replacing anything that is not

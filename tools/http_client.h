@@ -4,6 +4,7 @@
 #define BLOBREF_TOOLS_HTTP_CLIENT_H
 
 #include <curl/curl.h>
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +55,14 @@ int br_http_req_header(br_http_req *r, const char *line, br_err *err);
  * in *status. On a transport failure returns -1 with err = "cannot reach URL: why". */
 int br_http_req_perform(br_http_req *r, long *status, br_err *err);
 void br_http_req_free(br_http_req *r);
+
+/* One JSON exchange: METHOD server+path with `body` (NULL = no body) as application/json, reply
+ * read into memory (at most BR_HTTP_JSON_MAX bytes) and parsed. On a 2xx returns 0 with *reply
+ * (the caller json_decref's it). Otherwise returns -1 with err: the server's error line from
+ * br_http_error_text for a non-2xx (*status set), or the transport or parse failure (*status 0
+ * when the server was not reached). */
+int br_http_json(const char *server, const char *token, const char *method, const char *path,
+                 const json_t *body, long *status, json_t **reply, br_err *err);
 
 /* Turns a non-2xx reply into one line "code: message (HTTP status)" from the server's JSON
  * `{"error":{"code","message"}}`, or "HTTP status" with a short printable excerpt of a body
