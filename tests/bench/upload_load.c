@@ -1,4 +1,4 @@
-/* upload_load: upload load generator and blob generator for tests/bench/run.sh (not a product file). */
+/* upload_load: upload and read load generator, blob generator for tests/bench/run.sh. */
 /*
  * usage: upload_load -m MODE [options]
  *   -m put       PUT URL/<hex> (blobref, nginx dav)
@@ -20,12 +20,12 @@
  * Synthetic blob i = SIZE-64 shared pseudo-random bytes + a 64-byte tail naming SEED and i, so
  * that its SHA-256 costs one 64-byte block after the shared prefix has been hashed once.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <arpa/inet.h>
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <signal.h>
@@ -66,15 +66,15 @@ struct blob {
 struct req {
   char *text; /* the whole request head */
   size_t len;
-  int head;   /* HEAD: the response has no body */
+  int head; /* HEAD: the response has no body */
 };
 
 struct conn {
   int fd;
   enum cstate state;
-  int step;         /* registry: 0 = POST, 1 = PUT */
-  int with_body;    /* body is part of what is being sent */
-  int wait_100;     /* headers sent with Expect, no body byte sent yet */
+  int step;      /* registry: 0 = POST, 1 = PUT */
+  int with_body; /* body is part of what is being sent */
+  int wait_100;  /* headers sent with Expect, no body byte sent yet */
   size_t blob;
   int64_t t0;
   char hdr[HDR_SIZE];
@@ -158,7 +158,8 @@ static void hex_of(const unsigned char *md, char out[65]) {
 
 /* Builds g.count synthetic blobs of g.size bytes; hashes the shared prefix once. */
 static void make_synth(void) {
-  if (g.size < TAIL || g.size % TAIL || g.size > MAX_SIZE) die("bad -s (64..64MiB, multiple of 64)", "");
+  if (g.size < TAIL || g.size % TAIL || g.size > MAX_SIZE)
+    die("bad -s (64..64MiB, multiple of 64)", "");
   if (g.count < 1 || g.count > MAX_SYNTH) die("bad -n (1..200000)", "");
   size_t plen = g.size - TAIL;
   uint64_t seed = seed_hash(g.seed);
@@ -212,7 +213,8 @@ static void load_list(void) {
     fseek(b, 0, SEEK_END);
     long n = ftell(b);
     fseek(b, 0, SEEK_SET);
-    if (n < 0 || (uint64_t)n > MAX_SIZE || total + (uint64_t)n > MAX_LIST_BYTES) die("blob too big: %s", path);
+    if (n < 0 || (uint64_t)n > MAX_SIZE || total + (uint64_t)n > MAX_LIST_BYTES)
+      die("blob too big: %s", path);
     unsigned char *data = malloc(n ? (size_t)n : 1);
     if (!data || fread(data, 1, (size_t)n, b) != (size_t)n) die("cannot read %s", path);
     fclose(b);
@@ -318,8 +320,8 @@ static void report(void) {
   size_t sz = g.blobs ? blob_size(&g.blobs[0]) : 0;
   double sent = g.mode == M_MOUNT ? 0 : g.expect ? (double)(st.ok - st.early) : (double)st.ok;
   if (sent < 0) sent = 0;
-  printf("requests=%" PRIu64 " ok=%" PRIu64 " errors=%" PRIu64 " early=%" PRIu64
-         " aborted=%" PRIu64 " seconds=%.3f rps=%.1f p50_ms=%.3f p99_ms=%.3f mbps=%.1f status=",
+  printf("requests=%" PRIu64 " ok=%" PRIu64 " errors=%" PRIu64 " early=%" PRIu64 " aborted=%" PRIu64
+         " seconds=%.3f rps=%.1f p50_ms=%.3f p99_ms=%.3f mbps=%.1f status=",
          st.done, st.ok, st.errors, st.early, st.aborted, secs, st.ok / secs, p50, p99,
          sent * (double)sz / secs / 1e6);
   int first = 1;
@@ -430,8 +432,9 @@ static void build_request(struct conn *c) {
                  "Content-Length: 0\r\n\r\n",
                  g.path, b->hex, g.from, g.host);
   } else if (c->step == 0) {
-    n = snprintf(c->hdr, HDR_SIZE, "POST %s/uploads/ HTTP/1.1\r\nHost: %s\r\nContent-Length: 0\r\n\r\n",
-                 g.path, g.host);
+    n = snprintf(c->hdr, HDR_SIZE,
+                 "POST %s/uploads/ HTTP/1.1\r\nHost: %s\r\nContent-Length: 0\r\n\r\n", g.path,
+                 g.host);
   } else {
     n = snprintf(c->hdr, HDR_SIZE,
                  "PUT %s%cdigest=sha256:%s HTTP/1.1\r\nHost: %s\r\n"
@@ -467,7 +470,8 @@ static int conn_open(struct conn *c) {
 static void start_next(struct conn *c) {
   for (;;) {
     int64_t t = now_us();
-    uint64_t k = t < st.deadline ? __atomic_fetch_add(&st.started, 1, __ATOMIC_RELAXED) : UINT64_MAX;
+    uint64_t k =
+        t < st.deadline ? __atomic_fetch_add(&st.started, 1, __ATOMIC_RELAXED) : UINT64_MAX;
     if (k >= g.max_req) {
       conn_close(c);
       active--;
@@ -565,8 +569,10 @@ static int parse_head(struct conn *c) {
   }
   if (c->status / 100 == 1 || c->status == 204 || c->status == 304 || c->is_head)
     c->bmode = B_NONE;
-  else if (chunked) c->bmode = B_CHUNK_SIZE;
-  else if (have_len) c->bmode = B_LEN;
+  else if (chunked)
+    c->bmode = B_CHUNK_SIZE;
+  else if (have_len)
+    c->bmode = B_LEN;
   consume(c, head_len);
   c->have_head = 1;
   return 1;
@@ -576,17 +582,14 @@ static int parse_head(struct conn *c) {
 static int parse_body(struct conn *c) {
   for (;;) {
     switch (c->bmode) {
-    case B_NONE:
-      return 1;
+    case B_NONE: return 1;
     case B_LEN: {
       size_t n = c->rlen < c->body_left ? c->rlen : (size_t)c->body_left;
       consume(c, n);
       c->body_left -= n;
       return c->body_left == 0;
     }
-    case B_CLOSE:
-      c->rlen = 0;
-      return 0;
+    case B_CLOSE: c->rlen = 0; return 0;
     case B_CHUNK_SIZE:
     case B_CHUNK_TRAILER: {
       char *eol = memmem(c->rbuf, c->rlen, "\r\n", 2);
