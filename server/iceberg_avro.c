@@ -420,7 +420,7 @@ int ice_read_manifest_list(const uint8_t *data, size_t len, ice_manifest_ref_fn 
   if (rc == 0) {
     avro_schema_t s = resolve(c.schema);
     if (!s || avro_typeof(s) != AVRO_RECORD ||
-        avro_schema_record_field_get(s, "manifest_path") == NULL) {
+        avro_schema_record_field_get_index(s, "manifest_path") < 0) {
       rc = br_fail(err, "not a manifest list (no manifest_path field)");
     } else {
       list_ctx lc = {fn, ud};
@@ -506,8 +506,8 @@ int ice_read_manifest(const uint8_t *data, size_t len, ice_entry_fn fn, void *ud
   if (rc == 0) {
     avro_schema_t s = resolve(c.schema);
     if (!s || avro_typeof(s) != AVRO_RECORD ||
-        avro_schema_record_field_get(s, "data_file") == NULL ||
-        avro_schema_record_field_get(s, "status") == NULL) {
+        avro_schema_record_field_get_index(s, "data_file") < 0 ||
+        avro_schema_record_field_get_index(s, "status") < 0) {
       rc = br_fail(err, "not a manifest (no status / data_file fields)");
     } else {
       manifest_ctx mc = {fn, ud};
