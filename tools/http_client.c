@@ -1,8 +1,6 @@
 /* HTTP client helpers for the blobref subcommands (libcurl + jansson); see http_client.h. */
 #include "http_client.h"
 
-#include <ctype.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
