@@ -39,6 +39,7 @@ static const struct key_spec server_keys[] = {
     {"index_batch_max", KEY_COUNT, SRV(index_batch_max), "1024", 1, 1000000},
     {"cache_max_age", KEY_DURATION, SRV(cache_max_age_ms), "60s", 0, 86400000ull * 365},
     {"shutdown_timeout", KEY_DURATION, SRV(shutdown_timeout_ms), "10s", 0, 3600000},
+    {"dedup_touch_interval", KEY_DURATION, SRV(dedup_touch_interval_ms), "60s", 0, 86400000},
 };
 static const struct key_spec reconcile_keys[] = {
     {"interval", KEY_DURATION, SRV(reconcile_interval_ms), "6h", 0, UINT64_MAX / 2},

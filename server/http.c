@@ -2,6 +2,7 @@
  * finisher threads that make uploads durable without blocking the network threads. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
@@ -14,6 +15,9 @@
 #include "httpd.h"
 
 #define FINISHER_THREADS 32
+/* After an error in the middle of a body, at most this much more is read (so that the client can
+ * see the error) before the connection is cut. */
+#define DROP_MAX (16u << 20)
 
 br_store *br_server_store(br_server *srv, const char *name) {
   for (int i = 0; i < srv->nstores; i++)
@@ -40,7 +44,8 @@ static int pattern_match(const char *pattern, const char *url, const char **cap,
   return *u == '\0';
 }
 
-/* Leaves %00..%1F and %7F encoded so that a control byte can never hide in a decoded path. */
+/* Leaves %00..%1F, %7F and %2F encoded, so that a control byte can never hide in a decoded path
+ * and an encoded slash never makes a new path segment. */
 static size_t unescape_path(void *cls, struct MHD_Connection *c, char *s) {
   (void)cls, (void)c;
   char *w = s;
@@ -54,7 +59,7 @@ static size_t unescape_path(void *cls, struct MHD_Connection *c, char *s) {
               : (r[2] | 32) >= 'a' && (r[2] | 32) <= 'f' ? (r[2] | 32) - 'a' + 10
                                                           : -1) >= 0) {
       int v = hi << 4 | lo;
-      if (v >= 0x20 && v != 0x7f) {
+      if (v >= 0x20 && v != 0x7f && v != '/') {
         *w++ = (char)v;
         r += 2;
         continue;
@@ -71,6 +76,14 @@ static enum MHD_Result add_header_size(void *cls, enum MHD_ValueKind kind, const
   (void)kind;
   size_t *total = cls;
   *total += strlen(key) + (value ? strlen(value) : 0) + 4;
+  return MHD_YES;
+}
+
+static enum MHD_Result add_arg_size(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value) {
+  (void)kind;
+  size_t *total = cls;
+  *total += strlen(key) + (value ? strlen(value) + 1 : 0) + 1;
   return MHD_YES;
 }
 
@@ -109,25 +122,38 @@ static int granted_scopes(struct request *req, unsigned *scopes) {
   return -1;
 }
 
+void request_fail(struct request *req, enum br_api_error e, const char *fmt, ...) {
+  if (req->has_pending) return; /* the first error is the one that counts */
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(req->pending_message, sizeof req->pending_message, fmt, ap);
+  va_end(ap);
+  req->has_pending = 1;
+  req->pending = e;
+}
+
 /* Remembers an error found on the first call. Requests with a body are answered at once (the
  * body is not wanted; libmicrohttpd then closes the connection); body-less ones on their final
  * call, which keeps the connection alive. */
 static enum MHD_Result early_error(struct request *req, int has_body, enum br_api_error e,
                                    const char *msg) {
   if (has_body) return reply_error(req, e, "%s", msg);
-  req->has_pending = 1;
-  req->pending = e;
-  snprintf(req->pending_message, sizeof req->pending_message, "%s", msg);
+  request_fail(req, e, "%s", msg);
   return MHD_YES;
 }
 
 /* First call of a request: headers are known, the body (if any) is not. */
-static enum MHD_Result start_request(struct request *req, const char *url) {
+static enum MHD_Result start_request(struct request *req, const char *url, const char *version) {
   const br_config *cfg = req->srv->cfg;
   int has_body = request_has_body(req);
   req->route_index = -1;
-  if (strlen(url) > cfg->max_url_length)
+  size_t target_len = strlen(url);
+  MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, add_arg_size, &target_len);
+  if (target_len > cfg->max_url_length)
     return early_error(req, has_body, E_URL_TOO_LONG, "the URL is too long");
+  if (!strcmp(version, MHD_HTTP_VERSION_1_1) &&
+      !MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST))
+    return early_error(req, has_body, E_BAD_REQUEST, "HTTP/1.1 requests need a Host header");
   size_t header_bytes = 0;
   MHD_get_connection_values(req->conn, MHD_HEADER_KIND, add_header_size, &header_bytes);
   if (header_bytes > cfg->max_header_size)
@@ -176,7 +202,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
                                   void **con_cls) {
-  (void)version;
   br_server *srv = cls;
   struct request *req = *con_cls;
   if (!req) {
@@ -187,7 +212,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     req->method = method;
     req->is_head = !strcmp(method, MHD_HTTP_METHOD_HEAD);
     *con_cls = req;
-    return start_request(req, url);
+    return start_request(req, url, version);
   }
   if (req->phase == PHASE_ANSWERED) { /* answered early: drop whatever body still arrives */
     *upload_data_size = 0;
@@ -196,8 +221,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (*upload_data_size) {
     size_t len = *upload_data_size;
     *upload_data_size = 0;
-    if (req->has_pending || !req->route || !req->route->body) return MHD_YES;
-    req->route->body(req, upload_data, len);
+    if (req->has_pending) {
+      req->dropped += len;
+      return req->dropped > DROP_MAX ? MHD_NO : MHD_YES; /* MHD_NO closes the connection */
+    }
+    if (req->route && req->route->body) req->route->body(req, upload_data, len);
     return MHD_YES;
   }
   if (req->has_pending) return reply_error(req, req->pending, "%s", req->pending_message);

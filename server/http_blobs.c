@@ -9,9 +9,6 @@
 
 #include "httpd.h"
 
-/* A dedup hit refreshes last_upload_ms (which protects the blob from reconcile for the grace
- * period) with a durable write, unless it was refreshed this recently. */
-#define TOUCH_INTERVAL_MS 60000
 
 void request_free_upload(struct request *req) {
   if (req->writer) br_store_write_abort(req->writer);
@@ -24,10 +21,14 @@ static const char *header(struct request *req, const char *name) {
   return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
 }
 
-/* Records a dedup hit durably (when stale) and answers 200. */
+/* Records a dedup hit and answers 200. The hit refreshes last_upload_ms (which protects the blob
+ * from reconcile for the grace period) with a durable write before the answer, unless it was
+ * refreshed less than dedup_touch_interval ago: then the hit changes nothing, so that a hot blob
+ * does not cost a disk flush per upload. */
 static enum MHD_Result answer_dedup(struct request *req, const br_record *rec) {
   uint64_t now = br_now_ms();
-  if (rec->state != BR_STATE_LIVE || now - rec->last_upload_ms > TOUCH_INTERVAL_MS) {
+  if (rec->state != BR_STATE_LIVE || rec->last_upload_ms > now ||
+      now - rec->last_upload_ms >= req->srv->cfg->dedup_touch_interval_ms) {
     br_record touch = {.last_upload_ms = now};
     br_err err;
     int rc = br_index_record_upload(req->srv->index, req->digest, &touch, NULL, NULL, &err);
@@ -106,8 +107,9 @@ static int upload_body(struct request *req, const char *data, size_t len) {
   req->received += len;
   atomic_fetch_add(&req->srv->bytes_in, len);
   if (req->received > req->srv->cfg->max_blob_size) {
-    reply_error(req, E_TOO_LARGE, "the blob is over the limit of %" PRIu64 " bytes",
-                req->srv->cfg->max_blob_size);
+    request_fail(req, E_TOO_LARGE, "the blob is over the limit of %" PRIu64 " bytes",
+                 req->srv->cfg->max_blob_size);
+    request_free_upload(req);
     return -1;
   }
   EVP_DigestUpdate(req->sha, data, len);
@@ -115,7 +117,8 @@ static int upload_body(struct request *req, const char *data, size_t len) {
     br_err err;
     if (br_store_write(req->writer, data, len, &err) < 0) {
       int e = br_store_writer_errno(req->writer);
-      reply_error(req, e == ENOSPC || e == EDQUOT ? E_NO_SPACE : E_INTERNAL, "%s", err.msg);
+      request_fail(req, e == ENOSPC || e == EDQUOT ? E_NO_SPACE : E_INTERNAL, "%s", err.msg);
+      request_free_upload(req);
       return -1;
     }
   }

@@ -13,7 +13,7 @@
 int json_body(struct request *req, const char *data, size_t len) {
   uint64_t max = req->srv->cfg->max_json_size;
   if (req->body_len + len > max) {
-    reply_error(req, E_BODY_TOO_LARGE, "the JSON body is over %" PRIu64 " bytes", max);
+    request_fail(req, E_BODY_TOO_LARGE, "the JSON body is over %" PRIu64 " bytes", max);
     return -1;
   }
   if (req->body_len + len + 1 > req->body_cap) {
@@ -21,7 +21,7 @@ int json_body(struct request *req, const char *data, size_t len) {
     while (cap < req->body_len + len + 1) cap *= 2;
     char *grown = realloc(req->body, cap);
     if (!grown) {
-      reply_error(req, E_INTERNAL, "out of memory");
+      request_fail(req, E_INTERNAL, "out of memory");
       return -1;
     }
     req->body = grown;

@@ -49,7 +49,9 @@ struct request;
  * their final call, through the reply_* functions. */
 typedef enum MHD_Result (*route_fn)(struct request *req);
 /* Called with each chunk of the request body (routes that take one). Returns 0 to go on, or -1
- * after storing an error in req (the reply is queued at once and the rest of the body dropped). */
+ * after request_fail(): libmicrohttpd cannot queue a reply in the middle of a body, so the rest
+ * of the body is read and dropped (up to a bound, then the connection is cut) and the error is
+ * the reply. */
 typedef int (*route_body_fn)(struct request *req, const char *data, size_t len);
 
 struct route {
@@ -86,10 +88,12 @@ struct request {
   int created;
   enum br_api_error finish_error;
   char finish_message[sizeof(br_err)];
-  /* an error found before a body-less request's final call, answered then (keeps keep-alive) */
+  /* an error to answer on the final call: found before a body-less request's end (keeps
+   * keep-alive) or in the middle of a body (the rest is dropped) */
   int has_pending;
   enum br_api_error pending;
   char pending_message[160];
+  uint64_t dropped; /* body bytes read and thrown away after the error */
   /* JSON bodies */
   char *body;
   size_t body_len, body_cap;
@@ -126,6 +130,10 @@ void br_server_stop(br_server *srv);
 br_store *br_server_store(br_server *srv, const char *name);
 /* Hands a finished upload to a finisher thread; the connection is suspended until it is done. */
 void br_server_finish_async(struct request *req);
+
+/* Remembers an error that is answered on the request's final call. */
+void request_fail(struct request *req, enum br_api_error e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* reply.c: every response goes through these. Each returns the MHD result of queueing. */
 enum MHD_Result reply_json(struct request *req, unsigned status, json_t *body); /* steals body */

@@ -52,6 +52,7 @@ typedef struct br_config {
   uint64_t index_batch_max;
   uint64_t cache_max_age_ms; /* redirects' private max-age */
   uint64_t shutdown_timeout_ms;
+  uint64_t dedup_touch_interval_ms; /* a dedup hit refreshes last_upload when it is this old */
   /* [reconcile] */
   uint64_t reconcile_interval_ms;
   uint64_t grace_ms;
