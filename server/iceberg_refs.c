@@ -8,13 +8,6 @@
 #include "blobref/parquet.h"
 #include "iceberg_internal.h"
 
-/* Interim: the Parquet reader lands in parallel; until it does, hash reading reports an error. */
-#pragma weak br_parquet_open
-#pragma weak br_parquet_find_column
-#pragma weak br_parquet_column
-#pragma weak br_parquet_read_column_at
-#pragma weak br_parquet_close
-
 /* --- a string table: path -> index, open addressing ---------------------------------------- */
 
 typedef struct strtab {
@@ -322,13 +315,17 @@ static int read_hashes(walk *w, size_t fi, br_hashset *out, br_err *err) {
   const br_iceberg_table_config *cfg = w->cfg;
   if (!w->parquet[fi])
     return br_fail(err, "%s: live data file is not Parquet (only Parquet is read)", path);
-  if (!br_parquet_open) return br_fail(err, "%s: Parquet reader not available", path);
   br_iceberg_open_fn open = cfg->open ? cfg->open : br_iceberg_open_local;
   br_source *src = open(cfg->open_ud, path, err);
   if (!src) return -1;
   int rc = -1;
   br_parquet_file *pf = br_parquet_open(src, err);
-  if (!pf) goto done;
+  if (!pf) {
+    char tmp[sizeof err->msg];
+    snprintf(tmp, sizeof tmp, "%s", err ? err->msg : "");
+    br_fail(err, "%s: %s", path, tmp);
+    goto done;
+  }
   int ci = br_parquet_find_column(pf, cfg->column);
   if (ci < 0) {
     br_fail(err, "%s: no column '%s'", path, cfg->column);

@@ -252,8 +252,9 @@ def test_invalid_values_warn_or_fail(tmp_path):
     good = [sha(i, "g") for i in range(4)]
     t.data("a.parquet", good, extra=["not-a-hash", "sha256:" + "0" * 63, None])
     ma = t.manifest("ma.avro", [(1, "a.parquet")])
+    l = t.manifest_list("l.avro", [ma])
     t.write()
-    t.metadata(1, [(1, t.manifest_list("l.avro", [ma]))])
+    t.metadata(1, [(1, l)])
     res = refs(t.root, "--column", "image_sha256")
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == sorted(good)
@@ -272,8 +273,9 @@ def test_fail_closed_on_damage(tmp_path):
     t2 = Table(tmp_path / "orc", version=2)
     t2.data("a.parquet", [sha(1, "o")])
     mo = t2.manifest("mo.avro", [(1, "a.parquet", 0, "ORC")])
+    l = t2.manifest_list("l.avro", [mo])
     t2.write()
-    t2.metadata(1, [(1, t2.manifest_list("l.avro", [mo]))])
+    t2.metadata(1, [(1, l)])
     res = refs(t2.root, *col)
     assert res.returncode == 1 and "not Parquet" in res.stderr
     # A truncated manifest, a missing data file, a damaged Parquet file: errors, never output.
