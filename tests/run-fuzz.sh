@@ -8,6 +8,7 @@ for f in "$dir"/fuzz_*; do
   mkdir -p "$work"
   [ -d "$seeds" ] && cp -n "$seeds"/* "$work"/ 2>/dev/null || true
   echo "fuzz: $n for ${secs}s"
-  "$f" -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=0 "$work" \
+  "$f" -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=0 \
+    -artifact_prefix="$dir/../" "$work" \
     >"$dir/../$n.log" 2>&1 || { tail -n 40 "$dir/../$n.log"; echo "fuzz: $n FAILED"; exit 1; }
 done
