@@ -147,7 +147,7 @@ def test_chunked_put_and_post(server):
         for i in range(0, len(data), 7000):
             yield data[i:i + 7000]
 
-    r = put(server, gen())
+    r = put(server, gen(), hexd=sha(data))
     assert r.status_code == 201, r.text
     assert r.json()["size"] == len(data)
     data2 = rnd(100001)

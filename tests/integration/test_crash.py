@@ -13,6 +13,7 @@ from util_http import fsck, post, put, sha
 
 ROUNDS = 10
 UPLOADS = 500
+SPREAD = 1.5  # seconds over which a round's uploads start
 TIME_BUDGET = 170  # seconds for the whole test on the sanitizer build
 
 
@@ -20,8 +21,10 @@ def blob(seed, size):
     return random.Random(seed).randbytes(size)
 
 
-def upload(url, kind, data, ack, lock, key):
+def upload(url, kind, data, ack, lock, key, go, delay):
     h = sha(data)
+    go.wait()
+    time.sleep(delay)  # spread the uploads so the kill finds them at every stage
     try:
         if kind == "put":
             r = requests.put(f"{url}/v1/blobs/{h}", data=data, timeout=30)
@@ -35,8 +38,8 @@ def upload(url, kind, data, ack, lock, key):
                               headers={"Content-Type": "image/webp"})
         else:
             r = requests.post(f"{url}/v1/blobs", data=data, timeout=30)
-    except requests.RequestException:
-        return
+    except Exception:  # noqa: BLE001 - refused/reset/aborted: not acknowledged (requests'
+        return         # chunked path can raise urllib3 errors unwrapped)
     if r.status_code in (200, 201):
         try:
             body = r.json()
@@ -77,13 +80,15 @@ def test_kill9_during_uploads(tmp_path):
         for h, (s, size) in list(acked.items())[:20]:
             tasks.append((rng.choice(["put", "post"]), s, size))
         rng.shuffle(tasks)
-        ack, lock = {}, threading.Lock()
+        ack, lock, go = {}, threading.Lock(), threading.Event()
         threads = [threading.Thread(target=upload, daemon=True,
-                                    args=(srv.url, kind, blob(s, size), ack, lock, i))
+                                    args=(srv.url, kind, blob(s, size), ack, lock, i, go,
+                                          rng.uniform(0, SPREAD)))
                    for i, (kind, s, size) in enumerate(tasks)]
         for t in threads:
             t.start()
-        time.sleep(rng.uniform(0.3, 1.5))
+        go.set()
+        time.sleep(rng.uniform(0.2, 0.8) * SPREAD)
         kill9(srv)
         for t in threads:
             t.join(60)

@@ -281,6 +281,10 @@ def raw_exchange(srv, head, body=b"", timeout=15, chunk=65536):
         resp = conn.read_response()
     except (EOFError, ConnectionResetError):
         resp = None
+    except socket.timeout:
+        conn.close()
+        raise AssertionError(f"no answer and no close within {timeout}s "
+                             f"({sent[0]} body bytes sent)") from None
     t.join(timeout)
     conn.close()
     return resp, sent[0]
