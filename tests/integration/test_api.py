@@ -728,3 +728,39 @@ def test_50_identical_concurrent_uploads(server, method):
     assert get(server, h).content == data
     rc, blobs, problems, out = fsck(server.data_dir, verify=True)
     assert (rc, blobs, problems) == (0, 1, 0), out
+
+
+def test_no_space_507(tmp_path):
+    """A store on a full file system: 507 no_space, nothing kept, the server stays up."""
+    import subprocess
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        conf = f"[server]\nconnection_timeout = 5s\n[store local]\nkind = fs\nroot = {mnt}/blobs\n"
+        srv = Server(tmp_path / "data", config_text=conf).start()
+        try:
+            big = rnd(3 * 1024 * 1024)
+            for r in (put(srv, big), post(srv, big),
+                      put(srv, iter([big[i:i + 65536] for i in range(0, len(big), 65536)]),
+                          hexd=sha(big))):
+                assert_error(r, 507, "no_space")
+            assert wait_until_empty(mnt / "blobs"), blob_files(mnt / "blobs")
+            assert_error(get(srv, sha(big)), 404, "not_found")
+            small = rnd(1000)
+            assert put(srv, small).status_code == 201
+            assert get(srv, sha(small)).content == small
+            assert srv.alive()
+        finally:
+            assert srv.stop() == 0, srv.read_log()
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def wait_until_empty(root):
+    deadline = time.time() + 5
+    while blob_files(root) and time.time() < deadline:
+        time.sleep(0.05)
+    return not blob_files(root)

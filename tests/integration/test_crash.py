@@ -139,3 +139,33 @@ def test_kill9_during_uploads(tmp_path):
     assert rounds_done >= 10, f"only {rounds_done} rounds in the time budget"
     # The kills really hit uploads in flight: some acknowledged, some cut off.
     assert total_acked >= 100 and total_lost >= 100, (total_acked, total_lost)
+
+
+def test_fsck_detects_damage(tmp_path):
+    """The crash test trusts fsck: prove it sees a missing, a truncated and a corrupted object."""
+    srv = Server(tmp_path / "data").start()
+    blobs = [blob(900 + i, 20000 + i) for i in range(3)]
+    for b in blobs:
+        assert put(srv, b).status_code == 201
+    assert srv.stop() == 0, srv.read_log()
+    d = tmp_path / "data"
+    paths = [d / "blobs" / "sha256" / sha(b)[0:2] / sha(b)[2:4] / sha(b) for b in blobs]
+    assert fsck(d, verify=True)[:3] == (0, 3, 0)
+
+    paths[0].write_bytes(blobs[0][:-1])  # wrong size
+    rc, n, problems, out = fsck(d)
+    assert (rc, n, problems) == (1, 3, 1), out
+    assert sha(blobs[0]) in out
+    paths[0].write_bytes(blobs[0])
+
+    paths[1].write_bytes(b"\x00" + blobs[1][1:])  # right size, wrong bytes
+    assert fsck(d)[:3] == (0, 3, 0)
+    rc, n, problems, out = fsck(d, verify=True)
+    assert (rc, n, problems) == (1, 3, 1), out
+    assert sha(blobs[1]) in out
+    paths[1].write_bytes(blobs[1])
+
+    paths[2].unlink()
+    rc, n, problems, out = fsck(d, verify=True)
+    assert (rc, n, problems) == (1, 3, 1), out
+    assert sha(blobs[2]) in out
