@@ -404,8 +404,8 @@ static int decode_values(chunk_state *cs, levels *rep, levels *def, int32_t n, v
                          col->max_def);
         rc = cs->fn(cs->ud, NULL, 0, 1);
       } else {
-        const uint8_t *v;
-        size_t vl;
+        const uint8_t *v = NULL;
+        size_t vl = 0;
         if (vdec_next(vd, &v, &vl, err)) return -1;
         rc = cs->fn(cs->ud, v, vl, 0);
       }
