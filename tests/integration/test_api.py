@@ -497,7 +497,18 @@ def parse_time(s):
     return calendar.timegm(time.strptime(s[:19], "%Y-%m-%dT%H:%M:%S"))
 
 
-def test_meta_fields(server):
+@pytest.fixture
+def touch_server(tmp_path):
+    """dedup_touch_interval = 0s: every dedup hit refreshes last_upload_at (conf/blobref.conf)."""
+    srv = Server(tmp_path / "data", config_text="[server]\ndedup_touch_interval = 0s\n").start()
+    yield srv
+    alive = srv.alive()
+    rc = srv.stop()
+    assert alive and rc == 0, srv.read_log()
+
+
+def test_meta_fields(touch_server):
+    server = touch_server
     data = rnd(4321)
     h = sha(data)
     t0 = time.time()
@@ -522,6 +533,16 @@ def test_meta_fields(server):
     assert m2["created_at"] == m["created_at"]
     assert parse_time(m2["last_upload_at"]) > parse_time(m["last_upload_at"])
     assert m2["size"] == 4321 and m2["content_type"] == "audio/ogg"
+
+
+def test_meta_dedup_touch_throttled_by_default(server):
+    # Default dedup_touch_interval = 60s: a hit within a minute of the last one changes nothing.
+    data = rnd(99)
+    assert put(server, data).status_code == 201
+    m = requests.get(f"{server.url}/v1/blobs/{sha(data)}/meta", timeout=TIMEOUT).json()
+    time.sleep(1.1)
+    assert put(server, data).status_code == 200
+    assert requests.get(f"{server.url}/v1/blobs/{sha(data)}/meta", timeout=TIMEOUT).json() == m
 
 
 # ---------------------------------------------------------------------------------------------
