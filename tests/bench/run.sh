@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark of blobrefd, nginx and docker-registry on 127.0.0.1 (make bench; not in make test).
+# Side-by-side benchmark of blobrefd, nginx and docker-registry on 127.0.0.1 (make bench).
 #
 # usage: tests/bench/run.sh [BIN_DIR]        BIN_DIR holds blobrefd (default: bin)
 # env:   ROUNDS=3 (5 for a steadier median)  DURATION=10 (seconds per measurement)
@@ -39,9 +39,15 @@ MIB=1048576
 
 for n in ROUNDS DURATION UPLOAD_MAX WRK_THREADS WRK_CONNS UPLOAD_CONNS DEDUP_CONNS; do
   v=${!n}
-  [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -ge 1 ] && [ "$v" -le 100000 ] || { echo "run.sh: bad $n=$v" >&2; exit 2; }
+  if ! [[ "$v" =~ ^[0-9]+$ ]] || [ "$v" -lt 1 ] || [ "$v" -gt 100000 ]; then
+    echo "run.sh: bad $n=$v" >&2
+    exit 2
+  fi
 done
-[ "$DURATION" -le 600 ] && [ "$ROUNDS" -le 20 ] || { echo "run.sh: DURATION <= 600, ROUNDS <= 20" >&2; exit 2; }
+if [ "$DURATION" -gt 600 ] || [ "$ROUNDS" -gt 20 ]; then
+  echo "run.sh: DURATION <= 600, ROUNDS <= 20" >&2
+  exit 2
+fi
 has() { [[ " $SERVERS " == *" $1 "* ]]; }
 for t in wrk nginx docker-registry cc curl sha256sum; do
   command -v "$t" >/dev/null || { echo "run.sh: $t not found (make bench installs it)" >&2; exit 2; }
@@ -315,7 +321,8 @@ check_read() {
   file=$T/files/sha256/${hex:0:2}/${hex:2:2}/$hex
   case $sc in
   head)
-    got=$(curl -s -I "$base$path" | tr -d '\r' | awk 'NR==1 { c=$2 } tolower($1)=="content-length:" { l=$2 } END { print c, l }')
+    got=$(curl -s -I "$base$path" | tr -d '\r' |
+      awk 'NR == 1 { c = $2 } tolower($1) == "content-length:" { l = $2 } END { print c, l }')
     [ "$got" = "200 4096" ] || die "$s HEAD $path: got '$got', want '200 4096'"
     ;;
   get4k | get1m)
@@ -327,13 +334,15 @@ check_read() {
     local a=${range#bytes=}
     a=${a%-*}
     dd if="$file" of="$T/check.want" bs=4096 skip=$((a / 4096)) count=16 status=none
-    [ "$code" = 206 ] && cmp -s "$T/check.out" "$T/check.want" || die "$s Range $range $path: status $code or wrong bytes"
+    [ "$code" = 206 ] && cmp -s "$T/check.out" "$T/check.want" ||
+      die "$s Range $range $path: status $code or wrong bytes"
     ;;
   redirect)
     got=$(curl -s -o /dev/null -w '%{http_code} %{redirect_url}' "$base$path")
     [[ "$got" == 30[27]" http"* ]] || die "$s redirect $path: got '$got'"
     code=$(curl -s -o "$T/check.out" -w '%{http_code}' "${got#* }")
-    [ "$code" = 200 ] && cmp -s "$T/check.out" "$file" || die "$s redirect target ${got#* }: status $code or wrong bytes"
+    [ "$code" = 200 ] && cmp -s "$T/check.out" "$file" ||
+      die "$s redirect target ${got#* }: status $code or wrong bytes"
     ;;
   esac
 }
@@ -345,7 +354,7 @@ RAW=$T/raw.log
 note() { NOTES+=("$*"); }
 
 # save SCENARIO SERVER RPS P99_MS [EXTRA]
-save() { echo "$3 $4 ${5:-}" >>"$T/res/$1.$2"; }
+save() { echo "$3 $4 ${5:--}" >>"$T/res/$1.$2"; }
 
 run_read() { # SERVER SCENARIO
   local s=$1 sc=$2 base out rps p99 errs bad
@@ -420,7 +429,7 @@ run_upload() {
     rm -rf "${T:?}/$inst"
   fi
   rm -rf "${T:?}/up" && mkdir -m 777 "$T/up"
-  timeout 120 sync || true # written-back dirty pages must not slow the next measurement
+  # No sync: blobref and the registry fsync, and nginx's files are gone before write-back.
   local rps p99 bad
   rps=$(kv "$out" rps)
   p99=$(kv "$out" p99_ms)
@@ -452,7 +461,6 @@ log "disk ceiling: 1 MiB files written with write+fsync+rename+dir fsync, $UPLOA
 DISK=$(timeout $((DURATION + 60)) "$UL" -m disk -o "$T/disk" -s $MIB -n "$UPLOAD_MAX" -S "disk-$NONCE" \
   -c "$UPLOAD_CONNS" -d "$DURATION") || true
 rm -rf "${T:?}/disk"
-timeout 120 sync || true
 echo "disk $DISK" >>"$RAW"
 log "disk: $DISK"
 
@@ -494,13 +502,24 @@ fi
 ELAPSED=$(($(date +%s) - START))
 
 # ---- table ----
-median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) exit; print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
-med() { # SCENARIO SERVER COLUMN
+median() {
+  sort -g | awk '{ a[NR] = $1 }
+    END { if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+med() { # SCENARIO SERVER COLUMN: median over the rounds (1 = req/s, 2 = p99 ms, 3 = MB/s)
   [ -f "$T/res/$1.$2" ] || return 0
   awk -v c="$3" '{ print $c }' "$T/res/$1.$2" | median
 }
+# rmed SCENARIO_A SERVER_A SCENARIO_B SERVER_B: median over the rounds of A's req/s / B's req/s.
+# Each round measures the servers back to back, so that load drifting over minutes cancels out.
+rmed() {
+  [ -f "$T/res/$1.$2" ] && [ -f "$T/res/$3.$4" ] || return 0
+  paste -d' ' "$T/res/$1.$2" "$T/res/$3.$4" |
+    awk '$4 > 0 { printf "%.4f\n", $1 / $4 }' |
+    median
+}
 fmt_ms() { [ -n "$1" ] && printf '%.2f ms' "$1" || echo "n/a"; }
-ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "n/a" }' || echo "n/a"; }
+fmt_x() { [ -n "$1" ] && printf '%.2fx' "$1" || echo "n/a"; }
 
 declare -A LABEL=(
   [head]="HEAD 4 KiB blob"
@@ -509,69 +528,91 @@ declare -A LABEL=(
   [range]="GET Range 64 KiB of a 1 MiB blob"
   [redirect]="Redirect lookup (blobref 307 / nginx \`return 302\`)"
   [new]="New 1 MiB upload (blobref group commit / nginx dav PUT / registry POST+PUT)"
+  [b1]="New 1 MiB upload, blobref \`index_batch_max = 1\`"
   [dedup]="Dedup 1 MiB upload, \`Expect: 100-continue\` (registry: cross-repo mount)"
 )
 TABLE=$T/table.md
 {
-  echo "| scenario | blobref req/s | p99 | nginx req/s | p99 | registry req/s | p99 | blobref/nginx | blobref/registry |"
+  echo "| scenario | blobref req/s | p99 | nginx req/s | p99 | registry req/s | p99 |" \
+    "blobref/nginx | blobref/registry |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   for sc in head get4k get1m range redirect new b1 dedup; do
     if [ "$sc" = b1 ]; then
-      b=$(med new blobref_b1 1)
-      bp=$(med new blobref_b1 2)
-      n=$(med new nginx 1)
-      r=$(med new registry 1)
-      echo "| New 1 MiB upload, blobref \`index_batch_max = 1\` | $(fmt_rps "$b") | $(fmt_ms "$bp") | — | — | — | — | $(ratio "$b" "$n") | $(ratio "$b" "$r") |"
+      echo "| ${LABEL[b1]} | $(fmt_rps "$(med new blobref_b1 1)") |" \
+        "$(fmt_ms "$(med new blobref_b1 2)") | — | — | — | — |" \
+        "$(fmt_x "$(rmed new blobref_b1 new nginx)") | $(fmt_x "$(rmed new blobref_b1 new registry)") |"
       continue
     fi
-    b=$(med "$sc" blobref 1)
-    n=$(med "$sc" nginx 1)
-    r=$(med "$sc" registry 1)
-    echo "| ${LABEL[$sc]} | $(fmt_rps "$b") | $(fmt_ms "$(med "$sc" blobref 2)") | $(fmt_rps "$n") | $(fmt_ms "$(med "$sc" nginx 2)") | $(fmt_rps "$r") | $(fmt_ms "$(med "$sc" registry 2)") | $(ratio "$b" "$n") | $(ratio "$b" "$r") |"
+    row="| ${LABEL[$sc]} |"
+    for s in blobref nginx registry; do
+      row+=" $(fmt_rps "$(med "$sc" "$s" 1)") | $(fmt_ms "$(med "$sc" "$s" 2)") |"
+    done
+    echo "$row $(fmt_x "$(rmed "$sc" blobref "$sc" nginx)") |" \
+      "$(fmt_x "$(rmed "$sc" blobref "$sc" registry)") |"
   done
 } >"$TABLE"
 
 # ---- targets (reported, not asserted) ----
-target() { # LABEL VALUE OP LIMIT
+target() { # LABEL VALUE LIMIT: met when VALUE >= LIMIT
+  local v=$2
+  [ -z "$v" ] || v=$(awk -v v="$v" 'BEGIN { printf (v >= 100 ? "%.0f" : "%.2f"), v }')
+  set -- "$1" "$v" "$3"
   if [ -z "$2" ]; then
     echo "- $1: not measured"
-  elif awk -v v="$2" -v l="$4" -v op="$3" 'BEGIN { exit !(op == ">=" ? v >= l : v < l) }'; then
+  elif awk -v v="$2" -v l="$3" 'BEGIN { exit !(v >= l) }'; then
     echo "- $1: met ($2)"
   else
     echo "- $1: **missed** ($2)"
   fi
 }
-rat() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b }' || true; }
 TARGETS=$T/targets.md
 DISK_MBPS=$(kv "$DISK" mbps)
 {
-  target "HEAD >= 0.7x nginx" "$(rat "$(med head blobref 1)" "$(med head nginx 1)")" ">=" 0.7
-  target "GET 4 KiB >= 0.7x nginx" "$(rat "$(med get4k blobref 1)" "$(med get4k nginx 1)")" ">=" 0.7
-  target "Range 64 KiB >= 0.7x nginx" "$(rat "$(med range blobref 1)" "$(med range nginx 1)")" ">=" 0.7
-  target "GET 1 MiB >= 0.9x nginx" "$(rat "$(med get1m blobref 1)" "$(med get1m nginx 1)")" ">=" 0.9
+  target "HEAD >= 0.7x nginx" "$(rmed head blobref head nginx)" 0.7
+  target "GET 4 KiB >= 0.7x nginx" "$(rmed get4k blobref get4k nginx)" 0.7
+  target "Range 64 KiB >= 0.7x nginx" "$(rmed range blobref range nginx)" 0.7
+  target "GET 1 MiB >= 0.9x nginx" "$(rmed get1m blobref get1m nginx)" 0.9
   for sc in head get4k get1m range new dedup; do
-    target "${LABEL[$sc]%% (*} >= 10x registry" "$(rat "$(med "$sc" blobref 1)" "$(med "$sc" registry 1)")" ">=" 10
+    target "${LABEL[$sc]%% (*} >= 10x registry" "$(rmed "$sc" blobref "$sc" registry)" 10
   done
-  target "New uploads bound by the disk (blobref MB/s / disk ceiling MB/s, >= 0.7 counts as bound)" \
-    "$(rat "$(med new blobref 3)" "$DISK_MBPS")" ">=" 0.7
-  target "Dedup uploads >= 10,000/s" "$(med dedup blobref 1)" ">=" 10000
-  target "Group commit over index_batch_max = 1 (new uploads, >= 1x)" "$(rat "$(med new blobref 1)" "$(med new blobref_b1 1)")" ">=" 1
+  bound=""
+  [ -z "$(med new blobref 3)" ] || [ -z "$DISK_MBPS" ] ||
+    bound=$(awk -v a="$(med new blobref 3)" -v b="$DISK_MBPS" 'BEGIN { if (b > 0) printf "%.2f", a / b }')
+  target "New uploads bound by the disk (blobref MB/s / disk ceiling MB/s; >= 0.7 counts as bound)" \
+    "$bound" 0.7
+  target "Dedup uploads >= 10,000/s" "$(med dedup blobref 1)" 10000
+  target "Group commit vs index_batch_max = 1 (new uploads, >= 1x)" \
+    "$(rmed new blobref new blobref_b1)" 1
 } >"$TARGETS"
 
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+versions="blobref $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+versions+=", $(nginx -v 2>&1 | sed 's/^nginx version: //')"
+versions+=", docker-registry $(docker-registry --version 2>/dev/null | awk '{ print $NF }')"
+versions+=", $( (wrk -v 2>&1 || true) | awk 'NR == 1 { print "wrk", $2 }')" # wrk -v exits 1
 mkdir -p "$(dirname "$OUT")"
 {
   echo "# blobref side-by-side benchmark"
   echo
-  echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); rounds: $ROUNDS (medians; servers alternate round by round); ${DURATION} s per measurement; measuring took ${ELAPSED} s"
-  echo "- machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), kernel $(uname -r); load average at start ${LOAD_START}, at end $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "- versions: blobref $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), $(nginx -v 2>&1 | sed 's/^nginx version: //'), docker-registry $(docker-registry --version 2>/dev/null | awk '{print $NF}'), $(wrk -v 2>&1 | head -1 | awk '{print "wrk", $2}')"
-  echo "- load: wrk -t$WRK_THREADS -c$WRK_CONNS (HEAD: upload_load reqs mode, same threads and connections: wrk 4.1 cannot HEAD); new uploads: $UPLOAD_CONNS connections, at most $UPLOAD_MAX distinct 1 MiB blobs per measurement; dedup: $DEDUP_CONNS connections"
+  echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); rounds: $ROUNDS; ${DURATION} s per measurement;" \
+    "measuring took ${ELAPSED} s"
+  echo "- machine: $(nproc) CPUs, $cpu, kernel $(uname -r); load average at start" \
+    "${LOAD_START}, at end $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "- versions: $versions"
+  echo "- load: wrk -t$WRK_THREADS -c$WRK_CONNS (HEAD: upload_load's reqs mode with the same" \
+    "threads and connections, as wrk 4.1 cannot HEAD); new uploads: $UPLOAD_CONNS connections," \
+    "at most $UPLOAD_MAX distinct 1 MiB blobs per measurement; dedup: $DEDUP_CONNS connections"
+  echo "- req/s and p99: medians over the rounds; ratios: median of the per-round ratios (servers" \
+    "take turns back to back within a round, in a different order each round)"
   echo
   cat "$TABLE"
   echo
-  echo "Disk ceiling (no HTTP; 1 MiB files written, fsynced, renamed, directory fsynced; $UPLOAD_CONNS writers): $(fmt_rps "$(kv "$DISK" rps)") files/s, $DISK_MBPS MB/s."
-  [ -z "$CONN_NOTE" ] || echo "New TCP connection per request (GET /healthz, \`Connection: close\`, wrk, measured once after the rounds): ${CONN_NOTE%, }."
-  echo "New uploads, median MB/s: blobref $(med new blobref 3), blobref index_batch_max=1 $(med new blobref_b1 3), nginx $(med new nginx 3), registry $(med new registry 3)."
+  echo "Disk ceiling (no HTTP; 1 MiB files written, fsynced, renamed, directory fsynced;" \
+    "$UPLOAD_CONNS writers): $(fmt_rps "$(kv "$DISK" rps)") files/s, $DISK_MBPS MB/s."
+  [ -z "$CONN_NOTE" ] || echo "New TCP connection per request (GET /healthz," \
+    "\`Connection: close\`, wrk, measured once after the rounds): ${CONN_NOTE%, }."
+  echo "New uploads, median MB/s: blobref $(med new blobref 3), blobref index_batch_max=1" \
+    "$(med new blobref_b1 3), nginx $(med new nginx 3), registry $(med new registry 3)."
   echo
   echo "Targets (reported, not asserted):"
   echo
@@ -579,11 +620,19 @@ mkdir -p "$(dirname "$OUT")"
   echo
   echo "Notes:"
   echo
-  echo "- Same blobs everywhere: $N_SMALL x 4 KiB and $N_LARGE x 1 MiB; requests rotate over all of them (Range: 16 offsets per blob)."
-  echo "- nginx: worker_processes 2, sendfile, keepalive, open_file_cache, access_log off; uploads with the dav module (\`dav_methods PUT\`), which does not fsync and is not content-addressed; it has no dedup upload (n/a)."
-  echo "- registry: docker-registry (CNCF distribution) filesystem driver, in-memory blob descriptor cache, log level error; a new upload is POST + PUT (2 round trips, one timed upload); its nearest dedup equivalent is the cross-repository mount (\`POST /v2/dedup/blobs/uploads/?mount=...&from=bench\`, 201); it has no redirect mode (n/a)."
-  echo "- blobref dedup uploads send \`Expect: 100-continue\`; the server answers 200 before any body byte and closes the connection, so each upload is a new TCP connection."
-  echo "- Every server runs on the same cores as the load generator; other work on the machine adds noise (compare ratios from one run, not absolute numbers)."
+  echo "- Same blobs everywhere: $N_SMALL x 4 KiB and $N_LARGE x 1 MiB; requests rotate over all" \
+    "of them (Range: 16 offsets per blob). Every answer kind was checked first (status, bytes)."
+  echo "- nginx: worker_processes 2, sendfile, keepalive, open_file_cache, access_log off; uploads" \
+    "with the dav module (\`dav_methods PUT\`), which does not fsync and is not" \
+    "content-addressed; it has no dedup upload (n/a)."
+  echo "- registry: docker-registry (CNCF distribution) filesystem driver, in-memory blob" \
+    "descriptor cache, log level error; a new upload is POST + PUT (2 round trips, timed as one" \
+    "upload); its nearest dedup equivalent is the cross-repository mount" \
+    "(\`POST /v2/dedup/blobs/uploads/?mount=...&from=bench\`, 201); it has no redirect mode (n/a)."
+  echo "- blobref dedup uploads send \`Expect: 100-continue\`; the server answers 200 before any" \
+    "body byte and closes the connection, so each upload is a new TCP connection."
+  echo "- Every server runs on the same cores as the load generator; other work on the machine" \
+    "adds noise (compare ratios from one run, not absolute numbers)."
   for n in "${NOTES[@]}"; do echo "- problem: $n"; done
 } >"$OUT"
 cp "$RAW" "$(dirname "$OUT")/raw.log"
