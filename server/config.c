@@ -412,6 +412,8 @@ int br_config_finish(br_config *cfg, br_err *err) {
     br_store_config *s = &cfg->stores[i];
     if (!strcmp(s->kind, "fs") && !*s->root)
       return br_fail(err, "[store %s] (line %d): kind = fs needs root", s->name, s->line);
+    if (strlen(s->prefix) > 512)
+      return br_fail(err, "[store %s] (line %d): prefix is over 512 characters", s->name, s->line);
     if (s->serve == BR_SERVE_REDIRECT && !strcmp(s->kind, "fs") && !*s->public_url)
       return br_fail(err, "[store %s] (line %d): serve = redirect needs public_url", s->name,
                      s->line);

@@ -87,6 +87,34 @@ static enum MHD_Result add_arg_size(void *cls, enum MHD_ValueKind kind, const ch
   return MHD_YES;
 }
 
+struct length_headers {
+  int count, conflicting;
+  const char *first;
+};
+
+static enum MHD_Result note_length(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value) {
+  (void)kind;
+  struct length_headers *lh = cls;
+  if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) != 0) return MHD_YES;
+  if (lh->count++ == 0)
+    lh->first = value;
+  else if (strcmp(lh->first ? lh->first : "", value ? value : "") != 0)
+    lh->conflicting = 1;
+  return MHD_YES;
+}
+
+/* RFC 9112 6.3: differing Content-Lengths, or one beside Transfer-Encoding, make the body's end
+ * ambiguous (request smuggling behind a proxy): such requests are refused and the connection
+ * closed. */
+static int body_framing_ambiguous(struct request *req) {
+  struct length_headers lh = {0, 0, NULL};
+  MHD_get_connection_values(req->conn, MHD_HEADER_KIND, note_length, &lh);
+  return lh.conflicting ||
+         (lh.count && MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND,
+                                                  MHD_HTTP_HEADER_TRANSFER_ENCODING));
+}
+
 static int request_has_body(struct request *req) {
   const char *cl =
       MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -147,6 +175,9 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
   const br_config *cfg = req->srv->cfg;
   int has_body = request_has_body(req);
   req->route_index = -1;
+  if (body_framing_ambiguous(req))
+    return reply_error(req, E_BAD_REQUEST,
+                       "conflicting Content-Length, or Content-Length with Transfer-Encoding");
   size_t target_len = strlen(url);
   MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, add_arg_size, &target_len);
   if (target_len > cfg->max_url_length)
@@ -166,7 +197,9 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
     if (!pattern_match(br_routes[i].pattern, url, &cap, &cap_len)) continue;
     path_known = 1;
     if (!req->route) req->route = &br_routes[i]; /* for the Allow header on a 405 */
-    if (strcmp(br_routes[i].method, req->method) != 0) continue;
+    int same = !strcmp(br_routes[i].method, req->method) ||
+               (req->is_head && !strcmp(br_routes[i].method, MHD_HTTP_METHOD_GET));
+    if (!same) continue;
     req->route = &br_routes[i];
     req->route_index = (int)i;
     break;
@@ -256,10 +289,15 @@ static void finish_upload(struct request *req) {
   br_server *srv = req->srv;
   br_err err;
   char key[BR_MAX_KEY + 1];
-  br_store_default_key(req->store, req->digest, key, sizeof key);
   br_store_writer *w = req->writer;
   req->writer = NULL;
   req->finish_rc = -1;
+  if (!br_store_default_key(req->store, req->digest, key, sizeof key)) {
+    br_store_write_abort(w);
+    req->finish_error = E_INTERNAL;
+    snprintf(req->finish_message, sizeof req->finish_message, "object key too long");
+    return;
+  }
   if (br_store_write_commit(w, key, &err) < 0) {
     req->finish_error = errno == ENOSPC || errno == EDQUOT ? E_NO_SPACE : E_INTERNAL;
     snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
@@ -293,7 +331,19 @@ static void *finisher_main(void *arg) {
     srv->job_head = req->next_job;
     if (!srv->job_head) srv->job_tail = NULL;
     pthread_mutex_unlock(&srv->job_lock);
-    finish_upload(req);
+    if (req->job == JOB_UPLOAD) {
+      finish_upload(req);
+    } else {
+      br_err err;
+      int rc = br_index_touch(srv->index, req->digest, br_now_ms(), &err);
+      req->finish_rc = rc < 0 ? -1 : 0;
+      req->gone = rc == 1;
+      req->created = 0;
+      if (rc < 0) {
+        req->finish_error = rc == BR_INDEX_FULL ? E_INDEX_FULL : E_INTERNAL;
+        snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
+      }
+    }
     req->phase = PHASE_RESUMED;
     MHD_resume_connection(req->conn);
     atomic_fetch_sub(&srv->jobs_in_flight, 1);
@@ -303,12 +353,17 @@ static void *finisher_main(void *arg) {
   return NULL;
 }
 
-void br_server_finish_async(struct request *req) {
+int br_server_finish_async(struct request *req, enum job_kind job) {
   br_server *srv = req->srv;
+  pthread_mutex_lock(&srv->job_lock);
+  if (srv->stopping) {
+    pthread_mutex_unlock(&srv->job_lock);
+    return -1;
+  }
+  req->job = job;
   req->phase = PHASE_SUSPENDED;
   atomic_fetch_add(&srv->jobs_in_flight, 1);
   MHD_suspend_connection(req->conn);
-  pthread_mutex_lock(&srv->job_lock);
   req->next_job = NULL;
   if (srv->job_tail)
     srv->job_tail->next_job = req;
@@ -317,6 +372,7 @@ void br_server_finish_async(struct request *req) {
   srv->job_tail = req;
   pthread_cond_signal(&srv->job_cv);
   pthread_mutex_unlock(&srv->job_lock);
+  return 0;
 }
 
 /* ---- daemon ----------------------------------------------------------------------------------- */
@@ -407,9 +463,23 @@ int br_server_start(br_server *srv, br_err *err) {
 void br_server_stop(br_server *srv) {
   atomic_store(&srv->ready, 0);
   if (srv->daemon) {
-    MHD_quiesce_daemon(srv->daemon); /* no new connections */
+    MHD_socket listener = MHD_quiesce_daemon(srv->daemon); /* no new connections */
+    if (listener != MHD_INVALID_SOCKET) close(listener);
+    /* Uploads that completed their body by now get 503; those already with a finisher complete
+     * (bounded by one fsync and one index commit each). libmicrohttpd must not be stopped while
+     * a connection is suspended. */
+    pthread_mutex_lock(&srv->job_lock);
+    srv->stopping = 1;
+    pthread_mutex_unlock(&srv->job_lock);
     uint64_t deadline = br_now_ms() + srv->cfg->shutdown_timeout_ms;
-    while (atomic_load(&srv->jobs_in_flight) > 0 && br_now_ms() < deadline) usleep(10000);
+    while (atomic_load(&srv->jobs_in_flight) > 0) {
+      if (br_now_ms() > deadline) {
+        br_warn("stopping: still waiting for %d upload(s) to become durable",
+                (int)atomic_load(&srv->jobs_in_flight));
+        deadline = br_now_ms() + srv->cfg->shutdown_timeout_ms;
+      }
+      usleep(5000);
+    }
     MHD_stop_daemon(srv->daemon);
     srv->daemon = NULL;
   }

@@ -21,22 +21,20 @@ static const char *header(struct request *req, const char *name) {
   return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
 }
 
-/* Records a dedup hit and answers 200. The hit refreshes last_upload_ms (which protects the blob
- * from reconcile for the grace period) with a durable write before the answer, unless it was
- * refreshed less than dedup_touch_interval ago: then the hit changes nothing, so that a hot blob
- * does not cost a disk flush per upload. */
+/* Answers a dedup hit with 200. The hit refreshes last_upload_ms (which protects the blob from
+ * reconcile for the grace period) durably before the answer, on a finisher thread so that no
+ * network thread waits for the disk, unless it was refreshed less than dedup_touch_interval ago:
+ * then the hit changes nothing and is answered at once. */
 static enum MHD_Result answer_dedup(struct request *req, const br_record *rec) {
   uint64_t now = br_now_ms();
-  if (rec->state != BR_STATE_LIVE || rec->last_upload_ms > now ||
-      now - rec->last_upload_ms >= req->srv->cfg->dedup_touch_interval_ms) {
-    br_record touch = {.last_upload_ms = now};
-    br_err err;
-    int rc = br_index_record_upload(req->srv->index, req->digest, &touch, NULL, NULL, &err);
-    if (rc == BR_INDEX_FULL) return reply_error(req, E_INDEX_FULL, "%s", err.msg);
-    if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  req->received = rec->size;
+  if (rec->last_upload_ms > now || now - rec->last_upload_ms < req->srv->cfg->dedup_touch_interval_ms) {
+    atomic_fetch_add(&req->srv->uploads_dedup, 1);
+    return reply_json(req, MHD_HTTP_OK, upload_result_json(req->digest, rec->size, 1));
   }
-  atomic_fetch_add(&req->srv->uploads_dedup, 1);
-  return reply_json(req, MHD_HTTP_OK, upload_result_json(req->digest, rec->size, 1));
+  if (br_server_finish_async(req, JOB_TOUCH) < 0)
+    return reply_error(req, E_NOT_READY, "the server is stopping");
+  return MHD_YES;
 }
 
 /* Checks Content-Type and Content-Length and prepares hashing; shared by PUT and POST. */
@@ -90,7 +88,10 @@ static enum MHD_Result put_begin(struct request *req) {
   if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
   if (rc == 0 && rec.state == BR_STATE_LIVE) {
     const char *expect = header(req, MHD_HTTP_HEADER_EXPECT);
-    if (expect && !strcasecmp(expect, "100-continue")) return answer_dedup(req, &rec);
+    if (expect && !strcasecmp(expect, "100-continue")) {
+      req->touch_before_body = 1;
+      return answer_dedup(req, &rec);
+    }
     req->discard = 1; /* the body is on its way: hash it, keep nothing */
     return MHD_YES;
   }
@@ -128,6 +129,16 @@ static int upload_body(struct request *req, const char *data, size_t len) {
 static enum MHD_Result upload_finish(struct request *req) {
   if (req->phase == PHASE_RESUMED) {
     enum MHD_Result r;
+    if (req->job == JOB_TOUCH && req->finish_rc == 0 && req->gone) {
+      /* deleted or quarantined since we looked: the bytes are needed after all */
+      if (req->touch_before_body) {
+        req->touch_before_body = 0;
+        req->received = 0;
+        req->phase = PHASE_BODY;
+        return open_writer(req); /* no reply: libmicrohttpd sends 100 Continue, body follows */
+      }
+      return reply_error(req, E_TRY_AGAIN, "the blob changed state during the upload; retry");
+    }
     if (req->finish_rc < 0) {
       r = reply_error(req, req->finish_error, "%s", req->finish_message);
     } else {
@@ -159,10 +170,13 @@ static enum MHD_Result upload_finish(struct request *req) {
     request_free_upload(req);
     return answer_dedup(req, &rec);
   }
-  if (!req->writer) { /* discarded body of a blob quarantined or gone meanwhile: send it again */
-    return reply_error(req, E_INTERNAL, "the blob changed state during the upload; retry");
+  if (!req->writer) /* discarded body of a blob quarantined or gone meanwhile: send it again */
+    return reply_error(req, E_TRY_AGAIN, "the blob changed state during the upload; retry");
+  /* fsync, rename, index commit on a finisher thread; then this handler runs again */
+  if (br_server_finish_async(req, JOB_UPLOAD) < 0) {
+    request_free_upload(req);
+    return reply_error(req, E_NOT_READY, "the server is stopping; nothing was kept");
   }
-  br_server_finish_async(req); /* fsync, rename, index commit; then the handler runs again */
   return MHD_YES;
 }
 
@@ -236,7 +250,6 @@ enum MHD_Result metrics_get(struct request *req);
 const struct route br_routes[] = {
     {"PUT", "/v1/blobs/{hash}", BR_SCOPE_WRITE, put_begin, upload_body, upload_finish, "put"},
     {"GET", "/v1/blobs/{hash}", BR_SCOPE_READ, NULL, NULL, blob_get, "get"},
-    {"HEAD", "/v1/blobs/{hash}", BR_SCOPE_READ, NULL, NULL, blob_get, "head"},
     {"POST", "/v1/blobs", BR_SCOPE_WRITE, post_begin, upload_body, upload_finish, "post"},
     {"GET", "/v1/blobs/{hash}/meta", BR_SCOPE_READ, NULL, NULL, blob_meta, "meta"},
     {"POST", "/v1/lookup", BR_SCOPE_READ, NULL, json_body, lookup_finish, "lookup"},

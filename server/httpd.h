@@ -35,6 +35,7 @@ enum br_api_error {
   E_UNAUTHORIZED,
   E_FORBIDDEN,
   E_NOT_READY,
+  E_TRY_AGAIN,
   E_STORE_UNAVAILABLE,
   E_INTERNAL,
   E__COUNT
@@ -82,6 +83,8 @@ struct request {
   uint64_t received;
   uint64_t declared_length; /* Content-Length, or UINT64_MAX when absent (chunked) */
   int discard;              /* known blob without Expect: hash the body but do not store it */
+  int touch_before_body;    /* a dedup touch was queued before the body was read */
+  int gone;                 /* the touch found the blob absent or quarantined */
   char content_type[BR_MAX_CONTENT_TYPE + 1];
   /* what the finisher thread leaves for the resumed handler */
   int finish_rc;
@@ -99,6 +102,7 @@ struct request {
   size_t body_len, body_cap;
   unsigned status; /* what was answered, for /metrics */
   int route_index;
+  enum job_kind { JOB_UPLOAD, JOB_TOUCH } job;
   struct request *next_job; /* finisher queue link */
 };
 
@@ -116,7 +120,8 @@ struct br_server {
   pthread_mutex_t job_lock;
   pthread_cond_t job_cv;
   struct request *job_head, *job_tail;
-  int jobs_stopping;
+  int jobs_stopping;  /* finishers exit */
+  int stopping;       /* no new jobs: uploads finishing now get 503 */
   atomic_int jobs_in_flight;
   /* metrics */
   atomic_uint_fast64_t requests[16][6]; /* [route index][status class 0, 1xx..5xx] */
@@ -128,8 +133,10 @@ struct br_server {
 int br_server_start(br_server *srv, br_err *err);
 void br_server_stop(br_server *srv);
 br_store *br_server_store(br_server *srv, const char *name);
-/* Hands a finished upload to a finisher thread; the connection is suspended until it is done. */
-void br_server_finish_async(struct request *req);
+/* Hands a job (an upload to make durable and index, or a dedup touch) to a finisher thread and
+ * suspends the connection until it is done; the route's finish handler then runs again with
+ * phase PHASE_RESUMED. Returns -1 (nothing queued) when the server is stopping. */
+int br_server_finish_async(struct request *req, enum job_kind job);
 
 /* Remembers an error that is answered on the request's final call. */
 void request_fail(struct request *req, enum br_api_error e, const char *fmt, ...)

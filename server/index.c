@@ -171,6 +171,7 @@ struct br_index {
   int stopping, has_writer;
   pthread_t writer;
   /* read transactions cached by threads, aborted at close */
+  struct op **batch; /* the writer's scratch: batch_max operations */
   MDB_txn **readers;
   size_t nreaders, readers_cap;
   atomic_uint_fast64_t commits, ops;
@@ -292,6 +293,7 @@ struct op {
   const br_record *rec;
   br_record *stored;
   int created;
+  int gone; /* touch: the record was absent or not live */
   int rc;
   int done;
   br_err err;
@@ -339,6 +341,34 @@ static int apply_upload(br_index *idx, MDB_txn *txn, struct op *op) {
   return mdb_put(txn, idx->dbi, &k, &v, 0);
 }
 
+static int apply_touch(br_index *idx, MDB_txn *txn, struct op *op) {
+  MDB_val k = key_of(op->digest), v;
+  int rc = mdb_get(txn, idx->dbi, &k, &v);
+  op->created = 0;
+  if (rc == MDB_NOTFOUND) {
+    op->gone = 1;
+    return 0;
+  }
+  if (rc) return rc;
+  br_record *rec = op->stored;
+  if (br_record_decode(v.mv_data, v.mv_size, rec, &op->err) < 0) return -1;
+  if (rec->state != BR_STATE_LIVE) {
+    op->gone = 1;
+    return 0;
+  }
+  if (op->rec->last_upload_ms <= rec->last_upload_ms) return 0;
+  rec->last_upload_ms = op->rec->last_upload_ms;
+  uint8_t buf[BR_RECORD_MAX_ENCODED];
+  size_t len = br_record_encode(rec, buf, sizeof buf);
+  if (!len) {
+    br_fail(&op->err, "index: record does not encode");
+    return -1;
+  }
+  v.mv_size = len;
+  v.mv_data = buf;
+  return mdb_put(txn, idx->dbi, &k, &v, 0);
+}
+
 /* Runs ops[0..n) in one transaction. If the transaction fails as a whole and holds several
  * operations, each is retried alone so that one bad operation cannot fail its neighbours. */
 static void run_batch(br_index *idx, struct op **ops, size_t n) {
@@ -372,7 +402,7 @@ static void run_batch(br_index *idx, struct op **ops, size_t n) {
 
 static void *writer_main(void *arg) {
   br_index *idx = arg;
-  struct op **batch = calloc(idx->batch_max, sizeof *batch);
+  struct op **batch = idx->batch;
   pthread_mutex_lock(&idx->lock);
   for (;;) {
     while (!idx->head && !idx->stopping) pthread_cond_wait(&idx->work_cv, &idx->lock);
@@ -384,16 +414,12 @@ static void *writer_main(void *arg) {
     }
     if (!idx->head) idx->tail = NULL;
     pthread_mutex_unlock(&idx->lock);
-    if (batch)
-      run_batch(idx, batch, n);
-    else
-      for (size_t i = 0; i < n; i++) br_fail(&batch[i]->err, "out of memory"), batch[i]->rc = -1;
+    run_batch(idx, batch, n);
     pthread_mutex_lock(&idx->lock);
     for (size_t i = 0; i < n; i++) batch[i]->done = 1;
     pthread_cond_broadcast(&idx->done_cv);
   }
   pthread_mutex_unlock(&idx->lock);
-  free(batch);
   return NULL;
 }
 
@@ -426,6 +452,14 @@ int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN],
   int rc = submit(idx, &op, err);
   if (rc == 0 && created) *created = op.created;
   return rc;
+}
+
+int br_index_touch(br_index *idx, const uint8_t digest[BR_SHA256_LEN], uint64_t now_ms,
+                   br_err *err) {
+  br_record scratch, want = {.last_upload_ms = now_ms};
+  struct op op = {.apply = apply_touch, .digest = digest, .rec = &want, .stored = &scratch};
+  int rc = submit(idx, &op, err);
+  return rc == 0 && op.gone ? 1 : rc;
 }
 
 br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err) {
@@ -468,6 +502,11 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
     goto fail;
   }
   if (!opt->read_only) {
+    idx->batch = calloc(idx->batch_max, sizeof *idx->batch);
+    if (!idx->batch) {
+      br_fail(err, "index: out of memory");
+      goto fail;
+    }
     if (pthread_create(&idx->writer, NULL, writer_main, idx)) {
       br_fail(err, "index: cannot start the writer thread");
       goto fail;
@@ -476,6 +515,7 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
   }
   return idx;
 fail:
+  free(idx->batch);
   if (idx->env) mdb_env_close(idx->env);
   pthread_mutex_destroy(&idx->lock);
   pthread_cond_destroy(&idx->work_cv);
@@ -493,6 +533,7 @@ void br_index_close(br_index *idx) {
   if (idx->has_writer) pthread_join(idx->writer, NULL);
   for (size_t i = 0; i < idx->nreaders; i++) mdb_txn_abort(idx->readers[i]);
   free(idx->readers);
+  free(idx->batch);
   mdb_env_close(idx->env);
   pthread_mutex_destroy(&idx->lock);
   pthread_cond_destroy(&idx->work_cv);

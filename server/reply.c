@@ -39,6 +39,7 @@ static const struct {
     [E_UNAUTHORIZED] = {"unauthorized", 401},
     [E_FORBIDDEN] = {"forbidden", 403},
     [E_NOT_READY] = {"not_ready", 503},
+    [E_TRY_AGAIN] = {"try_again", 503},
     [E_STORE_UNAVAILABLE] = {"store_unavailable", 503},
     [E_INTERNAL] = {"internal", 500},
 };
@@ -103,10 +104,14 @@ enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char
       if (!strcmp(br_routes[i].pattern, req->route->pattern)) {
         if (*allow) strncat(allow, ", ", sizeof allow - strlen(allow) - 1);
         strncat(allow, br_routes[i].method, sizeof allow - strlen(allow) - 1);
+        if (!strcmp(br_routes[i].method, MHD_HTTP_METHOD_GET))
+          strncat(allow, ", HEAD", sizeof allow - strlen(allow) - 1);
       }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
   }
   if (e == E_UNAUTHORIZED) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+  if (e == E_TRY_AGAIN || e == E_NOT_READY)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
   return reply_response(req, status, resp);
 }
 
@@ -329,7 +334,10 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
   struct MHD_Connection *c = req->conn;
   const char *inm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
   if (inm && etag_listed(inm, etag, 1)) {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+    /* no body, but a Content-Length equal to the 200's (RFC 9110 15.4.5), so that a cache that
+     * merges the 304's headers does not truncate what it holds */
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(rec->size, 4096, no_body, NULL, NULL);
     if (!resp) return MHD_NO;
     add_blob_headers(resp, NULL, etag, repr);
     return reply_response(req, MHD_HTTP_NOT_MODIFIED, resp);
@@ -341,6 +349,12 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
   br_byte_range ranges[BR_RANGE_MAX];
   size_t n = 0;
   enum br_range_result rr = br_range_parse(range, rec->size, ranges, &n);
+  if (rr == BR_RANGE_OK && n > 1) {
+    /* overlapping ranges could multiply the bytes sent (RFC 9110 14.2 lets us ignore them) */
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) total += ranges[i].last - ranges[i].first + 1;
+    if (total > rec->size) rr = BR_RANGE_IGNORE, n = 0;
+  }
   if (rr == BR_RANGE_UNSATISFIABLE || rr == BR_RANGE_MALFORMED || rr == BR_RANGE_TOO_MANY) {
     char cr[48];
     snprintf(cr, sizeof cr, "bytes */%" PRIu64, rec->size);
@@ -400,6 +414,11 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     snprintf(ct, sizeof ct, "multipart/byteranges; boundary=%s", boundary);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ct);
   }
-  atomic_fetch_add(&req->srv->bytes_out, rec->size);
+  uint64_t body_bytes = 0;
+  if (status == MHD_HTTP_OK)
+    body_bytes = rec->size;
+  else
+    for (size_t i = 0; i < n; i++) body_bytes += ranges[i].last - ranges[i].first + 1;
+  atomic_fetch_add(&req->srv->bytes_out, body_bytes);
   return reply_response(req, status, resp);
 }

@@ -46,7 +46,7 @@ size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_L
   br_hex_encode(digest, hex);
   int n = snprintf(out, outlen, "%ssha256/%.2s/%.2s/%s", st->cfg.prefix ? st->cfg.prefix : "",
                    hex, hex + 2, hex);
-  return n < 0 ? 0 : (size_t)n;
+  return n < 0 || (size_t)n >= outlen ? 0 : (size_t)n;
 }
 
 int br_store_key_valid(const char *key) {

@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +16,71 @@
 
 #define TMP_DIR "tmp"
 
+/* Directories known to be durable (created, and their entry in the parent fsynced) by this
+ * process: an open-addressing set of relative paths. A directory that merely exists may have
+ * been made by a concurrent upload that has not fsynced its parent yet, so it does not count. */
+struct dir_set {
+  pthread_mutex_t lock;
+  char **slots;
+  size_t cap, count;
+};
+
 struct fs_store {
   int root_fd; /* every path is resolved relative to this with the *at() calls */
   char root[PATH_MAX];
+  struct dir_set durable;
 };
+
+static uint64_t hash_str(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+static int dir_set_has(struct dir_set *ds, const char *dir) {
+  pthread_mutex_lock(&ds->lock);
+  int found = 0;
+  if (ds->cap)
+    for (size_t i = hash_str(dir) & (ds->cap - 1); ds->slots[i]; i = (i + 1) & (ds->cap - 1))
+      if (!strcmp(ds->slots[i], dir)) {
+        found = 1;
+        break;
+      }
+  pthread_mutex_unlock(&ds->lock);
+  return found;
+}
+
+/* Adds dir; failures to allocate only cost a later fsync, so they are ignored. */
+static void dir_set_add(struct dir_set *ds, const char *dir) {
+  pthread_mutex_lock(&ds->lock);
+  if ((ds->count + 1) * 2 > ds->cap) {
+    size_t cap = ds->cap ? ds->cap * 2 : 1024;
+    char **slots = calloc(cap, sizeof *slots);
+    if (!slots) goto out;
+    for (size_t i = 0; i < ds->cap; i++) {
+      if (!ds->slots[i]) continue;
+      size_t j = hash_str(ds->slots[i]) & (cap - 1);
+      while (slots[j]) j = (j + 1) & (cap - 1);
+      slots[j] = ds->slots[i];
+    }
+    free(ds->slots);
+    ds->slots = slots;
+    ds->cap = cap;
+  }
+  size_t i = hash_str(dir) & (ds->cap - 1);
+  for (; ds->slots[i]; i = (i + 1) & (ds->cap - 1))
+    if (!strcmp(ds->slots[i], dir)) goto out;
+  ds->slots[i] = strdup(dir);
+  if (ds->slots[i]) ds->count++;
+out:
+  pthread_mutex_unlock(&ds->lock);
+}
+
+static void dir_set_free(struct dir_set *ds) {
+  for (size_t i = 0; i < ds->cap; i++) free(ds->slots[i]);
+  free(ds->slots);
+  pthread_mutex_destroy(&ds->lock);
+}
 
 struct fs_writer {
   struct br_store_writer base;
@@ -27,13 +90,18 @@ struct fs_writer {
 
 static struct fs_store *fs_of(br_store *st) { return st->impl; }
 
+/* fsyncs a directory; on failure errno says why (for telling ENOSPC apart). */
 static int fsync_dir_at(int root_fd, const char *rel, br_err *err) {
   int fd = openat(root_fd, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return br_fail(err, "open directory %s: %s", rel, strerror(errno));
   int rc = fsync(fd);
   int e = errno;
   close(fd);
-  if (rc < 0) return br_fail(err, "fsync directory %s: %s", rel, strerror(e));
+  if (rc < 0) {
+    br_fail(err, "fsync directory %s: %s", rel, strerror(e));
+    errno = e;
+    return -1;
+  }
   return 0;
 }
 
@@ -49,6 +117,11 @@ static void remove_temp_files(struct fs_store *fs) {
   int removed = 0;
   for (struct dirent *e = readdir(d); e; e = readdir(d)) {
     if (e->d_name[0] == '.') continue;
+    /* "up-<pid>-<random>": keep the temp files of another live process sharing this root */
+    int pid = 0;
+    if (sscanf(e->d_name, "up-%d-", &pid) == 1 && pid > 0 && pid != (int)getpid() &&
+        (kill(pid, 0) == 0 || errno == EPERM))
+      continue;
     if (unlinkat(dfd, e->d_name, 0) == 0) removed++;
   }
   closedir(d);
@@ -71,6 +144,7 @@ static int mkdir_p(const char *path) {
 static int fs_open(br_store *st, br_err *err) {
   struct fs_store *fs = calloc(1, sizeof *fs);
   if (!fs) return br_fail(err, "out of memory");
+  pthread_mutex_init(&fs->durable.lock, NULL);
   snprintf(fs->root, sizeof fs->root, "%s", st->cfg.root);
   if (st->cfg.read_only) {
     fs->root_fd = open(fs->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -95,6 +169,13 @@ static int fs_open(br_store *st, br_err *err) {
     return -1;
   }
   st->impl = fs;
+  /* the root and tmp/ themselves must survive a crash before any blob is acknowledged */
+  if (fsync_dir_at(fs->root_fd, ".", err) < 0 || fsync_dir_at(fs->root_fd, "..", err) < 0) {
+    close(fs->root_fd);
+    dir_set_free(&fs->durable);
+    free(fs);
+    return -1;
+  }
   remove_temp_files(fs);
   return 0;
 }
@@ -102,6 +183,7 @@ static int fs_open(br_store *st, br_err *err) {
 static void fs_close(br_store *st) {
   struct fs_store *fs = fs_of(st);
   close(fs->root_fd);
+  dir_set_free(&fs->durable);
   free(fs);
 }
 
@@ -152,21 +234,23 @@ static void fs_write_abort(br_store_writer *bw) {
   free(w);
 }
 
-/* Creates the parent directories of key (relative to the root), fsyncing each parent whose
- * entry list changed, so that a new directory survives a crash. */
+/* Makes sure the parent directories of key (relative to the root) exist durably: each component
+ * is created if needed and its entry in its parent fsynced, unless this process already did so.
+ * On failure errno says why. */
 static int make_parents(struct fs_store *fs, const char *key, br_err *err) {
   char dir[PATH_MAX];
   snprintf(dir, sizeof dir, "%s", key);
   char *slash = strrchr(dir, '/');
   if (!slash) return 0;
   *slash = '\0';
-  struct stat sb;
-  if (fstatat(fs->root_fd, dir, &sb, 0) == 0) return 0;
+  if (dir_set_has(&fs->durable, dir)) return 0;
   for (char *p = dir;; p++) {
     if (*p != '/' && *p) continue;
     char saved = *p;
     *p = '\0';
-    if (mkdirat(fs->root_fd, dir, 0755) == 0) {
+    if (!dir_set_has(&fs->durable, dir)) {
+      if (mkdirat(fs->root_fd, dir, 0755) < 0 && errno != EEXIST)
+        return br_fail(err, "mkdir %s/%s: %s", fs->root, dir, strerror(errno));
       char *parent_end = strrchr(dir, '/');
       int rc;
       if (parent_end) {
@@ -177,8 +261,7 @@ static int make_parents(struct fs_store *fs, const char *key, br_err *err) {
         rc = fsync_dir_at(fs->root_fd, ".", err);
       }
       if (rc < 0) return -1;
-    } else if (errno != EEXIST) {
-      return br_fail(err, "mkdir %s/%s: %s", fs->root, dir, strerror(errno));
+      dir_set_add(&fs->durable, dir);
     }
     *p = saved;
     if (!saved) break;
@@ -202,7 +285,10 @@ static int fs_write_commit(br_store_writer *bw, const char *key, br_err *err) {
     goto done;
   }
   w->fd = -1;
-  if (make_parents(fs, key, err) < 0) goto done;
+  if (make_parents(fs, key, err) < 0) {
+    bw->saved_errno = errno;
+    goto done;
+  }
   if (renameat(fs->root_fd, w->tmp_name, fs->root_fd, key) < 0) {
     bw->saved_errno = errno;
     br_fail(err, "rename to %s: %s", key, strerror(errno));
@@ -217,6 +303,7 @@ static int fs_write_commit(br_store_writer *bw, const char *key, br_err *err) {
   else
     strcpy(dir, ".");
   rc = fsync_dir_at(fs->root_fd, dir, err);
+  if (rc < 0) bw->saved_errno = errno;
 done:;
   int saved = bw->saved_errno;
   if (w->fd >= 0) close(w->fd);

@@ -73,6 +73,12 @@ int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *
 int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN],
                            const br_record *rec, int *created, br_record *stored, br_err *err);
 
+/* Records a dedup hit: sets last_upload_ms to now_ms (never backwards) on a record that exists
+ * and is live, durably, before returning. Returns 0; 1 if the blob is absent or quarantined
+ * (nothing changed: the caller must take the bytes as a new upload); BR_INDEX_FULL; -1 + err. */
+int br_index_touch(br_index *idx, const uint8_t digest[BR_SHA256_LEN], uint64_t now_ms,
+                   br_err *err);
+
 /* Calls fn for every record in key order, inside one read transaction; fn returns non-zero to
  * stop. Returns 0, or -1 with err. */
 typedef int (*br_index_each_fn)(void *ud, const uint8_t digest[BR_SHA256_LEN],

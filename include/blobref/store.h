@@ -46,7 +46,7 @@ const char *br_store_kind(const br_store *st);
 enum br_serve_mode br_store_serve_mode(const br_store *st);
 
 /* Default object key of a blob: "<prefix>sha256/<h[0:2]>/<h[2:4]>/<hex>". out must hold
- * strlen(prefix) + 80 bytes; returns the length written. */
+ * strlen(prefix) + 80 bytes; returns the length written, or 0 if it does not fit. */
 size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_LEN], char *out,
                             size_t outlen);
 
