@@ -126,9 +126,21 @@ static void test_lmdb(void) {
   CHECK(got.last_upload_ms == r.last_upload_ms + 1000 && got.size == r.size &&
             got.nlocations == 1,
         "dedup record: last_upload %llu", (unsigned long long)got.last_upload_ms);
+  /* touch: moves last_upload forward on a live record, never creates one */
+  CHECK(br_index_touch(idx, d, r.last_upload_ms + 5000, &err) == 0, "touch live: %s", err.msg);
+  CHECK(br_index_get(idx, d, &got, &err) == 0 && got.last_upload_ms == r.last_upload_ms + 5000 &&
+            got.size == r.size && got.nlocations == 1,
+        "touch kept the record and moved last_upload");
+  CHECK(br_index_touch(idx, d, 7, &err) == 0 && br_index_get(idx, d, &got, &err) == 0 &&
+            got.last_upload_ms == r.last_upload_ms + 5000,
+        "touch never goes back");
+  uint8_t absent[BR_SHA256_LEN];
+  digest_of(999999, absent);
+  CHECK(br_index_touch(idx, absent, 123, &err) == 1, "touch of an absent blob says gone");
+  CHECK(br_index_get(idx, absent, &got, &err) == 1, "touch of an absent blob created nothing");
   br_record older = {.last_upload_ms = 5};
   br_index_record_upload(idx, d, &older, &created, &got, &err);
-  CHECK(got.last_upload_ms == r.last_upload_ms + 1000, "last_upload never goes back");
+  CHECK(got.last_upload_ms == r.last_upload_ms + 5000, "last_upload never goes back");
 
   /* concurrent uploads: 8 threads x 500, each digest twice across threads -> exactly one create */
   struct worker w[8];
