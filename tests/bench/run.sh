@@ -4,15 +4,16 @@
 # usage: tests/bench/run.sh [BIN_DIR]        BIN_DIR holds blobrefd (default: bin)
 # env:   ROUNDS=3 (5 for a steadier median)  DURATION=10 (seconds per measurement)
 #        QUICK=1          smoke check: 1 round, 3 s, fewer uploads
-#        WRK_THREADS=2 WRK_CONNS=64          read load (wrk -tN -cN; HEAD uses upload_load, see below)
+#        WRK_THREADS=2 WRK_CONNS=64          read load (wrk; HEAD: upload_load, wrk 4.1 cannot HEAD)
 #        UPLOAD_CONNS=16 UPLOAD_MAX=2000     new 1 MiB uploads: concurrency, cap per measurement
 #        DEDUP_CONNS=64                      dedup uploads (Expect: 100-continue) concurrency
 #        SERVERS="blobref nginx registry"    leave one out to benchmark the others
-#        OUT=build/bench/results.md  KEEP=1 (keep the work directory)
+#        OUT=build/bench/results.md (also raw.log beside it; failed-logs/ after a failure)
+#        KEEP=1 (keep the work directory)
 #
 # Every server runs on 127.0.0.1 with a fair operator's settings, from a temporary directory, and
-# is stopped at the end, also on failure or ^C. Each measurement is checked first (status, bytes,
-# SHA-256); servers take turns in a different order each round; the table shows medians.
+# is stopped at the end, also on failure or ^C. Each kind of answer is checked first (status and
+# bytes); servers take turns in a different order each round; the table shows medians.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -84,7 +85,12 @@ cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   for name in "${!PIDS[@]}"; do stop_server "$name"; done
-  if [ "${KEEP:-0}" = 1 ] || [ $rc -ne 0 ]; then
+  if [ $rc -ne 0 ]; then # keep the servers' logs for a look at what went wrong
+    mkdir -p "$(dirname "$OUT")/failed-logs"
+    cp "$T"/*.log "$T"/nginx/error.log "$(dirname "$OUT")/failed-logs/" 2>/dev/null || true
+    log "failed (exit $rc); logs in $(dirname "$OUT")/failed-logs"
+  fi
+  if [ "${KEEP:-0}" = 1 ]; then
     log "work directory kept: $T"
   else
     rm -rf "$T"
@@ -233,6 +239,7 @@ kv() { sed -n "s/.*[ ]$2=\([^ ]*\).*/\1/p" <<<" $1"; }
 
 # ---- data: the same blobs for every server ----
 NONCE=$(date +%s)-$$
+TREE_REV=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?')
 log "generating $N_SMALL x 4 KiB and $N_LARGE x 1 MiB blobs"
 "$UL" -m gen -s 4096 -n $N_SMALL -S "small-$NONCE" -o "$T/files" >"$T/small.list"
 "$UL" -m gen -s $MIB -n $N_LARGE -S "large-$NONCE" -o "$T/files" >"$T/large.list"
@@ -586,7 +593,8 @@ DISK_MBPS=$(kv "$DISK" mbps)
 } >"$TARGETS"
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-versions="blobref $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+versions="blobrefd from $BIN (built $(date -u -r "$BIN/blobrefd" +%FT%TZ 2>/dev/null || echo '?');"
+versions+=" work tree at $TREE_REV when the run started)"
 versions+=", $(nginx -v 2>&1 | sed 's/^nginx version: //')"
 versions+=", docker-registry $(docker-registry --version 2>/dev/null | awk '{ print $NF }')"
 versions+=", $( (wrk -v 2>&1 || true) | awk 'NR == 1 { print "wrk", $2 }')" # wrk -v exits 1
