@@ -2,14 +2,18 @@
 acknowledged (200/201) blob survives byte-identical and fsck --verify finds no index entry
 without its bytes (PRODUCT.md invariant 1)."""
 import hashlib
+import os
 import random
 import threading
 import time
 
+import pytest
 import requests
 
 from conftest import Server
 from util_http import fsck, post, put, sha
+from util_strace import (SYNC_CALLS, WRITE_CALLS, Tracer, ack_order_problems,
+                          parse)
 
 ROUNDS = 10
 UPLOADS = 500
@@ -169,3 +173,97 @@ def test_fsck_detects_damage(tmp_path):
     rc, n, problems, out = fsck(d, verify=True)
     assert (rc, n, problems) == (1, 3, 1), out
     assert sha(blobs[2]) in out
+
+
+def traced_upload(tmp_path, send):
+    """Starts a server, uploads under strace; returns (server data dir, calls, response)."""
+    if not Tracer.available():
+        pytest.skip("strace is not installed")
+    srv = Server(tmp_path / "data").start()
+    try:
+        warm = blob(77, 1000)
+        assert post(srv, warm).status_code == 201  # first-use setup (dirs, libs) out of the way
+        with Tracer(srv.proc.pid, tmp_path / "strace.txt") as tr:
+            assert tr.attached >= 2, "strace did not attach to the server threads"
+            r = send(srv)
+            time.sleep(0.3)
+        calls = tr.calls()
+    finally:
+        assert srv.stop() == 0, srv.read_log()
+    return srv, calls, r
+
+
+@pytest.mark.parametrize("method", ["PUT", "POST", "PUT-chunked"])
+def test_ack_after_fsync_rename_dirsync_commit(tmp_path, method):
+    """PRODUCT.md: bytes fsynced, renamed, directory fsynced, then index committed, then 201.
+    (kill -9 cannot lose page-cache writes, so the crash test alone would not see a missing
+    fsync: this checks the order of the system calls.)"""
+    data = blob(4242, 123457)
+    h = sha(data)
+
+    def send(srv):
+        if method == "PUT":
+            return put(srv, data)
+        if method == "POST":
+            return post(srv, data)
+        return put(srv, iter([data[i:i + 10000] for i in range(0, len(data), 10000)]), hexd=h)
+
+    srv, calls, r = traced_upload(tmp_path, send)
+    assert r.status_code == 201, r.text
+    final = os.path.realpath(srv.data_dir / "blobs" / "sha256" / h[0:2] / h[2:4] / h)
+    assert ack_order_problems(calls, final, len(data)) == []
+
+
+GOOD_TRACE = """\
+10 openat(6, "tmp/up-1", O_WRONLY|O_CREAT|O_EXCL|O_CLOEXEC, 0644) = 13
+10 write(13, "abc"..., 100) = 100
+11 fsync(13) = 0
+11 renameat(6, "tmp/up-1", 6, "sha256/ab/cd/abcd") = 0
+11 openat(6, "sha256/ab/cd", O_RDONLY|O_CLOEXEC|O_DIRECTORY) = 14
+11 fsync(14) = 0
+12 writev(4, [{iov_base="x", iov_len=4096}], 1) = 4096
+12 fdatasync(4) = 0
+10 sendmsg(15, {msg_iov=[{iov_base="HTTP/1.1 201 Created\\r\\n"}]}, MSG_NOSIGNAL) = 300
+"""
+
+
+@pytest.mark.parametrize("drop,expect", [
+    (None, None), ("11 fsync(13) = 0", "without an fsync"), ("11 fsync(14) = 0", "directory"),
+    ("12 fdatasync(4) = 0", "index"),
+])
+def test_ack_order_checker_catches_bad_orders(drop, expect):
+    """The strace check above must be able to fail: a missing step is reported."""
+    fds0 = {4: "/d/index/data.mdb", 6: "/d/blobs"}
+    text = GOOD_TRACE if drop is None else GOOD_TRACE.replace(drop + "\n", "")
+    problems = ack_order_problems(parse(text, fds0), "/d/blobs/sha256/ab/cd/abcd", 100)
+    if expect is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and expect in problems[0], problems
+    # Answer moved before the index sync: reported too.
+    if drop is None:
+        lines = GOOD_TRACE.splitlines()
+        moved = "\n".join(lines[:6] + [lines[8]] + lines[6:8]) + "\n"
+        problems = ack_order_problems(parse(moved, fds0), "/d/blobs/sha256/ab/cd/abcd", 100)
+        assert len(problems) == 1 and "index" in problems[0], problems
+
+
+def test_dedup_writes_nothing_syscalls(tmp_path):
+    data = blob(4343, 50000)
+
+    def send(srv):
+        assert put(srv, data).status_code == 201
+        time.sleep(0.2)
+        return put(srv, data)
+
+    srv, calls, r = traced_upload(tmp_path, send)
+    assert r.status_code == 200
+    answers = [c for c in calls if c.name in ("sendmsg", "sendto", "writev", "write")
+               and "HTTP/1.1 " in c.args]
+    assert [("201" in c.args, "200" in c.args) for c in answers] == [(True, False), (False, True)]
+    first_done, second = answers[0].exit, answers[1]
+    between = [c for c in calls if first_done < c.entry < second.entry]
+    assert not [c for c in between if c.name.startswith("rename") or "O_CREAT" in c.args
+                or c.name in SYNC_CALLS or c.name == "msync"
+                or (c.name in WRITE_CALLS and (c.path or "").startswith(str(srv.data_dir)))], \
+        between
