@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "blobcache.h"
 #include "httpd.h"
 
 static void usage(FILE *out) {
@@ -82,6 +83,8 @@ static int open_stores(br_server *srv, int read_only, br_err *err) {
 }
 
 static void close_all(br_server *srv) {
+  blobcache_free(srv->cache);
+  srv->cache = NULL;
   br_index_close(srv->index);
   for (int i = 0; i < srv->nstores; i++) br_store_close(srv->stores[i]);
 }
@@ -207,6 +210,7 @@ int main(int argc, char **argv) {
   snprintf(dir, sizeof dir, "%s/index", cfg.data_dir);
   br_index_options opt = {.map_size = cfg.index_map_size, .batch_max = (unsigned)cfg.index_batch_max};
   srv.index = br_index_open(dir, &opt, &err);
+  srv.cache = blobcache_new(cfg.cache_size, cfg.cache_max_blob);
   if (!srv.index || open_stores(&srv, 0, &err) < 0 || br_server_start(&srv, &err) < 0) {
     br_error("%s", err.msg);
     br_server_stop(&srv);

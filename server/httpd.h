@@ -112,6 +112,7 @@ struct br_server {
   br_store *stores[BR_MAX_STORES];
   int nstores;
   br_store *upload_store;
+  struct blobcache *cache; /* small blobs' bytes; NULL when cache_size = 0 */
   struct MHD_Daemon *daemon;
   atomic_int ready;
   /* upload finishers: fsync + rename + index commit off the network threads */

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "blobcache.h"
 #include "blobref/range.h"
 #include "httpd.h"
 
@@ -322,6 +323,41 @@ static struct MHD_Response *multipart_response(br_store_reader *r, const br_reco
   return resp;
 }
 
+/* The blob's bytes from the small-blob cache, read (and checked against the hash) into it on a
+ * miss. Returns an entry to release, or NULL with *e set (E__COUNT: caching not possible, serve
+ * from the store instead). */
+static cached_blob *cached_bytes(struct request *req, const br_record *rec, br_store *store,
+                                 const char *key, enum br_api_error *e) {
+  blobcache *cache = req->srv->cache;
+  *e = E__COUNT;
+  if (rec->size > blobcache_max_blob(cache)) return NULL;
+  cached_blob *hit = blobcache_get(cache, req->digest);
+  if (hit) return hit;
+  br_store_reader r;
+  br_err err;
+  if (br_store_open_read(store, key, &r, &err) != 0) return NULL; /* the slow path reports it */
+  uint8_t *buf = malloc(rec->size ? rec->size : 1);
+  int ok = buf && r.size == rec->size &&
+           r.source->pread(r.source, buf, (size_t)rec->size, 0, &err) == 0;
+  br_store_reader_close(&r);
+  cached_blob *entry = NULL;
+  if (ok) {
+    uint8_t got[BR_SHA256_LEN];
+    EVP_Digest(buf, (size_t)rec->size, got, NULL, EVP_sha256(), NULL);
+    if (memcmp(got, req->digest, BR_SHA256_LEN) != 0) {
+      char hex[BR_HEX_LEN + 1];
+      br_hex_encode(req->digest, hex);
+      br_error("blob %s: the bytes in %s:%s do not match their hash", hex, br_store_name(store),
+               key);
+      *e = E_STORE_UNAVAILABLE;
+    } else {
+      entry = blobcache_put(cache, req->digest, buf, (size_t)rec->size);
+    }
+  }
+  free(buf);
+  return entry;
+}
+
 enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *store,
                            const char *key) {
   char hex[BR_HEX_LEN + 1], etag[BR_HEX_LEN + 3], repr[80];
@@ -369,6 +405,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
   }
 
   struct MHD_Response *resp;
+  char boundary[64] = "";
   unsigned status = rr == BR_RANGE_OK ? MHD_HTTP_PARTIAL_CONTENT : MHD_HTTP_OK;
   if (req->is_head && status == MHD_HTTP_OK) {
     /* HEAD of the whole: no need to touch the store at all */
@@ -376,6 +413,22 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     if (!resp) return MHD_NO;
     add_blob_headers(resp, rec, etag, repr);
     return reply_response(req, status, resp);
+  }
+  if (n <= 1) {
+    enum br_api_error cache_error;
+    cached_blob *cb = cached_bytes(req, rec, store, key, &cache_error);
+    if (!cb && cache_error != E__COUNT)
+      return reply_error(req, cache_error, "the stored bytes do not match their hash");
+    if (cb) {
+      uint64_t first = n ? ranges[0].first : 0, len = n ? ranges[0].last - first + 1 : rec->size;
+      resp = MHD_create_response_from_buffer_with_free_callback_cls(
+          (size_t)len, (void *)(cached_blob_data(cb) + first), blobcache_release, cb);
+      if (!resp) {
+        blobcache_release(cb);
+        return reply_error(req, E_INTERNAL, "cannot create the response");
+      }
+      goto headers;
+    }
   }
   br_store_reader r;
   br_err err;
@@ -395,7 +448,6 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     br_store_reader_close(&r);
     return reply_error(req, E_STORE_UNAVAILABLE, "the stored size differs from the index");
   }
-  char boundary[64] = "";
   if (status == MHD_HTTP_OK)
     resp = range_response(&r, 0, rec->size);
   else if (n == 1)
@@ -403,6 +455,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
   else
     resp = multipart_response(&r, rec, ranges, n, boundary, sizeof boundary);
   if (!resp) return reply_error(req, E_INTERNAL, "cannot create the response");
+headers:
   add_blob_headers(resp, n > 1 ? NULL : rec, etag, repr);
   if (status == MHD_HTTP_PARTIAL_CONTENT && n == 1) {
     char cr[80];

@@ -51,6 +51,8 @@ typedef struct br_config {
   uint64_t index_map_size;
   uint64_t index_batch_max;
   uint64_t cache_max_age_ms; /* redirects' private max-age */
+  uint64_t cache_size;       /* in-memory cache of small blobs (0 = off) */
+  uint64_t cache_max_blob;   /* largest blob it holds */
   uint64_t shutdown_timeout_ms;
   uint64_t dedup_touch_interval_ms; /* a dedup hit refreshes last_upload when it is this old */
   /* [reconcile] */

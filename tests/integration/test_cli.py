@@ -356,7 +356,8 @@ def test_get_unknown_hash_is_not_found_and_leaves_no_file(server, tmp_path):
 
 
 def test_get_detects_corrupted_bytes(server, tmp_path):
-    data = os.urandom(50_000)
+    # over the server's small-blob cache limit (64 KiB), which would itself refuse bad bytes
+    data = os.urandom(200_000)
     h = upload(server, data)
     obj = server.data_dir / "blobs" / "sha256" / h[0:2] / h[2:4] / h
     assert obj.read_bytes() == data
