@@ -60,14 +60,7 @@ static int load_config(const struct options *o, br_config *cfg, br_err *err) {
     return br_fail(err, "out of memory");
   if (o->data && br_config_set_string(&cfg->data_dir, o->data) < 0)
     return br_fail(err, "out of memory");
-  if (br_config_finish(cfg, err) < 0) {
-    if (o->config) {
-      br_err detail = *err;
-      br_fail(err, "%s: %.400s", o->config, detail.msg);
-    }
-    return -1;
-  }
-  return 0;
+  return br_config_finish(cfg, err);
 }
 
 static int open_stores(br_server *srv, int read_only, br_err *err) {

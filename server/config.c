@@ -375,6 +375,7 @@ static int load(br_config *cfg, const char *text, const char *name, br_err *err)
 }
 
 int br_config_load_string(br_config *cfg, const char *text, const char *name, br_err *err) {
+  if (br_config_set_string(&cfg->path, name) < 0) return br_fail(err, "out of memory");
   return load(cfg, text, name, err);
 }
 
@@ -390,7 +391,8 @@ int br_config_load(br_config *cfg, const char *path, br_err *err) {
     free(text);
     return br_fail(err, "%s: contains a NUL byte", path);
   }
-  rc = load(cfg, (const char *)text, path, err);
+  rc = br_config_set_string(&cfg->path, path) < 0 ? br_fail(err, "out of memory")
+                                                 : load(cfg, (const char *)text, path, err);
   free(text);
   return rc;
 }
@@ -402,6 +404,7 @@ const br_store_config *br_config_store(const br_config *cfg, const char *name) {
 }
 
 int br_config_finish(br_config *cfg, br_err *err) {
+  const char *where = cfg->path ? cfg->path : "(built-in defaults)";
   if (cfg->nstores == 0) {
     br_store_config *s = &cfg->stores[cfg->nstores++];
     set_defaults(store_keys, NKEYS(store_keys), s);
@@ -413,28 +416,30 @@ int br_config_finish(br_config *cfg, br_err *err) {
   for (int i = 0; i < cfg->nstores; i++) {
     br_store_config *s = &cfg->stores[i];
     if (!strcmp(s->kind, "fs") && !*s->root)
-      return br_fail(err, "[store %s] (line %d): kind = fs needs root", s->name, s->line);
+      return br_fail(err, "%s:%d: [store %s] kind = fs needs root", where, s->line, s->name);
     if (strlen(s->prefix) > 512)
-      return br_fail(err, "[store %s] (line %d): prefix is over 512 characters", s->name, s->line);
+      return br_fail(err, "%s:%d: [store %s] prefix is over 512 characters", where, s->line,
+                     s->name);
     if (s->serve == BR_SERVE_REDIRECT && !strcmp(s->kind, "fs") && !*s->public_url)
-      return br_fail(err, "[store %s] (line %d): serve = redirect needs public_url", s->name,
-                     s->line);
+      return br_fail(err, "%s:%d: [store %s] serve = redirect needs public_url", where,
+                     s->line, s->name);
   }
   if (!*cfg->upload_store) br_config_set_string(&cfg->upload_store, cfg->stores[0].name);
   if (!br_config_store(cfg, cfg->upload_store))
-    return br_fail(err, "[server] upload_store: no [store %s]", cfg->upload_store);
+    return br_fail(err, "%s: [server] upload_store: no [store %s]", where, cfg->upload_store);
   for (int i = 0; i < cfg->ntables; i++) {
     br_table_config *t = &cfg->tables[i];
     if (!*t->location || !*t->column)
-      return br_fail(err, "[table %s] (line %d): location and column are required", t->name,
-                     t->line);
+      return br_fail(err, "%s:%d: [table %s] location and column are required", where,
+                     t->line, t->name);
     if (*t->store && !br_config_store(cfg, t->store))
-      return br_fail(err, "[table %s] (line %d): no [store %s]", t->name, t->line, t->store);
+      return br_fail(err, "%s:%d: [table %s] no [store %s]", where, t->line, t->name,
+                     t->store);
   }
   for (int i = 0; i < cfg->ntokens; i++)
     if (!cfg->tokens[i].has_sha256)
-      return br_fail(err, "[token %s] (line %d): sha256 is required", cfg->tokens[i].name,
-                     cfg->tokens[i].line);
+      return br_fail(err, "%s:%d: [token %s] sha256 is required", where,
+                     cfg->tokens[i].line, cfg->tokens[i].name);
   return 0;
 }
 
@@ -463,5 +468,6 @@ void br_config_free(br_config *cfg) {
     free(t->name);
   }
   for (int i = 0; i < cfg->ntokens; i++) free(cfg->tokens[i].name);
+  free(cfg->path);
   memset(cfg, 0, sizeof *cfg);
 }

@@ -36,6 +36,7 @@ typedef struct br_token_config {
 
 /* Every setting, with its default filled in by br_config_init. Strings are owned by the config. */
 typedef struct br_config {
+  char *path;         /* the file loaded last (for messages), or NULL */
   char *listen;       /* "HOST:PORT" */
   char *data_dir;     /* LMDB index in data_dir/index; default fs store root data_dir/blobs */
   char *upload_store; /* store name for new blobs ("" = the first) */
@@ -82,7 +83,7 @@ int br_config_load_string(br_config *cfg, const char *text, const char *name, br
 
 /* Completes the config after file and flags: adds the embedded default store `local` (fs under
  * data_dir/blobs) when none is configured, checks cross-references (upload_store, table stores).
- * Returns -1 with err filled. */
+ * Returns -1 with err = "FILE:LINE: message". */
 int br_config_finish(br_config *cfg, br_err *err);
 
 /* Replaces a string setting (frees the old value). Returns -1 on allocation failure. */

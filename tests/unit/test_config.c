@@ -36,12 +36,13 @@ static const struct {
   const char *text;
   const char *want_error; /* from br_config_finish */
 } finish_cases[] = {
-    {"[store a]\nkind = fs\n", "kind = fs needs root"},
+    {"[store a]\nkind = fs\n", "f.conf:1: [store a] kind = fs needs root"},
     {"[store a]\nroot = /x\nserve = redirect\n", "serve = redirect needs public_url"},
     {"[server]\nupload_store = b\n[store a]\nroot = /x\n", "no [store b]"},
     {"[table t]\ncolumn = h\n", "location and column are required"},
     {"[token t]\nscopes = read\n", "sha256 is required"},
-    {"[store a]\nroot = /x\n[table t]\nlocation = /t\ncolumn = h\nstore = zzz\n", "no [store zzz]"},
+    {"[store a]\nroot = /x\n[table t]\nlocation = /t\ncolumn = h\nstore = zzz\n",
+     "f.conf:3: [table t] no [store zzz]"},
 };
 
 int main(void) {
