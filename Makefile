@@ -105,7 +105,7 @@ bench:
 
 format:
 	clang-format -i $(wildcard server/*.c server/*.h include/blobref/*.h tools/*.c tools/*.h \
-	  tests/unit/*.c tests/unit/*.h tests/fuzz/*.c)
+	  tests/unit/*.c tests/unit/*.h tests/fuzz/*.c tests/bench/*.c)
 
 clean:
 	rm -rf build bin

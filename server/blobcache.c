@@ -14,7 +14,7 @@ struct cached_blob {
   int referenced;  /* second chance: set on hit, cleared as the clock passes */
   uint8_t digest[32];
   size_t size;
-  cached_blob *chain;      /* bucket chain */
+  cached_blob *chain;         /* bucket chain */
   cached_blob *older, *newer; /* FIFO */
   uint8_t data[];
 };
@@ -32,7 +32,9 @@ struct blobcache {
   struct shard shards[SHARDS];
 };
 
-static struct shard *shard_of(blobcache *c, const uint8_t d[32]) { return &c->shards[d[0] % SHARDS]; }
+static struct shard *shard_of(blobcache *c, const uint8_t d[32]) {
+  return &c->shards[d[0] % SHARDS];
+}
 
 static size_t bucket_of(const struct shard *s, const uint8_t d[32]) {
   uint64_t h;
@@ -71,8 +73,14 @@ static void unlink_entry(struct shard *s, cached_blob *e) {
   cached_blob **p = &s->buckets[bucket_of(s, e->digest)];
   while (*p && *p != e) p = &(*p)->chain;
   if (*p) *p = e->chain;
-  if (e->older) e->older->newer = e->newer; else s->oldest = e->newer;
-  if (e->newer) e->newer->older = e->older; else s->newest = e->older;
+  if (e->older)
+    e->older->newer = e->newer;
+  else
+    s->oldest = e->newer;
+  if (e->newer)
+    e->newer->older = e->older;
+  else
+    s->newest = e->older;
   s->bytes -= e->size;
   blobcache_release(e);
 }
@@ -134,7 +142,10 @@ cached_blob *blobcache_put(blobcache *c, const uint8_t digest[32], const void *d
   s->buckets[b] = e;
   e->newer = NULL;
   e->older = s->newest;
-  if (s->newest) s->newest->newer = e; else s->oldest = e;
+  if (s->newest)
+    s->newest->newer = e;
+  else
+    s->oldest = e;
   s->newest = e;
   s->bytes += len;
   pthread_mutex_unlock(&s->lock);

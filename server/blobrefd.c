@@ -134,8 +134,8 @@ static int fsck_one(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_reco
     } else if (rc > 0) {
       printf("%s: %s:%s: missing\n", hex, l->store, l->key);
     } else if (size != rec->size) {
-      printf("%s: %s:%s: %" PRIu64 " bytes, index says %" PRIu64 "\n", hex, l->store, l->key,
-             size, rec->size);
+      printf("%s: %s:%s: %" PRIu64 " bytes, index says %" PRIu64 "\n", hex, l->store, l->key, size,
+             rec->size);
       rc = 1;
     } else if (f->verify && verify_digest(st, l->key, digest, &err) < 0) {
       printf("%s: %s:%s: %s\n", hex, l->store, l->key, err.msg);
@@ -201,7 +201,8 @@ int main(int argc, char **argv) {
   }
   char dir[4096];
   snprintf(dir, sizeof dir, "%s/index", cfg.data_dir);
-  br_index_options opt = {.map_size = cfg.index_map_size, .batch_max = (unsigned)cfg.index_batch_max};
+  br_index_options opt = {.map_size = cfg.index_map_size,
+                          .batch_max = (unsigned)cfg.index_batch_max};
   srv.index = br_index_open(dir, &opt, &err);
   srv.cache = blobcache_new(cfg.cache_size, cfg.cache_max_blob);
   if (!srv.index || open_stores(&srv, 0, &err) < 0 || br_server_start(&srv, &err) < 0) {

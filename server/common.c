@@ -62,8 +62,7 @@ int br_blob_id_parse(const char *s, size_t len, uint8_t digest[BR_SHA256_LEN]) {
 
 /* Parses a non-negative decimal (fraction allowed) into *value and points *unit at the suffix
  * that follows it (spaces skipped). */
-static int parse_number_unit(const char *s, long double *value,
-                             const char **unit) {
+static int parse_number_unit(const char *s, long double *value, const char **unit) {
   while (isspace((unsigned char)*s)) s++;
   if (!isdigit((unsigned char)*s)) return -1;
   char *end = NULL;
@@ -88,10 +87,20 @@ int br_parse_size(const char *s, uint64_t *out) {
   static const struct {
     const char *name;
     uint64_t mult;
-  } units[] = {{"", 1},          {"b", 1},
-               {"kib", 1ull << 10}, {"mib", 1ull << 20}, {"gib", 1ull << 30}, {"tib", 1ull << 40},
-               {"k", 1000},      {"kb", 1000},      {"m", 1000000},     {"mb", 1000000},
-               {"g", 1000000000}, {"gb", 1000000000}, {"t", 1000000000000ull}, {"tb", 1000000000000ull}};
+  } units[] = {{"", 1},
+               {"b", 1},
+               {"kib", 1ull << 10},
+               {"mib", 1ull << 20},
+               {"gib", 1ull << 30},
+               {"tib", 1ull << 40},
+               {"k", 1000},
+               {"kb", 1000},
+               {"m", 1000000},
+               {"mb", 1000000},
+               {"g", 1000000000},
+               {"gb", 1000000000},
+               {"t", 1000000000000ull},
+               {"tb", 1000000000000ull}};
   long double v;
   const char *unit;
   if (!s || parse_number_unit(s, &v, &unit) < 0) return -1;
@@ -110,8 +119,8 @@ int br_parse_duration_ms(const char *s, uint64_t *out_ms) {
   static const struct {
     const char *name;
     uint64_t ms;
-  } units[] = {{"", 1000},      {"ms", 1},         {"s", 1000},          {"m", 60000},
-               {"min", 60000},  {"h", 3600000},    {"d", 86400000},      {"w", 604800000}};
+  } units[] = {{"", 1000},     {"ms", 1},      {"s", 1000},     {"m", 60000},
+               {"min", 60000}, {"h", 3600000}, {"d", 86400000}, {"w", 604800000}};
   long double v;
   const char *unit;
   if (!s || parse_number_unit(s, &v, &unit) < 0) return -1;

@@ -8,8 +8,18 @@
 #include <string.h>
 #include <strings.h>
 
-enum key_type { KEY_STRING, KEY_SIZE, KEY_DURATION, KEY_COUNT, KEY_FRACTION, KEY_SERVE, KEY_FORM,
-                KEY_SCOPES, KEY_SHA256, KEY_REWRITE };
+enum key_type {
+  KEY_STRING,
+  KEY_SIZE,
+  KEY_DURATION,
+  KEY_COUNT,
+  KEY_FRACTION,
+  KEY_SERVE,
+  KEY_FORM,
+  KEY_SCOPES,
+  KEY_SHA256,
+  KEY_REWRITE
+};
 
 /* One configurable key: where it lives (offset into its section's struct), its default and
  * bounds. Sizes are bytes, durations milliseconds, counts plain numbers. */
@@ -183,8 +193,7 @@ static int set_key(const struct key_spec *k, void *base, const char *value, br_e
       return 0;
     }
   }
-  if (n < k->min || n > k->max)
-    return br_fail(err, "%s: %s is out of range", k->name, value);
+  if (n < k->min || n > k->max) return br_fail(err, "%s: %s is out of range", k->name, value);
   *(uint64_t *)p = n;
   return 0;
 }
@@ -205,8 +214,8 @@ struct parse_state {
   br_config *cfg;
   br_err err;
   int failed;
-  char section[256];      /* last section seen, to start a new store/table/token once */
-  void *section_base;     /* struct the current section's keys go to */
+  char section[256];  /* last section seen, to start a new store/table/token once */
+  void *section_base; /* struct the current section's keys go to */
   const struct key_spec *keys;
   size_t nkeys;
 };
@@ -245,8 +254,10 @@ static int enter_section(struct parse_state *ps, const char *section) {
   char kind[16], name[128], extra[2];
   int n = sscanf(section, "%15s %127s %1s", kind, name, extra);
   if (n != 2)
-    return br_fail(&ps->err, "unknown section [%s] (expected server, store NAME, table NAME, "
-                   "reconcile, auth, token NAME)", section);
+    return br_fail(&ps->err,
+                   "unknown section [%s] (expected server, store NAME, table NAME, "
+                   "reconcile, auth, token NAME)",
+                   section);
   for (const char *c = name; *c; c++)
     if (!(*c == '-' || *c == '_' || *c == '.' || (*c >= '0' && *c <= '9') ||
           (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z')))
@@ -363,11 +374,14 @@ static int load(br_config *cfg, const char *text, const char *name, br_err *err)
   struct parse_state ps = {.cfg = cfg};
   int line = ini_parse_string(text, on_ini_entry, &ps);
   for (int i = 0; i < cfg->nstores; i++)
-    if (!cfg->stores[i].line) cfg->stores[i].line = section_line(text, "store", cfg->stores[i].name);
+    if (!cfg->stores[i].line)
+      cfg->stores[i].line = section_line(text, "store", cfg->stores[i].name);
   for (int i = 0; i < cfg->ntables; i++)
-    if (!cfg->tables[i].line) cfg->tables[i].line = section_line(text, "table", cfg->tables[i].name);
+    if (!cfg->tables[i].line)
+      cfg->tables[i].line = section_line(text, "table", cfg->tables[i].name);
   for (int i = 0; i < cfg->ntokens; i++)
-    if (!cfg->tokens[i].line) cfg->tokens[i].line = section_line(text, "token", cfg->tokens[i].name);
+    if (!cfg->tokens[i].line)
+      cfg->tokens[i].line = section_line(text, "token", cfg->tokens[i].name);
   if (line == 0 && !ps.failed) return 0;
   if (!ps.failed) br_fail(&ps.err, "syntax error (expected [section] or key = value)");
   if (line < 0) return br_fail(err, "%s: %s", name, ps.err.msg);
@@ -392,7 +406,7 @@ int br_config_load(br_config *cfg, const char *path, br_err *err) {
     return br_fail(err, "%s: contains a NUL byte", path);
   }
   rc = br_config_set_string(&cfg->path, path) < 0 ? br_fail(err, "out of memory")
-                                                 : load(cfg, (const char *)text, path, err);
+                                                  : load(cfg, (const char *)text, path, err);
   free(text);
   return rc;
 }
@@ -421,8 +435,8 @@ int br_config_finish(br_config *cfg, br_err *err) {
       return br_fail(err, "%s:%d: [store %s] prefix is over 512 characters", where, s->line,
                      s->name);
     if (s->serve == BR_SERVE_REDIRECT && !strcmp(s->kind, "fs") && !*s->public_url)
-      return br_fail(err, "%s:%d: [store %s] serve = redirect needs public_url", where,
-                     s->line, s->name);
+      return br_fail(err, "%s:%d: [store %s] serve = redirect needs public_url", where, s->line,
+                     s->name);
   }
   if (!*cfg->upload_store) br_config_set_string(&cfg->upload_store, cfg->stores[0].name);
   if (!br_config_store(cfg, cfg->upload_store))
@@ -430,16 +444,15 @@ int br_config_finish(br_config *cfg, br_err *err) {
   for (int i = 0; i < cfg->ntables; i++) {
     br_table_config *t = &cfg->tables[i];
     if (!*t->location || !*t->column)
-      return br_fail(err, "%s:%d: [table %s] location and column are required", where,
-                     t->line, t->name);
+      return br_fail(err, "%s:%d: [table %s] location and column are required", where, t->line,
+                     t->name);
     if (*t->store && !br_config_store(cfg, t->store))
-      return br_fail(err, "%s:%d: [table %s] no [store %s]", where, t->line, t->name,
-                     t->store);
+      return br_fail(err, "%s:%d: [table %s] no [store %s]", where, t->line, t->name, t->store);
   }
   for (int i = 0; i < cfg->ntokens; i++)
     if (!cfg->tokens[i].has_sha256)
-      return br_fail(err, "%s:%d: [token %s] sha256 is required", where,
-                     cfg->tokens[i].line, cfg->tokens[i].name);
+      return br_fail(err, "%s:%d: [token %s] sha256 is required", where, cfg->tokens[i].line,
+                     cfg->tokens[i].name);
   return 0;
 }
 

@@ -26,8 +26,7 @@ br_store *br_server_store(br_server *srv, const char *name) {
 }
 
 /* Matches url against a route pattern; a "{hash}" segment captures one path segment. */
-static int pattern_match(const char *pattern, const char *url, const char **cap,
-                         size_t *cap_len) {
+static int pattern_match(const char *pattern, const char *url, const char **cap, size_t *cap_len) {
   const char *p = pattern, *u = url;
   while (*p) {
     if (!strncmp(p, "{hash}", 6)) {
@@ -52,12 +51,12 @@ static size_t unescape_path(void *cls, struct MHD_Connection *c, char *s) {
   for (const char *r = s; *r; r++) {
     int hi, lo;
     if (r[0] == '%' && r[1] && r[2] &&
-        (hi = (r[1] >= '0' && r[1] <= '9') ? r[1] - '0'
+        (hi = (r[1] >= '0' && r[1] <= '9')               ? r[1] - '0'
               : (r[1] | 32) >= 'a' && (r[1] | 32) <= 'f' ? (r[1] | 32) - 'a' + 10
-                                                          : -1) >= 0 &&
-        (lo = (r[2] >= '0' && r[2] <= '9') ? r[2] - '0'
+                                                         : -1) >= 0 &&
+        (lo = (r[2] >= '0' && r[2] <= '9')               ? r[2] - '0'
               : (r[2] | 32) >= 'a' && (r[2] | 32) <= 'f' ? (r[2] | 32) - 'a' + 10
-                                                          : -1) >= 0) {
+                                                         : -1) >= 0) {
       int v = hi << 4 | lo;
       if (v >= 0x20 && v != 0x7f && v != '/') {
         *w++ = (char)v;
@@ -218,8 +217,8 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
     if (granted_scopes(req, &scopes) < 0)
       return early_error(req, has_body, E_UNAUTHORIZED, "unknown bearer token");
     if ((scopes & req->route->scope) != req->route->scope) {
-      int anonymous = !MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND,
-                                                   MHD_HTTP_HEADER_AUTHORIZATION);
+      int anonymous =
+          !MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
       return early_error(req, has_body, anonymous ? E_UNAUTHORIZED : E_FORBIDDEN,
                          anonymous ? "this needs a bearer token" : "the token lacks the scope");
     }
@@ -232,9 +231,8 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls) {
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls) {
   br_server *srv = cls;
   struct request *req = *con_cls;
   if (!req) {
@@ -283,7 +281,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   *con_cls = NULL;
 }
 
-/* ---- finishers -------------------------------------------------------------------------------- */
+/* ---- finishers --------------------------------------------------------------------------------
+ */
 
 static void finish_upload(struct request *req) {
   br_server *srv = req->srv;
@@ -304,8 +303,12 @@ static void finish_upload(struct request *req) {
     return;
   }
   uint64_t now = br_now_ms();
-  br_record rec = {.size = req->received, .created_ms = now, .last_upload_ms = now,
-                   .state = BR_STATE_LIVE, .state_ms = now, .nlocations = 1};
+  br_record rec = {.size = req->received,
+                   .created_ms = now,
+                   .last_upload_ms = now,
+                   .state = BR_STATE_LIVE,
+                   .state_ms = now,
+                   .nlocations = 1};
   snprintf(rec.content_type, sizeof rec.content_type, "%s", req->content_type);
   br_location *loc = &rec.locations[0];
   snprintf(loc->store, sizeof loc->store, "%s", br_store_name(req->store));
@@ -375,7 +378,8 @@ int br_server_finish_async(struct request *req, enum job_kind job) {
   return 0;
 }
 
-/* ---- daemon ----------------------------------------------------------------------------------- */
+/* ---- daemon -----------------------------------------------------------------------------------
+ */
 
 static void log_mhd(void *cls, const char *fmt, va_list ap) {
   (void)cls;
@@ -442,12 +446,12 @@ int br_server_start(br_server *srv, br_err *err) {
   /* TURBO: opportunistic reads and writes, no shutdown() before close; it more than doubled
    * new connections per second here (every dedup answered before its body is one) */
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                   MHD_USE_ITC | MHD_USE_ERROR_LOG | MHD_USE_TURBO | (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+                   MHD_USE_ITC | MHD_USE_ERROR_LOG | MHD_USE_TURBO |
+                   (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
   srv->daemon = MHD_start_daemon(
       flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
-      MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-      MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_CONNECTION_LIMIT,
-      (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+      MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE, threads,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)(cfg->connection_timeout_ms / 1000), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)cfg->connection_memory, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
       MHD_OPTION_UNESCAPE_CALLBACK, unescape_path, NULL, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024,

@@ -9,7 +9,6 @@
 
 #include "httpd.h"
 
-
 void request_free_upload(struct request *req) {
   if (req->writer) br_store_write_abort(req->writer);
   req->writer = NULL;
@@ -28,7 +27,8 @@ static const char *header(struct request *req, const char *name) {
 static enum MHD_Result answer_dedup(struct request *req, const br_record *rec) {
   uint64_t now = br_now_ms();
   req->received = rec->size;
-  if (rec->last_upload_ms > now || now - rec->last_upload_ms < req->srv->cfg->dedup_touch_interval_ms) {
+  if (rec->last_upload_ms > now ||
+      now - rec->last_upload_ms < req->srv->cfg->dedup_touch_interval_ms) {
     atomic_fetch_add(&req->srv->uploads_dedup, 1);
     return reply_json(req, MHD_HTTP_OK, upload_result_json(req->digest, rec->size, 1));
   }
@@ -60,8 +60,8 @@ static enum MHD_Result upload_begin_common(struct request *req) {
       return reply_error(req, E_BAD_REQUEST, "Content-Length is not a number");
     req->declared_length = v;
     if (v > req->srv->cfg->max_blob_size)
-      return reply_error(req, E_TOO_LARGE, "the blob is %llu bytes, over the limit of %" PRIu64,
-                         v, req->srv->cfg->max_blob_size);
+      return reply_error(req, E_TOO_LARGE, "the blob is %llu bytes, over the limit of %" PRIu64, v,
+                         req->srv->cfg->max_blob_size);
   }
   req->sha = EVP_MD_CTX_new();
   if (!req->sha || !EVP_DigestInit_ex(req->sha, EVP_sha256(), NULL))
@@ -230,10 +230,10 @@ static enum MHD_Result blob_meta(struct request *req) {
     json_array_append_new(locs, json_pack("{s:s,s:s,s:s,s:o}", "store", l->store, "key", l->key,
                                           "role", role_name(l->role), "verified_at", v));
   }
-  json_t *body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "sha256", hex, "size",
-                           (json_int_t)rec.size, "content_type", rec.content_type, "created_at",
-                           created, "last_upload_at", uploaded, "state",
-                           rec.state == BR_STATE_LIVE ? "live" : "quarantined", "locations", locs);
+  json_t *body =
+      json_pack("{s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "sha256", hex, "size", (json_int_t)rec.size,
+                "content_type", rec.content_type, "created_at", created, "last_upload_at", uploaded,
+                "state", rec.state == BR_STATE_LIVE ? "live" : "quarantined", "locations", locs);
   if (body && rec.state == BR_STATE_QUARANTINED)
     json_object_set_new(body, "quarantine",
                         json_pack("{s:s,s:s}", "reason", rec.reason, "at", changed));

@@ -54,8 +54,8 @@ static int json_depth(const char *s, size_t len) {
   return max;
 }
 
-int lookup_parse(const char *body, size_t len, uint64_t max_hashes, uint8_t **digests,
-                 size_t *n, enum br_api_error *e, char *msg, size_t msglen) {
+int lookup_parse(const char *body, size_t len, uint64_t max_hashes, uint8_t **digests, size_t *n,
+                 enum br_api_error *e, char *msg, size_t msglen) {
   *digests = NULL;
   *n = 0;
   if (json_depth(body, len) > MAX_JSON_DEPTH) {

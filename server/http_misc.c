@@ -12,8 +12,7 @@ enum MHD_Result health_get(struct request *req) {
 }
 
 enum MHD_Result ready_get(struct request *req) {
-  if (!atomic_load(&req->srv->ready))
-    return reply_error(req, E_NOT_READY, "starting or stopping");
+  if (!atomic_load(&req->srv->ready)) return reply_error(req, E_NOT_READY, "starting or stopping");
   return reply_json(req, MHD_HTTP_OK, json_pack("{s:s}", "status", "ready"));
 }
 
@@ -46,28 +45,40 @@ static void appendf(struct text *t, const char *fmt, ...) {
 enum MHD_Result metrics_get(struct request *req) {
   br_server *srv = req->srv;
   struct text t = {0};
-  appendf(&t, "# HELP blobref_http_requests_total HTTP requests answered, by route and status "
-              "class.\n# TYPE blobref_http_requests_total counter\n");
+  appendf(&t,
+          "# HELP blobref_http_requests_total HTTP requests answered, by route and status "
+          "class.\n# TYPE blobref_http_requests_total counter\n");
   for (size_t r = 0; r < br_nroutes && r < 16; r++)
     for (int c = 1; c <= 5; c++) {
       uint64_t v = atomic_load(&srv->requests[r][c]);
       if (v)
-        appendf(&t, "blobref_http_requests_total{route=\"%s\",method=\"%s\",code=\"%dxx\"} %" PRIu64 "\n",
+        appendf(&t,
+                "blobref_http_requests_total{route=\"%s\",method=\"%s\",code=\"%dxx\"} %" PRIu64
+                "\n",
                 br_routes[r].pattern, br_routes[r].method, c, v);
     }
   br_index_stats is;
   br_index_get_stats(srv->index, &is);
   appendf(&t,
           "# TYPE blobref_uploads_total counter\n"
-          "blobref_uploads_total{result=\"created\"} %" PRIu64 "\n"
-          "blobref_uploads_total{result=\"dedup\"} %" PRIu64 "\n"
-          "# TYPE blobref_received_bytes_total counter\nblobref_received_bytes_total %" PRIu64 "\n"
-          "# TYPE blobref_served_bytes_total counter\nblobref_served_bytes_total %" PRIu64 "\n"
-          "# TYPE blobref_index_commits_total counter\nblobref_index_commits_total %" PRIu64 "\n"
-          "# TYPE blobref_index_operations_total counter\nblobref_index_operations_total %" PRIu64 "\n"
-          "# TYPE blobref_index_entries gauge\nblobref_index_entries %" PRIu64 "\n"
-          "# TYPE blobref_index_map_bytes gauge\nblobref_index_map_bytes %" PRIu64 "\n"
-          "# TYPE blobref_index_used_bytes gauge\nblobref_index_used_bytes %" PRIu64 "\n"
+          "blobref_uploads_total{result=\"created\"} %" PRIu64
+          "\n"
+          "blobref_uploads_total{result=\"dedup\"} %" PRIu64
+          "\n"
+          "# TYPE blobref_received_bytes_total counter\nblobref_received_bytes_total %" PRIu64
+          "\n"
+          "# TYPE blobref_served_bytes_total counter\nblobref_served_bytes_total %" PRIu64
+          "\n"
+          "# TYPE blobref_index_commits_total counter\nblobref_index_commits_total %" PRIu64
+          "\n"
+          "# TYPE blobref_index_operations_total counter\nblobref_index_operations_total %" PRIu64
+          "\n"
+          "# TYPE blobref_index_entries gauge\nblobref_index_entries %" PRIu64
+          "\n"
+          "# TYPE blobref_index_map_bytes gauge\nblobref_index_map_bytes %" PRIu64
+          "\n"
+          "# TYPE blobref_index_used_bytes gauge\nblobref_index_used_bytes %" PRIu64
+          "\n"
           "# TYPE blobref_start_time_seconds gauge\nblobref_start_time_seconds %" PRIu64 "\n",
           atomic_load(&srv->uploads_created), atomic_load(&srv->uploads_dedup),
           atomic_load(&srv->bytes_in), atomic_load(&srv->bytes_out), is.commits, is.ops, is.entries,

@@ -121,8 +121,8 @@ struct br_server {
   pthread_mutex_t job_lock;
   pthread_cond_t job_cv;
   struct request *job_head, *job_tail;
-  int jobs_stopping;  /* finishers exit */
-  int stopping;       /* no new jobs: uploads finishing now get 503 */
+  int jobs_stopping; /* finishers exit */
+  int stopping;      /* no new jobs: uploads finishing now get 503 */
   atomic_int jobs_in_flight;
   /* metrics */
   atomic_uint_fast64_t requests[16][6]; /* [route index][status class 0, 1xx..5xx] */

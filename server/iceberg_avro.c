@@ -100,38 +100,38 @@ static int skip_value(rd *r, avro_schema_t s, int depth) {
   const uint8_t *b;
   size_t n;
   switch (avro_typeof(s)) {
-  case AVRO_NULL:
-    return 0;
-  case AVRO_BOOLEAN:
-    return rd_skip(r, 1);
-  case AVRO_INT32:
-  case AVRO_INT64:
-  case AVRO_ENUM:
-    return rd_long(r, &v);
-  case AVRO_FLOAT:
-    return rd_skip(r, 4);
-  case AVRO_DOUBLE:
-    return rd_skip(r, 8);
-  case AVRO_STRING:
-  case AVRO_BYTES:
-    return rd_bytes(r, &b, &n);
-  case AVRO_FIXED: {
-    int64_t fs = avro_schema_fixed_size(s);
-    return fs < 0 ? -1 : rd_skip(r, (size_t)fs);
-  }
-  case AVRO_RECORD: {
-    size_t nf = avro_schema_record_size(s);
-    for (size_t i = 0; i < nf; i++)
-      if (skip_value(r, avro_schema_record_field_get_by_index(s, (int)i), depth + 1) != 0)
-        return -1;
-    return 0;
-  }
-  case AVRO_ARRAY:
-    return skip_blocks(r, avro_schema_array_items(s), 0, depth);
-  case AVRO_MAP:
-    return skip_blocks(r, avro_schema_map_values(s), 1, depth);
-  default:
-    return -1;
+    case AVRO_NULL:
+      return 0;
+    case AVRO_BOOLEAN:
+      return rd_skip(r, 1);
+    case AVRO_INT32:
+    case AVRO_INT64:
+    case AVRO_ENUM:
+      return rd_long(r, &v);
+    case AVRO_FLOAT:
+      return rd_skip(r, 4);
+    case AVRO_DOUBLE:
+      return rd_skip(r, 8);
+    case AVRO_STRING:
+    case AVRO_BYTES:
+      return rd_bytes(r, &b, &n);
+    case AVRO_FIXED: {
+      int64_t fs = avro_schema_fixed_size(s);
+      return fs < 0 ? -1 : rd_skip(r, (size_t)fs);
+    }
+    case AVRO_RECORD: {
+      size_t nf = avro_schema_record_size(s);
+      for (size_t i = 0; i < nf; i++)
+        if (skip_value(r, avro_schema_record_field_get_by_index(s, (int)i), depth + 1) != 0)
+          return -1;
+      return 0;
+    }
+    case AVRO_ARRAY:
+      return skip_blocks(r, avro_schema_array_items(s), 0, depth);
+    case AVRO_MAP:
+      return skip_blocks(r, avro_schema_map_values(s), 1, depth);
+    default:
+      return -1;
   }
 }
 
@@ -166,8 +166,8 @@ typedef struct container {
   avro_schema_t schema;
   codec_t codec;
   uint8_t sync[16];
-  rd r;          /* positioned at the first block */
-  uint8_t *buf;  /* decompression buffer */
+  rd r;         /* positioned at the first block */
+  uint8_t *buf; /* decompression buffer */
   size_t bufcap;
 } container;
 
@@ -321,8 +321,8 @@ static int unsnappy(container *c, const uint8_t *in, size_t n, size_t *out, br_e
   size_t got = ulen;
   if (snappy_uncompress((const char *)in, n - 4, (char *)c->buf, &got) != SNAPPY_OK || got != ulen)
     return br_fail(err, "Avro snappy block is corrupt");
-  uint32_t want = (uint32_t)in[n - 4] << 24 | (uint32_t)in[n - 3] << 16 |
-                  (uint32_t)in[n - 2] << 8 | in[n - 1];
+  uint32_t want =
+      (uint32_t)in[n - 4] << 24 | (uint32_t)in[n - 3] << 16 | (uint32_t)in[n - 2] << 8 | in[n - 1];
   if ((uint32_t)crc32(0L, c->buf, (uInt)ulen) != want)
     return br_fail(err, "Avro snappy block fails its CRC32");
   *out = ulen;
@@ -392,7 +392,8 @@ static int list_record(void *ud, rd *r, avro_schema_t s, br_err *err) {
     } else if (field_is(name, "content", NULL)) {
       rc = read_int(r, fs, &v, &present);
       if (present) ref.content = (int)v;
-      if (present && (v < 0 || v > 1)) return br_fail(err, "manifest list: content %lld", (long long)v);
+      if (present && (v < 0 || v > 1))
+        return br_fail(err, "manifest list: content %lld", (long long)v);
     } else if (field_is(name, "added_files_count", "added_data_files_count")) {
       rc = read_int(r, fs, &counts[0], &have_counts[0]);
     } else if (field_is(name, "existing_files_count", "existing_data_files_count")) {

@@ -41,7 +41,8 @@ static size_t slot_of(const uint8_t *d, size_t cap) {
 
 static size_t find(const uint8_t *slots, const uint8_t *used, size_t cap, const uint8_t *d) {
   size_t i = slot_of(d, cap);
-  while (used[i] && memcmp(slots + i * BR_SHA256_LEN, d, BR_SHA256_LEN) != 0) i = (i + 1) & (cap - 1);
+  while (used[i] && memcmp(slots + i * BR_SHA256_LEN, d, BR_SHA256_LEN) != 0)
+    i = (i + 1) & (cap - 1);
   return i;
 }
 
@@ -93,7 +94,8 @@ uint8_t *br_hashset_sorted(const br_hashset *set, size_t *count) {
   if (!out) return NULL;
   size_t n = 0;
   for (size_t i = 0; i < set->cap; i++)
-    if (set->used[i]) memcpy(out + BR_SHA256_LEN * n++, set->slots + i * BR_SHA256_LEN, BR_SHA256_LEN);
+    if (set->used[i])
+      memcpy(out + BR_SHA256_LEN * n++, set->slots + i * BR_SHA256_LEN, BR_SHA256_LEN);
   qsort(out, n, BR_SHA256_LEN, cmp_digest);
   *count = n;
   return out;
@@ -125,7 +127,8 @@ int br_iceberg_parse_hash(enum br_table_form form, const uint8_t *data, size_t l
     while (end > 0 && !is_hex(data[end - 1])) end--;
     size_t start = end;
     while (start > 0 && is_hex(data[start - 1])) start--;
-    if (end - start == BR_HEX_LEN) return br_hex_decode((const char *)data + start, BR_HEX_LEN, digest);
+    if (end - start == BR_HEX_LEN)
+      return br_hex_decode((const char *)data + start, BR_HEX_LEN, digest);
     end = start;
   }
   return -1;

@@ -6,10 +6,10 @@
 
 #include "blobref/iceberg.h"
 
-#define ICE_MAX_PATH 4096                   /* longest recorded or mapped path */
-#define ICE_MAX_METADATA (64u << 20)        /* metadata.json, after gunzip */
-#define ICE_MAX_AVRO_FILE (512ull << 20)    /* one manifest list or manifest */
-#define ICE_MAX_AVRO_BLOCK (256u << 20)     /* one decompressed Avro block */
+#define ICE_MAX_PATH 4096                /* longest recorded or mapped path */
+#define ICE_MAX_METADATA (64u << 20)     /* metadata.json, after gunzip */
+#define ICE_MAX_AVRO_FILE (512ull << 20) /* one manifest list or manifest */
+#define ICE_MAX_AVRO_BLOCK (256u << 20)  /* one decompressed Avro block */
 #define ICE_MAX_SNAPSHOTS 1000000
 #define ICE_MAX_INLINE_MANIFESTS 1000000
 
@@ -51,8 +51,8 @@ long ice_pick_metadata(const char *hint, size_t hint_len, char *const *names, si
 typedef struct ice_pathmap {
   const br_iceberg_rewrite *rewrites;
   size_t nrewrites;
-  const char *table_dir;    /* local table folder for relative paths, or NULL */
-  const char *location;     /* recorded table location (auto-mapped to table_dir), or NULL */
+  const char *table_dir; /* local table folder for relative paths, or NULL */
+  const char *location;  /* recorded table location (auto-mapped to table_dir), or NULL */
 } ice_pathmap;
 
 /* Maps a recorded path: first matching rewrite (string prefix), else the recorded table location
@@ -74,7 +74,7 @@ typedef struct ice_manifest_ref {
 
 /* One manifest entry. */
 typedef struct ice_entry {
-  int status; /* 0 EXISTING, 1 ADDED, 2 DELETED */
+  int status;  /* 0 EXISTING, 1 ADDED, 2 DELETED */
   int content; /* data_file.content: 0 data, 1 position deletes, 2 equality deletes (v1: 0) */
   const char *path;
   size_t path_len;
@@ -98,7 +98,6 @@ int ice_read_manifest(const uint8_t *data, size_t len, ice_entry_fn fn, void *ud
 
 /* Reads the current metadata of cfg->location (folder, file, URL or REST catalog) into m and sets
  * table_dir (malloc'd, or NULL for REST/remote tables). Returns 0 or -1 with err filled. */
-int ice_load_table(const br_iceberg_table_config *cfg, ice_meta *m, char **table_dir,
-                   br_err *err);
+int ice_load_table(const br_iceberg_table_config *cfg, ice_meta *m, char **table_dir, br_err *err);
 
 #endif

@@ -140,8 +140,7 @@ static char *table_dir_of_file(const char *file, br_err *err) {
   return real;
 }
 
-int ice_load_table(const br_iceberg_table_config *cfg, ice_meta *m, char **table_dir,
-                   br_err *err) {
+int ice_load_table(const br_iceberg_table_config *cfg, ice_meta *m, char **table_dir, br_err *err) {
   int rc = -1;
   uint8_t *data = NULL;
   size_t len = 0;
@@ -153,8 +152,7 @@ int ice_load_table(const br_iceberg_table_config *cfg, ice_meta *m, char **table
   if (strncmp(loc, "rest:", 5) == 0) return ice_rest_load(loc, cfg->token, m, err);
   if (strncmp(loc, "http://", 7) == 0 || strncmp(loc, "https://", 8) == 0) {
     long status = 0;
-    if (ice_http_get(loc, cfg->token, ICE_MAX_METADATA, &data, &len, &status, err) != 0)
-      return -1;
+    if (ice_http_get(loc, cfg->token, ICE_MAX_METADATA, &data, &len, &status, err) != 0) return -1;
     if (status != 200) {
       free(data);
       return br_fail(err, "%s: HTTP %ld", loc, status);

@@ -344,8 +344,7 @@ int ice_map_path(const ice_pathmap *pm, const char *raw, char *out, size_t outle
     return 0;
   }
   if (!pm->table_dir)
-    return br_fail(err, "%s: relative path but the table has no local folder (add a rewrite)",
-                   raw);
+    return br_fail(err, "%s: relative path but the table has no local folder (add a rewrite)", raw);
   while (p[0] == '.' && p[1] == '/') p += 2;
   size_t tl = strlen(pm->table_dir);
   const char *sep = tl > 0 && pm->table_dir[tl - 1] == '/' ? "" : "/";

@@ -11,10 +11,10 @@
 /* --- a string table: path -> index, open addressing ---------------------------------------- */
 
 typedef struct strtab {
-  char **strs;     /* by index */
-  size_t n, cap;   /* strs */
-  size_t *slots;   /* index + 1, 0 = empty */
-  size_t nslots;   /* power of two */
+  char **strs;   /* by index */
+  size_t n, cap; /* strs */
+  size_t *slots; /* index + 1, 0 = empty */
+  size_t nslots; /* power of two */
 } strtab;
 
 static uint64_t fnv(const char *s) {
@@ -93,14 +93,14 @@ typedef struct walk {
   const br_iceberg_table_config *cfg;
   br_iceberg_stats *stats;
   ice_pathmap pm;
-  strtab manifests;  /* mapped manifest paths */
-  idxvec *mlive;     /* per manifest: live data file indices */
+  strtab manifests; /* mapped manifest paths */
+  idxvec *mlive;    /* per manifest: live data file indices */
   size_t mlive_cap;
-  strtab files;      /* mapped live data file paths */
-  uint8_t *parquet;  /* per file: 1 if its file_format is Parquet */
+  strtab files;     /* mapped live data file paths */
+  uint8_t *parquet; /* per file: 1 if its file_format is Parquet */
   size_t parquet_cap;
-  size_t *mark;      /* per file: last snapshot index + 1 that listed it */
-  idxvec cur;        /* manifest indices of the snapshot being walked */
+  size_t *mark; /* per file: last snapshot index + 1 that listed it */
+  idxvec cur;   /* manifest indices of the snapshot being walked */
   const char *cur_manifest;
   br_iceberg_file_fn fn;
   void *ud;
@@ -258,7 +258,8 @@ static int run_walk(walk *w, const br_iceberg_table_config *cfg, br_iceberg_file
   w->pm.table_dir = table_dir;
   w->pm.location = m.location;
   int rc = 0;
-  for (size_t i = 0; i < m.nsnapshots && rc == 0; i++) rc = walk_snapshot(w, &m.snapshots[i], i, err);
+  for (size_t i = 0; i < m.nsnapshots && rc == 0; i++)
+    rc = walk_snapshot(w, &m.snapshots[i], i, err);
   stats->data_files = w->files.n;
   ice_meta_free(&m);
   free(table_dir);
@@ -296,7 +297,8 @@ static int on_value(void *ud, const uint8_t *data, size_t len, int is_null) {
     if (vc->stats->invalid++ == 0) {
       char shown[65];
       size_t n = len < 64 ? len : 64;
-      for (size_t i = 0; i < n; i++) shown[i] = data[i] >= 0x20 && data[i] < 0x7f ? (char)data[i] : '?';
+      for (size_t i = 0; i < n; i++)
+        shown[i] = data[i] >= 0x20 && data[i] < 0x7f ? (char)data[i] : '?';
       shown[n] = 0;
       snprintf(vc->stats->first_invalid, sizeof vc->stats->first_invalid, "%s: '%s'", vc->file,
                shown);

@@ -444,11 +444,11 @@ static int submit(br_index *idx, struct op *op, br_err *err) {
   return op->rc;
 }
 
-int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN],
-                           const br_record *rec, int *created, br_record *stored, br_err *err) {
+int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN], const br_record *rec,
+                           int *created, br_record *stored, br_err *err) {
   br_record scratch;
-  struct op op = {.apply = apply_upload, .digest = digest, .rec = rec,
-                  .stored = stored ? stored : &scratch};
+  struct op op = {
+      .apply = apply_upload, .digest = digest, .rec = rec, .stored = stored ? stored : &scratch};
   int rc = submit(idx, &op, err);
   if (rc == 0 && created) *created = op.created;
   return rc;

@@ -39,8 +39,8 @@ typedef struct tc_reader {
  * previous id in *last. Returns -1 on error. */
 int tc_field(tc_reader *r, int16_t *last, int16_t *id);
 int tc_varint(tc_reader *r, uint64_t *v);
-int tc_i64(tc_reader *r, int64_t *v);              /* zigzag varint */
-int tc_i32(tc_reader *r, int32_t *v);              /* zigzag varint within int32 */
+int tc_i64(tc_reader *r, int64_t *v); /* zigzag varint */
+int tc_i32(tc_reader *r, int32_t *v); /* zigzag varint within int32 */
 int tc_binary(tc_reader *r, const uint8_t **p, size_t *len);
 /* List/set header: element type and count (count checked against remaining bytes). */
 int tc_list(tc_reader *r, int *elem_type, uint32_t *count);
@@ -78,9 +78,9 @@ typedef struct pq_chunk {
 } pq_chunk;
 
 typedef struct pq_schema_el {
-  int32_t type;        /* -1 for a group */
+  int32_t type; /* -1 for a group */
   int32_t type_length;
-  int32_t repetition;  /* 0 required, 1 optional, 2 repeated; -1 absent (root) */
+  int32_t repetition; /* 0 required, 1 optional, 2 repeated; -1 absent (root) */
   int32_t num_children;
   int32_t converted_type; /* -1 absent */
   char *name;
@@ -99,8 +99,8 @@ typedef struct pq_meta {
   pq_leaf *leaves;
   uint32_t nleaves;
   uint32_t nrow_groups;
-  int64_t *rg_rows;   /* [nrow_groups] */
-  pq_chunk *chunks;   /* [nrow_groups * nleaves], row-major */
+  int64_t *rg_rows; /* [nrow_groups] */
+  pq_chunk *chunks; /* [nrow_groups * nleaves], row-major */
 } pq_meta;
 
 /* Decodes a serialized FileMetaData; checks schema shape, types and the chunk count of each row
@@ -128,12 +128,12 @@ int pq_page_header_decode(const uint8_t *buf, size_t len, pq_page_header *h, siz
 typedef struct pq_rle {
   const uint8_t *p, *end;
   int bw;
-  uint32_t rle_left;   /* values left in the current RLE run */
+  uint32_t rle_left; /* values left in the current RLE run */
   uint32_t rle_value;
-  uint32_t bp_left;    /* values left in the current bit-packed run */
-  const uint8_t *bp;   /* start of the bit-packed run */
+  uint32_t bp_left;  /* values left in the current bit-packed run */
+  const uint8_t *bp; /* start of the bit-packed run */
   const uint8_t *bp_end;
-  uint64_t bp_pos;     /* next value index within it */
+  uint64_t bp_pos; /* next value index within it */
 } pq_rle;
 
 void pq_rle_init(pq_rle *d, const uint8_t *p, size_t len, int bw);
@@ -176,15 +176,15 @@ int pq_compress(int codec, const uint8_t *in, size_t in_len, uint8_t **out, size
 /* ---- Chunk decoding (also the fuzz entry point) ---- */
 
 typedef struct pq_scratch {
-  uint8_t *page;       /* decompressed page */
+  uint8_t *page; /* decompressed page */
   size_t page_cap;
-  uint8_t *dict;       /* decompressed dictionary page (owned) */
+  uint8_t *dict; /* decompressed dictionary page (owned) */
   size_t dict_cap;
   struct pq_dict_ent {
     uint32_t off, len;
-  } *dict_ents;
+  } * dict_ents;
   size_t dict_cap_ents;
-  uint8_t *prev;       /* DELTA_BYTE_ARRAY: previous value */
+  uint8_t *prev; /* DELTA_BYTE_ARRAY: previous value */
   size_t prev_cap;
 } pq_scratch;
 

@@ -52,18 +52,18 @@ static int bit_width(int max) {
 /* Byte width of a fixed-size physical type, 0 for BYTE_ARRAY / BOOLEAN. */
 static int32_t fixed_width(const pq_leaf *col) {
   switch (col->type) {
-  case BR_PQ_INT32:
-  case BR_PQ_FLOAT:
-    return 4;
-  case BR_PQ_INT64:
-  case BR_PQ_DOUBLE:
-    return 8;
-  case BR_PQ_INT96:
-    return 12;
-  case BR_PQ_FIXED_LEN_BYTE_ARRAY:
-    return col->type_length;
-  default:
-    return 0;
+    case BR_PQ_INT32:
+    case BR_PQ_FLOAT:
+      return 4;
+    case BR_PQ_INT64:
+    case BR_PQ_DOUBLE:
+      return 8;
+    case BR_PQ_INT96:
+      return 12;
+    case BR_PQ_FIXED_LEN_BYTE_ARRAY:
+      return col->type_length;
+    default:
+      return 0;
   }
 }
 
@@ -187,8 +187,7 @@ typedef struct vdec {
 } vdec;
 
 static int vdec_init(vdec *vd, const pq_leaf *col, int enc, const uint8_t *p, const uint8_t *end,
-                     uint64_t max_values, pq_scratch *s, size_t ndict, int have_dict,
-                     br_err *err) {
+                     uint64_t max_values, pq_scratch *s, size_t ndict, int have_dict, br_err *err) {
   memset(vd, 0, offsetof(vdec, ibuf));
   vd->ibuf_n = vd->ibuf_pos = 0;
   vd->enc = enc;
@@ -200,154 +199,155 @@ static int vdec_init(vdec *vd, const pq_leaf *col, int enc, const uint8_t *p, co
   vd->ndict = ndict;
   vd->prev_len = 0;
   switch (enc) {
-  case ENC_PLAIN:
-    return 0;
-  case ENC_PLAIN_DICTIONARY:
-  case ENC_RLE_DICTIONARY:
-    if (!have_dict) return br_fail(err, "parquet: dictionary-encoded page without a dictionary");
-    if (p >= end) {
-      /* no indices at all: only valid when every value is null, checked on use */
-      pq_rle_init(&vd->rle, p, 0, 0);
+    case ENC_PLAIN:
       return 0;
+    case ENC_PLAIN_DICTIONARY:
+    case ENC_RLE_DICTIONARY:
+      if (!have_dict) return br_fail(err, "parquet: dictionary-encoded page without a dictionary");
+      if (p >= end) {
+        /* no indices at all: only valid when every value is null, checked on use */
+        pq_rle_init(&vd->rle, p, 0, 0);
+        return 0;
+      }
+      if (*p > 32) return br_fail(err, "parquet: dictionary index bit width %d", *p);
+      pq_rle_init(&vd->rle, p + 1, (size_t)(end - p - 1), *p);
+      return 0;
+    case ENC_RLE:
+      if (col->type != BR_PQ_BOOLEAN) return br_fail(err, "parquet: RLE values for a non-boolean");
+      if (end - p < 4 || le32(p) > (size_t)(end - p - 4))
+        return br_fail(err, "parquet: bad RLE boolean length");
+      pq_rle_init(&vd->rle, p + 4, le32(p), 1);
+      return 0;
+    case ENC_DELTA_BINARY_PACKED:
+      if (col->type != BR_PQ_INT32 && col->type != BR_PQ_INT64)
+        return br_fail(err, "parquet: DELTA_BINARY_PACKED for a non-integer column");
+      return pq_dbp_init(&vd->d1, p, (size_t)(end - p), max_values, err);
+    case ENC_DELTA_LENGTH_BYTE_ARRAY: {
+      const uint8_t *data;
+      if (col->type != BR_PQ_BYTE_ARRAY)
+        return br_fail(err, "parquet: DELTA_LENGTH_BYTE_ARRAY for a non-BYTE_ARRAY column");
+      if (pq_dbp_init(&vd->d1, p, (size_t)(end - p), max_values, err) ||
+          pq_dbp_skip_all(&vd->d1, &data, err))
+        return -1;
+      vd->p = data;
+      return pq_dbp_init(&vd->d1, p, (size_t)(end - p), max_values, err);
     }
-    if (*p > 32) return br_fail(err, "parquet: dictionary index bit width %d", *p);
-    pq_rle_init(&vd->rle, p + 1, (size_t)(end - p - 1), *p);
-    return 0;
-  case ENC_RLE:
-    if (col->type != BR_PQ_BOOLEAN) return br_fail(err, "parquet: RLE values for a non-boolean");
-    if (end - p < 4 || le32(p) > (size_t)(end - p - 4))
-      return br_fail(err, "parquet: bad RLE boolean length");
-    pq_rle_init(&vd->rle, p + 4, le32(p), 1);
-    return 0;
-  case ENC_DELTA_BINARY_PACKED:
-    if (col->type != BR_PQ_INT32 && col->type != BR_PQ_INT64)
-      return br_fail(err, "parquet: DELTA_BINARY_PACKED for a non-integer column");
-    return pq_dbp_init(&vd->d1, p, (size_t)(end - p), max_values, err);
-  case ENC_DELTA_LENGTH_BYTE_ARRAY: {
-    const uint8_t *data;
-    if (col->type != BR_PQ_BYTE_ARRAY)
-      return br_fail(err, "parquet: DELTA_LENGTH_BYTE_ARRAY for a non-BYTE_ARRAY column");
-    if (pq_dbp_init(&vd->d1, p, (size_t)(end - p), max_values, err) ||
-        pq_dbp_skip_all(&vd->d1, &data, err))
-      return -1;
-    vd->p = data;
-    return pq_dbp_init(&vd->d1, p, (size_t)(end - p), max_values, err);
-  }
-  case ENC_DELTA_BYTE_ARRAY: {
-    const uint8_t *sfx, *data;
-    if (col->type != BR_PQ_BYTE_ARRAY && col->type != BR_PQ_FIXED_LEN_BYTE_ARRAY)
-      return br_fail(err, "parquet: DELTA_BYTE_ARRAY for a non-byte-array column");
-    if (pq_dbp_init(&vd->d1, p, (size_t)(end - p), max_values, err) ||
-        pq_dbp_skip_all(&vd->d1, &sfx, err) ||
-        pq_dbp_init(&vd->d2, sfx, (size_t)(end - sfx), max_values, err) ||
-        pq_dbp_skip_all(&vd->d2, &data, err))
-      return -1;
-    vd->p = data;
-    return pq_dbp_init(&vd->d1, p, (size_t)(end - p), max_values, err) ||
-           pq_dbp_init(&vd->d2, sfx, (size_t)(end - sfx), max_values, err);
-  }
-  case ENC_BYTE_STREAM_SPLIT:
-    if (!vd->width || col->type == BR_PQ_INT96)
-      return br_fail(err, "parquet: BYTE_STREAM_SPLIT for a variable-width column");
-    if ((size_t)(end - p) % (size_t)vd->width)
-      return br_fail(err, "parquet: BYTE_STREAM_SPLIT data is not a whole number of values");
-    vd->count = (size_t)(end - p) / (size_t)vd->width;
-    return grow(&s->prev, &s->prev_cap, (size_t)vd->width, err);
-  default:
-    return br_fail(err, "parquet: unsupported encoding %d", enc);
+    case ENC_DELTA_BYTE_ARRAY: {
+      const uint8_t *sfx, *data;
+      if (col->type != BR_PQ_BYTE_ARRAY && col->type != BR_PQ_FIXED_LEN_BYTE_ARRAY)
+        return br_fail(err, "parquet: DELTA_BYTE_ARRAY for a non-byte-array column");
+      if (pq_dbp_init(&vd->d1, p, (size_t)(end - p), max_values, err) ||
+          pq_dbp_skip_all(&vd->d1, &sfx, err) ||
+          pq_dbp_init(&vd->d2, sfx, (size_t)(end - sfx), max_values, err) ||
+          pq_dbp_skip_all(&vd->d2, &data, err))
+        return -1;
+      vd->p = data;
+      return pq_dbp_init(&vd->d1, p, (size_t)(end - p), max_values, err) ||
+             pq_dbp_init(&vd->d2, sfx, (size_t)(end - sfx), max_values, err);
+    }
+    case ENC_BYTE_STREAM_SPLIT:
+      if (!vd->width || col->type == BR_PQ_INT96)
+        return br_fail(err, "parquet: BYTE_STREAM_SPLIT for a variable-width column");
+      if ((size_t)(end - p) % (size_t)vd->width)
+        return br_fail(err, "parquet: BYTE_STREAM_SPLIT data is not a whole number of values");
+      vd->count = (size_t)(end - p) / (size_t)vd->width;
+      return grow(&s->prev, &s->prev_cap, (size_t)vd->width, err);
+    default:
+      return br_fail(err, "parquet: unsupported encoding %d", enc);
   }
 }
 
 static int vdec_next(vdec *vd, const uint8_t **out, size_t *out_len, br_err *err) {
   switch (vd->enc) {
-  case ENC_PLAIN:
-    if (vd->type == BR_PQ_BYTE_ARRAY) {
-      if (vd->end - vd->p < 4) return br_fail(err, "parquet: PLAIN data ends early");
-      uint32_t l = le32(vd->p);
-      if (l > (size_t)(vd->end - vd->p - 4))
-        return br_fail(err, "parquet: PLAIN value past the page end");
-      *out = vd->p + 4;
-      *out_len = l;
-      vd->p += 4 + (size_t)l;
+    case ENC_PLAIN:
+      if (vd->type == BR_PQ_BYTE_ARRAY) {
+        if (vd->end - vd->p < 4) return br_fail(err, "parquet: PLAIN data ends early");
+        uint32_t l = le32(vd->p);
+        if (l > (size_t)(vd->end - vd->p - 4))
+          return br_fail(err, "parquet: PLAIN value past the page end");
+        *out = vd->p + 4;
+        *out_len = l;
+        vd->p += 4 + (size_t)l;
+        return 0;
+      }
+      if (vd->type == BR_PQ_BOOLEAN) {
+        if (vd->idx / 8 >= (uint64_t)(vd->end - vd->p))
+          return br_fail(err, "parquet: PLAIN booleans end early");
+        vd->tmp[0] = (vd->p[vd->idx / 8] >> (vd->idx % 8)) & 1;
+        vd->idx++;
+        *out = vd->tmp;
+        *out_len = 1;
+        return 0;
+      }
+      if (vd->end - vd->p < vd->width) return br_fail(err, "parquet: PLAIN data ends early");
+      *out = vd->p;
+      *out_len = (size_t)vd->width;
+      vd->p += vd->width;
+      return 0;
+    case ENC_PLAIN_DICTIONARY:
+    case ENC_RLE_DICTIONARY: {
+      if (vd->ibuf_pos == vd->ibuf_n) return br_fail(err, "parquet: dictionary indices end early");
+      uint32_t i = vd->ibuf[vd->ibuf_pos++];
+      if (i >= vd->ndict)
+        return br_fail(err, "parquet: dictionary index %u out of range (%zu entries)", i,
+                       vd->ndict);
+      *out = vd->s->dict + vd->s->dict_ents[i].off;
+      *out_len = vd->s->dict_ents[i].len;
       return 0;
     }
-    if (vd->type == BR_PQ_BOOLEAN) {
-      if (vd->idx / 8 >= (uint64_t)(vd->end - vd->p))
-        return br_fail(err, "parquet: PLAIN booleans end early");
-      vd->tmp[0] = (vd->p[vd->idx / 8] >> (vd->idx % 8)) & 1;
-      vd->idx++;
+    case ENC_RLE: {
+      uint32_t v;
+      if (pq_rle_get(&vd->rle, &v, 1)) return br_fail(err, "parquet: RLE booleans end early");
+      vd->tmp[0] = (uint8_t)(v & 1);
       *out = vd->tmp;
       *out_len = 1;
       return 0;
     }
-    if (vd->end - vd->p < vd->width) return br_fail(err, "parquet: PLAIN data ends early");
-    *out = vd->p;
-    *out_len = (size_t)vd->width;
-    vd->p += vd->width;
-    return 0;
-  case ENC_PLAIN_DICTIONARY:
-  case ENC_RLE_DICTIONARY: {
-    if (vd->ibuf_pos == vd->ibuf_n) return br_fail(err, "parquet: dictionary indices end early");
-    uint32_t i = vd->ibuf[vd->ibuf_pos++];
-    if (i >= vd->ndict)
-      return br_fail(err, "parquet: dictionary index %u out of range (%zu entries)", i, vd->ndict);
-    *out = vd->s->dict + vd->s->dict_ents[i].off;
-    *out_len = vd->s->dict_ents[i].len;
-    return 0;
-  }
-  case ENC_RLE: {
-    uint32_t v;
-    if (pq_rle_get(&vd->rle, &v, 1)) return br_fail(err, "parquet: RLE booleans end early");
-    vd->tmp[0] = (uint8_t)(v & 1);
-    *out = vd->tmp;
-    *out_len = 1;
-    return 0;
-  }
-  case ENC_DELTA_BINARY_PACKED: {
-    uint64_t v;
-    if (pq_dbp_next(&vd->d1, &v, err)) return -1;
-    for (int i = 0; i < 8; i++) vd->tmp[i] = (uint8_t)(v >> (8 * i));
-    *out = vd->tmp;
-    *out_len = vd->type == BR_PQ_INT32 ? 4 : 8;
-    return 0;
-  }
-  case ENC_DELTA_LENGTH_BYTE_ARRAY: {
-    uint64_t l;
-    if (pq_dbp_next(&vd->d1, &l, err)) return -1;
-    if (l > (uint64_t)(vd->end - vd->p))
-      return br_fail(err, "parquet: DELTA_LENGTH_BYTE_ARRAY value past the page end");
-    *out = vd->p;
-    *out_len = (size_t)l;
-    vd->p += l;
-    return 0;
-  }
-  case ENC_DELTA_BYTE_ARRAY: {
-    uint64_t pre, sl;
-    if (pq_dbp_next(&vd->d1, &pre, err) || pq_dbp_next(&vd->d2, &sl, err)) return -1;
-    if (pre > vd->prev_len) return br_fail(err, "parquet: DELTA_BYTE_ARRAY prefix too long");
-    if (sl > (uint64_t)(vd->end - vd->p))
-      return br_fail(err, "parquet: DELTA_BYTE_ARRAY suffix past the page end");
-    size_t l = (size_t)pre + (size_t)sl;
-    if (grow(&vd->s->prev, &vd->s->prev_cap, l ? l : 1, err)) return -1;
-    if (sl) memcpy(vd->s->prev + pre, vd->p, (size_t)sl);
-    vd->p += sl;
-    vd->prev_len = l;
-    if (vd->type == BR_PQ_FIXED_LEN_BYTE_ARRAY && l != (size_t)vd->width)
-      return br_fail(err, "parquet: DELTA_BYTE_ARRAY value of %zu bytes in FLBA(%d)", l,
-                      vd->width);
-    *out = vd->s->prev;
-    *out_len = l;
-    return 0;
-  }
-  case ENC_BYTE_STREAM_SPLIT: {
-    if (vd->idx >= vd->count) return br_fail(err, "parquet: BYTE_STREAM_SPLIT data ends early");
-    for (int32_t k = 0; k < vd->width; k++)
-      vd->s->prev[k] = vd->p[(uint64_t)k * vd->count + vd->idx];
-    vd->idx++;
-    *out = vd->s->prev;
-    *out_len = (size_t)vd->width;
-    return 0;
-  }
+    case ENC_DELTA_BINARY_PACKED: {
+      uint64_t v;
+      if (pq_dbp_next(&vd->d1, &v, err)) return -1;
+      for (int i = 0; i < 8; i++) vd->tmp[i] = (uint8_t)(v >> (8 * i));
+      *out = vd->tmp;
+      *out_len = vd->type == BR_PQ_INT32 ? 4 : 8;
+      return 0;
+    }
+    case ENC_DELTA_LENGTH_BYTE_ARRAY: {
+      uint64_t l;
+      if (pq_dbp_next(&vd->d1, &l, err)) return -1;
+      if (l > (uint64_t)(vd->end - vd->p))
+        return br_fail(err, "parquet: DELTA_LENGTH_BYTE_ARRAY value past the page end");
+      *out = vd->p;
+      *out_len = (size_t)l;
+      vd->p += l;
+      return 0;
+    }
+    case ENC_DELTA_BYTE_ARRAY: {
+      uint64_t pre, sl;
+      if (pq_dbp_next(&vd->d1, &pre, err) || pq_dbp_next(&vd->d2, &sl, err)) return -1;
+      if (pre > vd->prev_len) return br_fail(err, "parquet: DELTA_BYTE_ARRAY prefix too long");
+      if (sl > (uint64_t)(vd->end - vd->p))
+        return br_fail(err, "parquet: DELTA_BYTE_ARRAY suffix past the page end");
+      size_t l = (size_t)pre + (size_t)sl;
+      if (grow(&vd->s->prev, &vd->s->prev_cap, l ? l : 1, err)) return -1;
+      if (sl) memcpy(vd->s->prev + pre, vd->p, (size_t)sl);
+      vd->p += sl;
+      vd->prev_len = l;
+      if (vd->type == BR_PQ_FIXED_LEN_BYTE_ARRAY && l != (size_t)vd->width)
+        return br_fail(err, "parquet: DELTA_BYTE_ARRAY value of %zu bytes in FLBA(%d)", l,
+                       vd->width);
+      *out = vd->s->prev;
+      *out_len = l;
+      return 0;
+    }
+    case ENC_BYTE_STREAM_SPLIT: {
+      if (vd->idx >= vd->count) return br_fail(err, "parquet: BYTE_STREAM_SPLIT data ends early");
+      for (int32_t k = 0; k < vd->width; k++)
+        vd->s->prev[k] = vd->p[(uint64_t)k * vd->count + vd->idx];
+      vd->idx++;
+      *out = vd->s->prev;
+      *out_len = (size_t)vd->width;
+      return 0;
+    }
   }
   return br_fail(err, "parquet: unsupported encoding %d", vd->enc);
 }
@@ -393,7 +393,8 @@ static int decode_values(chunk_state *cs, levels *rep, levels *def, int32_t n, v
         if (rl[j] > (uint32_t)col->max_rep)
           return br_fail(err, "parquet: column %s: repetition level %u > %d", col->path, rl[j],
                          col->max_rep);
-        if (rl[j] == 0) cs->rows++;
+        if (rl[j] == 0)
+          cs->rows++;
         else if (cs->seen == 0 && done == 0 && j == 0)
           return br_fail(err, "parquet: column %s: first repetition level is not 0", col->path);
       }
@@ -522,8 +523,7 @@ int pq_decode_chunk(const pq_leaf *col, int codec, const uint8_t *buf, size_t le
       vp = s->page + ll;
       vend = s->page + usize;
     }
-    if (vdec_init(vd, col, h.encoding, vp, vend, (uint64_t)h.num_values, s, ndict, have_dict,
-                  err))
+    if (vdec_init(vd, col, h.encoding, vp, vend, (uint64_t)h.num_values, s, ndict, have_dict, err))
       goto out;
     int drc = decode_values(&cs, &rep, &def, h.num_values, vd, err);
     if (drc) {
@@ -551,8 +551,7 @@ br_parquet_file *br_parquet_open(br_source *src, br_err *err) {
     br_fail(err, "parquet: file of %llu bytes is too small", (unsigned long long)src->size);
     return NULL;
   }
-  if (src->pread(src, head, 4, 0, err) || src->pread(src, tail, 8, src->size - 8, err))
-    return NULL;
+  if (src->pread(src, head, 4, 0, err) || src->pread(src, tail, 8, src->size - 8, err)) return NULL;
   if (memcmp(head, "PAR1", 4) || memcmp(tail + 4, "PAR1", 4)) {
     br_fail(err, "parquet: not a Parquet file (magic missing; encrypted files are unsupported)");
     return NULL;
@@ -630,8 +629,8 @@ int br_parquet_read_column_at(br_parquet_file *f, size_t i, br_parquet_value_fn 
     if (dict >= 4 && (dict < start || start < 4)) start = dict;
     if (start < 4 || (uint64_t)start > f->data_end ||
         (uint64_t)ch->total_compressed_size > f->data_end - (uint64_t)start) {
-      rc = br_fail(err, "parquet: column %s: chunk at %lld+%lld lies outside the data",
-                   col->path, (long long)start, (long long)ch->total_compressed_size);
+      rc = br_fail(err, "parquet: column %s: chunk at %lld+%lld lies outside the data", col->path,
+                   (long long)start, (long long)ch->total_compressed_size);
       break;
     }
     if ((uint64_t)ch->total_compressed_size > BR_PQ_MAX_CHUNK) {
@@ -660,8 +659,10 @@ int br_parquet_read_column(br_source *src, const char *column_path, br_parquet_v
   if (!f) return -1;
   int rc;
   int i = br_parquet_find_column(f, column_path);
-  if (i < 0) rc = br_fail(err, "parquet: no leaf column named %s", column_path);
-  else rc = br_parquet_read_column_at(f, (size_t)i, fn, ud, err);
+  if (i < 0)
+    rc = br_fail(err, "parquet: no leaf column named %s", column_path);
+  else
+    rc = br_parquet_read_column_at(f, (size_t)i, fn, ud, err);
   br_parquet_close(f);
   return rc;
 }

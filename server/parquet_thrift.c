@@ -91,76 +91,82 @@ static int skip_value(tc_reader *r, int type, int in_collection) {
   int rc = 0;
   if (++r->depth > TC_MAX_DEPTH) return tc_error(r, "nesting too deep");
   switch (type) {
-  case TC_TRUE:
-  case TC_FALSE:
-    if (in_collection) {
-      if (r->p >= r->end) rc = tc_error(r, "truncated bool");
-      else r->p++;
+    case TC_TRUE:
+    case TC_FALSE:
+      if (in_collection) {
+        if (r->p >= r->end)
+          rc = tc_error(r, "truncated bool");
+        else
+          r->p++;
+      }
+      break;
+    case TC_BYTE:
+      if (r->p >= r->end)
+        rc = tc_error(r, "truncated byte");
+      else
+        r->p++;
+      break;
+    case TC_I16:
+    case TC_I32:
+    case TC_I64:
+      rc = tc_varint(r, &u);
+      break;
+    case TC_DOUBLE:
+      if (r->end - r->p < 8)
+        rc = tc_error(r, "truncated double");
+      else
+        r->p += 8;
+      break;
+    case TC_BINARY:
+      rc = tc_binary(r, &p, &len);
+      break;
+    case TC_LIST:
+    case TC_SET: {
+      int et;
+      uint32_t n;
+      rc = tc_list(r, &et, &n);
+      for (uint32_t i = 0; rc == 0 && i < n; i++) rc = skip_value(r, et, 1);
+      break;
     }
-    break;
-  case TC_BYTE:
-    if (r->p >= r->end) rc = tc_error(r, "truncated byte");
-    else r->p++;
-    break;
-  case TC_I16:
-  case TC_I32:
-  case TC_I64:
-    rc = tc_varint(r, &u);
-    break;
-  case TC_DOUBLE:
-    if (r->end - r->p < 8) rc = tc_error(r, "truncated double");
-    else r->p += 8;
-    break;
-  case TC_BINARY:
-    rc = tc_binary(r, &p, &len);
-    break;
-  case TC_LIST:
-  case TC_SET: {
-    int et;
-    uint32_t n;
-    rc = tc_list(r, &et, &n);
-    for (uint32_t i = 0; rc == 0 && i < n; i++) rc = skip_value(r, et, 1);
-    break;
-  }
-  case TC_MAP: {
-    rc = tc_varint(r, &u);
-    if (rc == 0 && u > 0) {
-      if (u > (uint64_t)(r->end - r->p)) {
-        rc = tc_error(r, "map longer than its data");
-        break;
+    case TC_MAP: {
+      rc = tc_varint(r, &u);
+      if (rc == 0 && u > 0) {
+        if (u > (uint64_t)(r->end - r->p)) {
+          rc = tc_error(r, "map longer than its data");
+          break;
+        }
+        if (r->p >= r->end) {
+          rc = tc_error(r, "truncated map");
+          break;
+        }
+        uint8_t kv = *r->p++;
+        int kt = kv >> 4, vt = kv & 0x0f;
+        if (kt == TC_STOP || kt > TC_STRUCT || vt == TC_STOP || vt > TC_STRUCT) {
+          rc = tc_error(r, "bad map types");
+          break;
+        }
+        for (uint64_t i = 0; rc == 0 && i < u; i++) {
+          rc = skip_value(r, kt, 1);
+          if (rc == 0) rc = skip_value(r, vt, 1);
+        }
       }
-      if (r->p >= r->end) {
-        rc = tc_error(r, "truncated map");
-        break;
-      }
-      uint8_t kv = *r->p++;
-      int kt = kv >> 4, vt = kv & 0x0f;
-      if (kt == TC_STOP || kt > TC_STRUCT || vt == TC_STOP || vt > TC_STRUCT) {
-        rc = tc_error(r, "bad map types");
-        break;
-      }
-      for (uint64_t i = 0; rc == 0 && i < u; i++) {
-        rc = skip_value(r, kt, 1);
-        if (rc == 0) rc = skip_value(r, vt, 1);
-      }
+      break;
     }
-    break;
-  }
-  case TC_STRUCT: {
-    int16_t last = 0, id;
-    for (;;) {
-      int t = tc_field(r, &last, &id);
-      if (t <= 0) {
-        rc = t;
-        break;
+    case TC_STRUCT: {
+      int16_t last = 0, id;
+      for (;;) {
+        int t = tc_field(r, &last, &id);
+        if (t <= 0) {
+          rc = t;
+          break;
+        }
+        rc = skip_value(r, t, 0);
+        if (rc) break;
       }
-      rc = skip_value(r, t, 0);
-      if (rc) break;
+      break;
     }
-    break;
-  }
-  default:
-    rc = tc_error(r, "unknown type");
+    default:
+      rc = tc_error(r, "unknown type");
   }
   r->depth--;
   return rc;
@@ -170,22 +176,22 @@ int tc_skip(tc_reader *r, int type) { return skip_value(r, type, 0); }
 
 int tc_int_field(tc_reader *r, int type, int64_t *v) {
   switch (type) {
-  case TC_TRUE:
-    *v = 1;
-    return 0;
-  case TC_FALSE:
-    *v = 0;
-    return 0;
-  case TC_BYTE:
-    if (r->p >= r->end) return tc_error(r, "truncated byte");
-    *v = (int8_t)*r->p++;
-    return 0;
-  case TC_I16:
-  case TC_I32:
-  case TC_I64:
-    return tc_i64(r, v);
-  default:
-    return tc_error(r, "field has the wrong type");
+    case TC_TRUE:
+      *v = 1;
+      return 0;
+    case TC_FALSE:
+      *v = 0;
+      return 0;
+    case TC_BYTE:
+      if (r->p >= r->end) return tc_error(r, "truncated byte");
+      *v = (int8_t)*r->p++;
+      return 0;
+    case TC_I16:
+    case TC_I32:
+    case TC_I64:
+      return tc_i64(r, v);
+    default:
+      return tc_error(r, "field has the wrong type");
   }
 }
 
@@ -306,13 +312,20 @@ static int decode_schema_el(tc_reader *r, pq_schema_el *el) {
     if (t < 0) return -1;
     if (t == TC_STOP) break;
     int rc;
-    if (id == 1) rc = int32_field(r, t, &el->type);
-    else if (id == 2) rc = int32_field(r, t, &el->type_length);
-    else if (id == 3) rc = int32_field(r, t, &el->repetition);
-    else if (id == 4 && t == TC_BINARY) rc = tc_binary(r, &name, &name_len), have_name = 1;
-    else if (id == 5) rc = int32_field(r, t, &el->num_children);
-    else if (id == 6) rc = int32_field(r, t, &el->converted_type);
-    else rc = tc_skip(r, t);
+    if (id == 1)
+      rc = int32_field(r, t, &el->type);
+    else if (id == 2)
+      rc = int32_field(r, t, &el->type_length);
+    else if (id == 3)
+      rc = int32_field(r, t, &el->repetition);
+    else if (id == 4 && t == TC_BINARY)
+      rc = tc_binary(r, &name, &name_len), have_name = 1;
+    else if (id == 5)
+      rc = int32_field(r, t, &el->num_children);
+    else if (id == 6)
+      rc = int32_field(r, t, &el->converted_type);
+    else
+      rc = tc_skip(r, t);
     if (rc) return -1;
   }
   r->depth--;
@@ -336,13 +349,20 @@ static int decode_column_meta(tc_reader *r, pq_chunk *c) {
     if (t == TC_STOP) break;
     int rc;
     int64_t v = 0;
-    if (id == 1) rc = int32_field(r, t, &c->type), seen |= 1;
-    else if (id == 4) rc = int32_field(r, t, &c->codec), seen |= 2;
-    else if (id == 5) rc = tc_int_field(r, t, &c->num_values), seen |= 4;
-    else if (id == 7) rc = tc_int_field(r, t, &c->total_compressed_size), seen |= 8;
-    else if (id == 9) rc = tc_int_field(r, t, &c->data_page_offset), seen |= 16;
-    else if (id == 11) rc = tc_int_field(r, t, &v), c->dictionary_page_offset = v;
-    else rc = tc_skip(r, t);
+    if (id == 1)
+      rc = int32_field(r, t, &c->type), seen |= 1;
+    else if (id == 4)
+      rc = int32_field(r, t, &c->codec), seen |= 2;
+    else if (id == 5)
+      rc = tc_int_field(r, t, &c->num_values), seen |= 4;
+    else if (id == 7)
+      rc = tc_int_field(r, t, &c->total_compressed_size), seen |= 8;
+    else if (id == 9)
+      rc = tc_int_field(r, t, &c->data_page_offset), seen |= 16;
+    else if (id == 11)
+      rc = tc_int_field(r, t, &v), c->dictionary_page_offset = v;
+    else
+      rc = tc_skip(r, t);
     if (rc) return -1;
   }
   r->depth--;
@@ -363,10 +383,14 @@ static int decode_column_chunk(tc_reader *r, pq_chunk *c) {
     if (t < 0) return -1;
     if (t == TC_STOP) break;
     int rc;
-    if (id == 1) rc = tc_error(r, "column chunk in another file (file_path) is not supported");
-    else if (id == 3 && t == TC_STRUCT) rc = decode_column_meta(r, c), have_meta = 1;
-    else if (id == 8 || id == 9) rc = tc_error(r, "encrypted column chunks are not supported");
-    else rc = tc_skip(r, t);
+    if (id == 1)
+      rc = tc_error(r, "column chunk in another file (file_path) is not supported");
+    else if (id == 3 && t == TC_STRUCT)
+      rc = decode_column_meta(r, c), have_meta = 1;
+    else if (id == 8 || id == 9)
+      rc = tc_error(r, "encrypted column chunks are not supported");
+    else
+      rc = tc_skip(r, t);
     if (rc) return -1;
   }
   r->depth--;
@@ -375,8 +399,8 @@ static int decode_column_chunk(tc_reader *r, pq_chunk *c) {
 }
 
 /* Row-group columns are appended to m->chunks; *ncols gets their count. */
-static int decode_row_group(tc_reader *r, pq_meta *m, size_t *nchunks, size_t *cap,
-                            uint32_t *ncols, int64_t *rows) {
+static int decode_row_group(tc_reader *r, pq_meta *m, size_t *nchunks, size_t *cap, uint32_t *ncols,
+                            int64_t *rows) {
   int16_t last = 0, id;
   int have_rows = 0, have_cols = 0;
   if (++r->depth > TC_MAX_DEPTH) return tc_error(r, "nesting too deep");
@@ -431,9 +455,12 @@ static int walk_schema(pq_meta *m, uint32_t *idx, const char *prefix, int def, i
   char *path = NULL;
   int rc = -1;
   if (depth > 0) {
-    if (el->repetition == 1) def++;
-    else if (el->repetition == 2) def++, rep++;
-    else if (el->repetition != 0) return br_fail(err, "parquet: bad repetition type %d", el->repetition);
+    if (el->repetition == 1)
+      def++;
+    else if (el->repetition == 2)
+      def++, rep++;
+    else if (el->repetition != 0)
+      return br_fail(err, "parquet: bad repetition type %d", el->repetition);
     size_t nlen = strlen(el->name);
     path = malloc(plen + nlen + 2);
     if (!path) return br_fail(err, "out of memory");
@@ -611,20 +638,30 @@ static int decode_data_header(tc_reader *r, pq_page_header *h, int v2) {
     if (t < 0) return -1;
     if (t == TC_STOP) break;
     int rc;
-    if (id == 1) rc = int32_field(r, t, &h->num_values);
-    else if (!v2 && id == 2) rc = int32_field(r, t, &h->encoding);
-    else if (!v2 && id == 3) rc = int32_field(r, t, &h->def_encoding);
-    else if (!v2 && id == 4) rc = int32_field(r, t, &h->rep_encoding);
-    else if (v2 && id == 2) rc = int32_field(r, t, &h->num_nulls);
-    else if (v2 && id == 3) rc = int32_field(r, t, &h->num_rows);
-    else if (v2 && id == 4) rc = int32_field(r, t, &h->encoding);
-    else if (v2 && id == 5) rc = int32_field(r, t, &h->def_len);
-    else if (v2 && id == 6) rc = int32_field(r, t, &h->rep_len);
+    if (id == 1)
+      rc = int32_field(r, t, &h->num_values);
+    else if (!v2 && id == 2)
+      rc = int32_field(r, t, &h->encoding);
+    else if (!v2 && id == 3)
+      rc = int32_field(r, t, &h->def_encoding);
+    else if (!v2 && id == 4)
+      rc = int32_field(r, t, &h->rep_encoding);
+    else if (v2 && id == 2)
+      rc = int32_field(r, t, &h->num_nulls);
+    else if (v2 && id == 3)
+      rc = int32_field(r, t, &h->num_rows);
+    else if (v2 && id == 4)
+      rc = int32_field(r, t, &h->encoding);
+    else if (v2 && id == 5)
+      rc = int32_field(r, t, &h->def_len);
+    else if (v2 && id == 6)
+      rc = int32_field(r, t, &h->rep_len);
     else if (v2 && id == 7) {
       int64_t b;
       rc = tc_int_field(r, t, &b);
       h->is_compressed = b != 0;
-    } else rc = tc_skip(r, t);
+    } else
+      rc = tc_skip(r, t);
     if (rc) return -1;
   }
   r->depth--;
@@ -647,18 +684,25 @@ int pq_page_header_decode(const uint8_t *buf, size_t len, pq_page_header *h, siz
     if (t < 0) return -1;
     if (t == TC_STOP) break;
     int rc;
-    if (id == 1) rc = int32_field(&r, t, &h->type), seen |= 1;
-    else if (id == 2) rc = int32_field(&r, t, &h->uncompressed_size), seen |= 2;
-    else if (id == 3) rc = int32_field(&r, t, &h->compressed_size), seen |= 4;
-    else if (id == 5 && t == TC_STRUCT) rc = decode_data_header(&r, h, 0), h->has_data = 1;
-    else if (id == 7 && t == TC_STRUCT) rc = decode_data_header(&r, h, 0), h->has_dict = 1;
-    else if (id == 8 && t == TC_STRUCT) rc = decode_data_header(&r, h, 1), h->has_v2 = 1;
-    else rc = tc_skip(&r, t);
+    if (id == 1)
+      rc = int32_field(&r, t, &h->type), seen |= 1;
+    else if (id == 2)
+      rc = int32_field(&r, t, &h->uncompressed_size), seen |= 2;
+    else if (id == 3)
+      rc = int32_field(&r, t, &h->compressed_size), seen |= 4;
+    else if (id == 5 && t == TC_STRUCT)
+      rc = decode_data_header(&r, h, 0), h->has_data = 1;
+    else if (id == 7 && t == TC_STRUCT)
+      rc = decode_data_header(&r, h, 0), h->has_dict = 1;
+    else if (id == 8 && t == TC_STRUCT)
+      rc = decode_data_header(&r, h, 1), h->has_v2 = 1;
+    else
+      rc = tc_skip(&r, t);
     if (rc) return -1;
   }
   if (seen != 7) return br_fail(err, "parquet: page header lacks type or sizes");
-  if (h->uncompressed_size < 0 || h->compressed_size < 0 || h->num_values < 0 ||
-      h->num_nulls < 0 || h->def_len < 0 || h->rep_len < 0 || h->num_rows < 0)
+  if (h->uncompressed_size < 0 || h->compressed_size < 0 || h->num_values < 0 || h->num_nulls < 0 ||
+      h->def_len < 0 || h->rep_len < 0 || h->num_rows < 0)
     return br_fail(err, "parquet: negative size or count in page header");
   *used = (size_t)(r.p - buf);
   return 0;

@@ -10,10 +10,10 @@
 typedef struct wcol {
   br_parquet_column_spec spec;
   char *name;
-  tc_buf vals;         /* PLAIN values of the open page */
-  uint8_t *defs;       /* definition levels of the open page */
+  tc_buf vals;   /* PLAIN values of the open page */
+  uint8_t *defs; /* definition levels of the open page */
   size_t ndefs, defs_cap;
-  tc_buf chunk;        /* finished pages of the open row group */
+  tc_buf chunk; /* finished pages of the open row group */
   int64_t chunk_values, chunk_uncompressed;
 } wcol;
 
@@ -62,16 +62,16 @@ br_parquet_writer *br_parquet_writer_new(const br_parquet_column_spec *cols, siz
     return NULL;
   }
   switch (opts->codec) {
-  case BR_PQ_UNCOMPRESSED:
-  case BR_PQ_SNAPPY:
-  case BR_PQ_GZIP:
-  case BR_PQ_BROTLI:
-  case BR_PQ_ZSTD:
-  case BR_PQ_LZ4_RAW:
-    break;
-  default:
-    br_fail(err, "parquet writer: codec %d cannot be written", opts->codec);
-    return NULL;
+    case BR_PQ_UNCOMPRESSED:
+    case BR_PQ_SNAPPY:
+    case BR_PQ_GZIP:
+    case BR_PQ_BROTLI:
+    case BR_PQ_ZSTD:
+    case BR_PQ_LZ4_RAW:
+      break;
+    default:
+      br_fail(err, "parquet writer: codec %d cannot be written", opts->codec);
+      return NULL;
   }
   w = calloc(1, sizeof *w);
   if (!w || !(w->cols = calloc(ncols, sizeof *w->cols))) {
@@ -90,17 +90,17 @@ br_parquet_writer *br_parquet_writer_new(const br_parquet_column_spec *cols, siz
     const br_parquet_column_spec *c = &cols[i];
     int ok = c->name && c->name[0];
     switch (c->type) {
-    case BR_PQ_FIXED_LEN_BYTE_ARRAY:
-      ok = ok && c->type_length > 0 && c->type_length <= 65536;
-      break;
-    case BR_PQ_BYTE_ARRAY:
-    case BR_PQ_INT32:
-    case BR_PQ_INT64:
-    case BR_PQ_FLOAT:
-    case BR_PQ_DOUBLE:
-      break;
-    default:
-      ok = 0;
+      case BR_PQ_FIXED_LEN_BYTE_ARRAY:
+        ok = ok && c->type_length > 0 && c->type_length <= 65536;
+        break;
+      case BR_PQ_BYTE_ARRAY:
+      case BR_PQ_INT32:
+      case BR_PQ_INT64:
+      case BR_PQ_FLOAT:
+      case BR_PQ_DOUBLE:
+        break;
+      default:
+        ok = 0;
     }
     if (!ok) {
       br_fail(err, "parquet writer: column %zu has a bad name, type or length", i);
@@ -224,19 +224,19 @@ int br_parquet_writer_row(br_parquet_writer *w, const br_parquet_value *vals, br
     const br_parquet_value *v = &vals[i];
     size_t want = 0;
     switch (c->spec.type) {
-    case BR_PQ_INT32:
-    case BR_PQ_FLOAT:
-      want = 4;
-      break;
-    case BR_PQ_INT64:
-    case BR_PQ_DOUBLE:
-      want = 8;
-      break;
-    case BR_PQ_FIXED_LEN_BYTE_ARRAY:
-      want = (size_t)c->spec.type_length;
-      break;
-    default:
-      want = 0;
+      case BR_PQ_INT32:
+      case BR_PQ_FLOAT:
+        want = 4;
+        break;
+      case BR_PQ_INT64:
+      case BR_PQ_DOUBLE:
+        want = 8;
+        break;
+      case BR_PQ_FIXED_LEN_BYTE_ARRAY:
+        want = (size_t)c->spec.type_length;
+        break;
+      default:
+        want = 0;
     }
     if (v->is_null && !c->spec.optional) {
       w->failed = 1;
@@ -328,8 +328,14 @@ int br_parquet_writer_finish(br_parquet_writer *w, br_err *err) {
     br_fail(err, "parquet writer: footer too large or out of memory");
     goto out;
   }
-  uint8_t tail[8] = {(uint8_t)f.len, (uint8_t)(f.len >> 8), (uint8_t)(f.len >> 16),
-                     (uint8_t)(f.len >> 24), 'P', 'A', 'R', '1'};
+  uint8_t tail[8] = {(uint8_t)f.len,
+                     (uint8_t)(f.len >> 8),
+                     (uint8_t)(f.len >> 16),
+                     (uint8_t)(f.len >> 24),
+                     'P',
+                     'A',
+                     'R',
+                     '1'};
   if (emit(w, f.p, f.len, err) || emit(w, tail, 8, err)) goto out;
   rc = 0;
 out:

@@ -64,8 +64,7 @@ static struct MHD_Response *json_response(json_t *body) {
   if (!text) return NULL;
   size_t len = strlen(text);
   text[len] = '\n'; /* replaces the NUL: the body is len + 1 bytes, not a C string any more */
-  struct MHD_Response *resp =
-      MHD_create_response_from_buffer(len + 1, text, MHD_RESPMEM_MUST_FREE);
+  struct MHD_Response *resp = MHD_create_response_from_buffer(len + 1, text, MHD_RESPMEM_MUST_FREE);
   if (!resp) {
     free(text);
     return NULL;
@@ -76,8 +75,7 @@ static struct MHD_Response *json_response(json_t *body) {
 }
 
 static struct MHD_Response *error_response(enum br_api_error e, const char *msg) {
-  return json_response(
-      json_pack("{s:{s:s,s:s}}", "error", "code", errors[e].code, "message", msg));
+  return json_response(json_pack("{s:{s:s,s:s}}", "error", "code", errors[e].code, "message", msg));
 }
 
 enum MHD_Result reply_json(struct request *req, unsigned status, json_t *body) {
@@ -154,8 +152,8 @@ static int etag_listed(const char *value, const char *etag, int allow_star) {
     while (*p == ' ' || *p == '\t' || *p == ',') p++;
     if (allow_star && *p == '*') return 1;
     if (!strncmp(p, "W/", 2)) p += 2; /* weak comparison is fine for If-None-Match */
-    if (!strncmp(p, etag, elen) && (p[elen] == '\0' || p[elen] == ',' || p[elen] == ' ' ||
-                                    p[elen] == '\t'))
+    if (!strncmp(p, etag, elen) &&
+        (p[elen] == '\0' || p[elen] == ',' || p[elen] == ' ' || p[elen] == '\t'))
       return 1;
     while (*p && *p != ',') p++;
   }
@@ -180,9 +178,9 @@ struct multipart {
   br_store_reader reader;
   size_t nparts;
   struct part {
-    uint64_t start;     /* offset of this part's header in the body */
-    size_t header_len;  /* bytes of header text before the data */
-    size_t header_off;  /* into headers */
+    uint64_t start;    /* offset of this part's header in the body */
+    size_t header_len; /* bytes of header text before the data */
+    size_t header_off; /* into headers */
     uint64_t first, len;
   } parts[BR_RANGE_MAX];
   uint64_t trailer_start;
@@ -337,8 +335,8 @@ static cached_blob *cached_bytes(struct request *req, const br_record *rec, br_s
   br_err err;
   if (br_store_open_read(store, key, &r, &err) != 0) return NULL; /* the slow path reports it */
   uint8_t *buf = malloc(rec->size ? rec->size : 1);
-  int ok = buf && r.size == rec->size &&
-           r.source->pread(r.source, buf, (size_t)rec->size, 0, &err) == 0;
+  int ok =
+      buf && r.size == rec->size && r.source->pread(r.source, buf, (size_t)rec->size, 0, &err) == 0;
   br_store_reader_close(&r);
   cached_blob *entry = NULL;
   if (ok) {
@@ -397,8 +395,8 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     enum br_api_error e = rr == BR_RANGE_UNSATISFIABLE ? E_RANGE_NOT_SATISFIABLE : E_BAD_RANGE;
     struct MHD_Response *resp =
         error_response(e, rr == BR_RANGE_UNSATISFIABLE ? "no requested range is satisfiable"
-                          : rr == BR_RANGE_TOO_MANY   ? "too many ranges (at most 64)"
-                                                      : "malformed Range header");
+                          : rr == BR_RANGE_TOO_MANY    ? "too many ranges (at most 64)"
+                                                       : "malformed Range header");
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
     return reply_response(req, MHD_HTTP_RANGE_NOT_SATISFIABLE, resp);

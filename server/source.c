@@ -19,8 +19,8 @@ struct file_source {
 static int file_pread(br_source *src, void *buf, size_t len, uint64_t off, br_err *err) {
   struct file_source *fs = (struct file_source *)src;
   if (off > src->size || len > src->size - off)
-    return br_fail(err, "%s: read of %zu bytes at %llu is past the end (%llu bytes)", fs->path,
-                   len, (unsigned long long)off, (unsigned long long)src->size);
+    return br_fail(err, "%s: read of %zu bytes at %llu is past the end (%llu bytes)", fs->path, len,
+                   (unsigned long long)off, (unsigned long long)src->size);
   size_t done = 0;
   while (done < len) {
     ssize_t n = pread(fs->fd, (char *)buf + done, len - done, (off_t)(off + done));

@@ -44,8 +44,8 @@ size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_L
                             size_t outlen) {
   char hex[BR_HEX_LEN + 1];
   br_hex_encode(digest, hex);
-  int n = snprintf(out, outlen, "%ssha256/%.2s/%.2s/%s", st->cfg.prefix ? st->cfg.prefix : "",
-                   hex, hex + 2, hex);
+  int n = snprintf(out, outlen, "%ssha256/%.2s/%.2s/%s", st->cfg.prefix ? st->cfg.prefix : "", hex,
+                   hex + 2, hex);
   return n < 0 || (size_t)n >= outlen ? 0 : (size_t)n;
 }
 

@@ -125,7 +125,8 @@ static void remove_temp_files(struct fs_store *fs) {
     if (unlinkat(dfd, e->d_name, 0) == 0) removed++;
   }
   closedir(d);
-  if (removed) br_info("store: removed %d leftover temp file(s) under %s/" TMP_DIR, removed, fs->root);
+  if (removed)
+    br_info("store: removed %d leftover temp file(s) under %s/" TMP_DIR, removed, fs->root);
 }
 
 static int mkdir_p(const char *path) {
@@ -347,8 +348,8 @@ static int fs_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   return 0;
 }
 
-static int fs_redirect_url(br_store *st, const char *key, uint64_t ttl_ms, char *out,
-                           size_t outlen, br_err *err) {
+static int fs_redirect_url(br_store *st, const char *key, uint64_t ttl_ms, char *out, size_t outlen,
+                           br_err *err) {
   (void)ttl_ms;
   const char *base = st->cfg.public_url;
   if (!base || !*base) return 1;

@@ -62,10 +62,14 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
       cfg.column = argv[++i];
     } else if (!strcmp(a, "--form") && has_val) {
       const char *f = argv[++i];
-      if (!strcmp(f, "hex")) cfg.form = BR_FORM_HEX;
-      else if (!strcmp(f, "binary")) cfg.form = BR_FORM_BINARY;
-      else if (!strcmp(f, "url")) cfg.form = BR_FORM_URL;
-      else return usage_error("--form must be hex, binary or url");
+      if (!strcmp(f, "hex"))
+        cfg.form = BR_FORM_HEX;
+      else if (!strcmp(f, "binary"))
+        cfg.form = BR_FORM_BINARY;
+      else if (!strcmp(f, "url"))
+        cfg.form = BR_FORM_URL;
+      else
+        return usage_error("--form must be hex, binary or url");
     } else if (!strcmp(a, "--rewrite") && has_val) {
       char *r = argv[++i];
       char *eq = strchr(r, '=');

@@ -15,7 +15,8 @@ typedef struct br_err {
   char msg[512];
 } br_err;
 
-/* Formats into err (if non-NULL) and returns -1, so that failures read `return br_fail(err, ...)`. */
+/* Formats into err (if non-NULL) and returns -1, so that failures read `return br_fail(err, ...)`.
+ */
 int br_fail(br_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Writes 64 lowercase hex characters and a NUL into out[65]. */

@@ -71,8 +71,8 @@ typedef struct br_iceberg_table_config {
   size_t nrewrites;
   br_iceberg_open_fn open; /* NULL = br_iceberg_open_local */
   void *open_ud;
-  const char *token;       /* REST catalog bearer token, or NULL */
-  int fail_on_invalid;     /* non-zero: a non-null value that is not a hash is an error */
+  const char *token;   /* REST catalog bearer token, or NULL */
+  int fail_on_invalid; /* non-zero: a non-null value that is not a hash is an error */
 } br_iceberg_table_config;
 
 typedef struct br_iceberg_stats {

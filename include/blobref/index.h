@@ -70,8 +70,8 @@ int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *
  * quarantined blob is restored to live, rec's primary location is added when the record has none
  * in that store, and *created = 0; *stored receives the resulting record if non-NULL.
  * Returns 0, BR_INDEX_FULL, or -1 with err. Blocks until the batch holding it is committed. */
-int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN],
-                           const br_record *rec, int *created, br_record *stored, br_err *err);
+int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN], const br_record *rec,
+                           int *created, br_record *stored, br_err *err);
 
 /* Records a dedup hit: sets last_upload_ms to now_ms (never backwards) on a record that exists
  * and is live, durably, before returning. Returns 0; 1 if the blob is absent or quarantined
@@ -87,11 +87,11 @@ int br_index_foreach(br_index *idx, br_index_each_fn fn, void *ud, br_err *err);
 
 /* Counters for /metrics and the benchmark. */
 typedef struct br_index_stats {
-  uint64_t commits;   /* write transactions committed */
-  uint64_t ops;       /* operations applied */
-  uint64_t entries;   /* records in the index */
-  uint64_t map_size;  /* bytes */
-  uint64_t map_used;  /* bytes in use (last page number * page size) */
+  uint64_t commits;  /* write transactions committed */
+  uint64_t ops;      /* operations applied */
+  uint64_t entries;  /* records in the index */
+  uint64_t map_size; /* bytes */
+  uint64_t map_used; /* bytes in use (last page number * page size) */
 } br_index_stats;
 void br_index_get_stats(br_index *idx, br_index_stats *out);
 

@@ -53,11 +53,11 @@ typedef struct br_parquet_file br_parquet_file;
 
 /* A leaf column as the schema describes it. Strings are owned by the file. */
 typedef struct br_parquet_column_info {
-  const char *path;         /* dotted path from the root, e.g. "a.b.c" */
+  const char *path; /* dotted path from the root, e.g. "a.b.c" */
   enum br_parquet_type type;
-  int32_t type_length;      /* FIXED_LEN_BYTE_ARRAY width, else 0 */
-  int max_def, max_rep;     /* definition / repetition level maxima */
-  int converted_type;       /* parquet.thrift ConvertedType, or -1 when absent */
+  int32_t type_length;  /* FIXED_LEN_BYTE_ARRAY width, else 0 */
+  int max_def, max_rep; /* definition / repetition level maxima */
+  int converted_type;   /* parquet.thrift ConvertedType, or -1 when absent */
 } br_parquet_column_info;
 
 /* Reads and checks the footer of src (borrowed; must outlive the file). NULL + err on failure. */
@@ -77,12 +77,12 @@ int br_parquet_read_column_at(br_parquet_file *f, size_t i, br_parquet_value_fn 
 /* ---- Writer: flat schema, PLAIN encoding, data page v1, one codec for all columns. ---- */
 
 typedef struct br_parquet_column_spec {
-  const char *name;         /* copied */
-  enum br_parquet_type type;  /* BYTE_ARRAY, FIXED_LEN_BYTE_ARRAY, INT32, INT64, BOOLEAN, FLOAT,
-                                 DOUBLE */
-  int32_t type_length;      /* FIXED_LEN_BYTE_ARRAY width (1..65536) */
-  int optional;             /* 1: nulls allowed */
-  int utf8;                 /* BYTE_ARRAY annotated as a UTF-8 string */
+  const char *name;          /* copied */
+  enum br_parquet_type type; /* BYTE_ARRAY, FIXED_LEN_BYTE_ARRAY, INT32, INT64, BOOLEAN, FLOAT,
+                                DOUBLE */
+  int32_t type_length;       /* FIXED_LEN_BYTE_ARRAY width (1..65536) */
+  int optional;              /* 1: nulls allowed */
+  int utf8;                  /* BYTE_ARRAY annotated as a UTF-8 string */
 } br_parquet_column_spec;
 
 typedef struct br_parquet_write_options {

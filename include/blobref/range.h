@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BR_RANGE_MAX 64         /* most ranges accepted in one request */
+#define BR_RANGE_MAX 64          /* most ranges accepted in one request */
 #define BR_RANGE_HEADER_MAX 4096 /* longest Range header considered */
 
 typedef struct br_byte_range {

@@ -1,5 +1,6 @@
 /* The store interface: where blob bytes live (a local directory now; S3 and read-only HTTP origins
- * plug in behind the same operations). The daemon, the tools and the table readers use only this. */
+ * plug in behind the same operations). The daemon, the tools and the table readers use only this.
+ */
 #ifndef BLOBREF_STORE_H
 #define BLOBREF_STORE_H
 

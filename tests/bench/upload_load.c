@@ -582,42 +582,45 @@ static int parse_head(struct conn *c) {
 static int parse_body(struct conn *c) {
   for (;;) {
     switch (c->bmode) {
-    case B_NONE: return 1;
-    case B_LEN: {
-      size_t n = c->rlen < c->body_left ? c->rlen : (size_t)c->body_left;
-      consume(c, n);
-      c->body_left -= n;
-      return c->body_left == 0;
-    }
-    case B_CLOSE: c->rlen = 0; return 0;
-    case B_CHUNK_SIZE:
-    case B_CHUNK_TRAILER: {
-      char *eol = memmem(c->rbuf, c->rlen, "\r\n", 2);
-      if (!eol) return c->rlen == RBUF_SIZE ? -1 : 0;
-      size_t len = (size_t)(eol - c->rbuf);
-      if (c->bmode == B_CHUNK_TRAILER) {
+      case B_NONE:
+        return 1;
+      case B_LEN: {
+        size_t n = c->rlen < c->body_left ? c->rlen : (size_t)c->body_left;
+        consume(c, n);
+        c->body_left -= n;
+        return c->body_left == 0;
+      }
+      case B_CLOSE:
+        c->rlen = 0;
+        return 0;
+      case B_CHUNK_SIZE:
+      case B_CHUNK_TRAILER: {
+        char *eol = memmem(c->rbuf, c->rlen, "\r\n", 2);
+        if (!eol) return c->rlen == RBUF_SIZE ? -1 : 0;
+        size_t len = (size_t)(eol - c->rbuf);
+        if (c->bmode == B_CHUNK_TRAILER) {
+          consume(c, len + 2);
+          if (len == 0) return 1;
+          continue;
+        }
+        c->body_left = strtoull(c->rbuf, NULL, 16);
         consume(c, len + 2);
-        if (len == 0) return 1;
+        c->bmode = c->body_left ? B_CHUNK_DATA : B_CHUNK_TRAILER;
         continue;
       }
-      c->body_left = strtoull(c->rbuf, NULL, 16);
-      consume(c, len + 2);
-      c->bmode = c->body_left ? B_CHUNK_DATA : B_CHUNK_TRAILER;
-      continue;
-    }
-    case B_CHUNK_DATA: {
-      size_t n = c->rlen < c->body_left ? c->rlen : (size_t)c->body_left;
-      consume(c, n);
-      c->body_left -= n;
-      if (c->body_left) return 0;
-      c->bmode = B_CHUNK_CRLF;
-      continue;
-    }
-    case B_CHUNK_CRLF:
-      if (c->rlen < 2) return 0;
-      consume(c, 2);
-      c->bmode = B_CHUNK_SIZE;
-      continue;
+      case B_CHUNK_DATA: {
+        size_t n = c->rlen < c->body_left ? c->rlen : (size_t)c->body_left;
+        consume(c, n);
+        c->body_left -= n;
+        if (c->body_left) return 0;
+        c->bmode = B_CHUNK_CRLF;
+        continue;
+      }
+      case B_CHUNK_CRLF:
+        if (c->rlen < 2) return 0;
+        consume(c, 2);
+        c->bmode = B_CHUNK_SIZE;
+        continue;
     }
   }
 }
@@ -810,28 +813,55 @@ int main(int argc, char **argv) {
   int mode_set = 0;
   while ((opt = getopt(argc, argv, "m:u:f:s:n:S:c:d:N:reF:o:t:")) != -1) {
     switch (opt) {
-    case 'm':
-      for (int i = 0; i < 6; i++)
-        if (!strcmp(optarg, modes[i])) {
-          g.mode = (enum mode)i;
-          mode_set = 1;
-        }
-      if (!mode_set) die("unknown mode %s", optarg);
-      break;
-    case 'u': g.url = optarg; break;
-    case 'f': g.list = optarg; break;
-    case 's': g.size = strtoull(optarg, NULL, 10); break;
-    case 'n': g.count = strtoull(optarg, NULL, 10); break;
-    case 'S': g.seed = optarg; break;
-    case 'c': g.conc = (unsigned)atoi(optarg); break;
-    case 'd': g.secs = atof(optarg); break;
-    case 'N': g.max_req = strtoull(optarg, NULL, 10); break;
-    case 'r': g.cycle = 1; break;
-    case 'e': g.expect = 1; break;
-    case 'F': g.from = optarg; break;
-    case 'o': g.outdir = optarg; break;
-    case 't': g.threads = (unsigned)atoi(optarg); break;
-    default: die("usage: see the comment at the top of %s", __FILE__);
+      case 'm':
+        for (int i = 0; i < 6; i++)
+          if (!strcmp(optarg, modes[i])) {
+            g.mode = (enum mode)i;
+            mode_set = 1;
+          }
+        if (!mode_set) die("unknown mode %s", optarg);
+        break;
+      case 'u':
+        g.url = optarg;
+        break;
+      case 'f':
+        g.list = optarg;
+        break;
+      case 's':
+        g.size = strtoull(optarg, NULL, 10);
+        break;
+      case 'n':
+        g.count = strtoull(optarg, NULL, 10);
+        break;
+      case 'S':
+        g.seed = optarg;
+        break;
+      case 'c':
+        g.conc = (unsigned)atoi(optarg);
+        break;
+      case 'd':
+        g.secs = atof(optarg);
+        break;
+      case 'N':
+        g.max_req = strtoull(optarg, NULL, 10);
+        break;
+      case 'r':
+        g.cycle = 1;
+        break;
+      case 'e':
+        g.expect = 1;
+        break;
+      case 'F':
+        g.from = optarg;
+        break;
+      case 'o':
+        g.outdir = optarg;
+        break;
+      case 't':
+        g.threads = (unsigned)atoi(optarg);
+        break;
+      default:
+        die("usage: see the comment at the top of %s", __FILE__);
     }
   }
   if (g.conc < 1 || g.conc > MAX_CONNS) die("bad -c (1..1024)", "");

@@ -1,4 +1,5 @@
-/* libFuzzer target: the Thrift compact FileMetaData decoder (and page headers) on arbitrary bytes. */
+/* libFuzzer target: the Thrift compact FileMetaData decoder (and page headers) on arbitrary bytes.
+ */
 #include <stdint.h>
 #include <stddef.h>
 

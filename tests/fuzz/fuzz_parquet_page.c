@@ -14,10 +14,14 @@ static int count(void *ud, const uint8_t *data, size_t len, int is_null) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static pq_leaf cols[] = {
-      {"s", BR_PQ_BYTE_ARRAY, 0, -1, 1, 0},      {"s", BR_PQ_BYTE_ARRAY, 0, -1, 0, 0},
-      {"f", BR_PQ_FIXED_LEN_BYTE_ARRAY, 4, -1, 1, 0}, {"i", BR_PQ_INT32, 0, -1, 1, 0},
-      {"l", BR_PQ_INT64, 0, -1, 1, 0},           {"r", BR_PQ_INT32, 0, -1, 3, 1},
-      {"b", BR_PQ_BOOLEAN, 0, -1, 1, 0},         {"d", BR_PQ_DOUBLE, 0, -1, 2, 2},
+      {"s", BR_PQ_BYTE_ARRAY, 0, -1, 1, 0},
+      {"s", BR_PQ_BYTE_ARRAY, 0, -1, 0, 0},
+      {"f", BR_PQ_FIXED_LEN_BYTE_ARRAY, 4, -1, 1, 0},
+      {"i", BR_PQ_INT32, 0, -1, 1, 0},
+      {"l", BR_PQ_INT64, 0, -1, 1, 0},
+      {"r", BR_PQ_INT32, 0, -1, 3, 1},
+      {"b", BR_PQ_BOOLEAN, 0, -1, 1, 0},
+      {"d", BR_PQ_DOUBLE, 0, -1, 2, 2},
   };
   if (size < 4) return 0;
   const pq_leaf *col = &cols[data[0] % (sizeof cols / sizeof cols[0])];

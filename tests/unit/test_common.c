@@ -32,8 +32,9 @@ int main(void) {
     }
   }
   uint8_t d[BR_SHA256_LEN];
-  CHECK(br_hex_decode("5891B5B522D5DF086D0FF0B110FBD9D21BB4FC7163AF34D08286A2E846F6BE03", 64, d) == 0,
-        "br_hex_decode accepts upper case");
+  CHECK(
+      br_hex_decode("5891B5B522D5DF086D0FF0B110FBD9D21BB4FC7163AF34D08286A2E846F6BE03", 64, d) == 0,
+      "br_hex_decode accepts upper case");
   CHECK(d[0] == 0x58 && d[31] == 0x03, "decoded bytes %02x..%02x", d[0], d[31]);
 
   static const struct {
@@ -41,33 +42,45 @@ int main(void) {
     int ok;
     uint64_t bytes;
   } sizes[] = {
-      {"0", 1, 0},           {"1000", 1, 1000},      {"10kB", 1, 10000},
-      {"512KiB", 1, 524288}, {"64MiB", 1, 67108864}, {"5GiB", 1, 5368709120ull},
-      {"1.5KiB", 1, 1536},   {"2 MiB", 1, 2097152},  {"1TiB", 1, 1099511627776ull},
-      {"", 0, 0},            {"MiB", 0, 0},          {"-1", 0, 0},
-      {"5XB", 0, 0},         {"5 GiB x", 0, 0},      {"99999999999TiB", 0, 0},
+      {"0", 1, 0},
+      {"1000", 1, 1000},
+      {"10kB", 1, 10000},
+      {"512KiB", 1, 524288},
+      {"64MiB", 1, 67108864},
+      {"5GiB", 1, 5368709120ull},
+      {"1.5KiB", 1, 1536},
+      {"2 MiB", 1, 2097152},
+      {"1TiB", 1, 1099511627776ull},
+      {"", 0, 0},
+      {"MiB", 0, 0},
+      {"-1", 0, 0},
+      {"5XB", 0, 0},
+      {"5 GiB x", 0, 0},
+      {"99999999999TiB", 0, 0},
   };
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     uint64_t v = 12345;
     int rc = br_parse_size(sizes[i].in, &v);
     CHECK((rc == 0) == sizes[i].ok, "size '%s': rc %d", sizes[i].in, rc);
-    if (sizes[i].ok) CHECK(v == sizes[i].bytes, "size '%s' = %llu", sizes[i].in, (unsigned long long)v);
+    if (sizes[i].ok)
+      CHECK(v == sizes[i].bytes, "size '%s' = %llu", sizes[i].in, (unsigned long long)v);
   }
   static const struct {
     const char *in;
     int ok;
     uint64_t ms;
   } durations[] = {
-      {"15m", 1, 900000},   {"72h", 1, 259200000}, {"7d", 1, 604800000}, {"30s", 1, 30000},
-      {"250ms", 1, 250},    {"10", 1, 10000},      {"1.5h", 1, 5400000}, {"2w", 1, 1209600000},
-      {"", 0, 0},           {"h", 0, 0},           {"5y", 0, 0},         {"-5s", 0, 0},
+      {"15m", 1, 900000}, {"72h", 1, 259200000}, {"7d", 1, 604800000}, {"30s", 1, 30000},
+      {"250ms", 1, 250},  {"10", 1, 10000},      {"1.5h", 1, 5400000}, {"2w", 1, 1209600000},
+      {"", 0, 0},         {"h", 0, 0},           {"5y", 0, 0},         {"-5s", 0, 0},
   };
   for (size_t i = 0; i < sizeof durations / sizeof durations[0]; i++) {
     uint64_t v = 0;
     int rc = br_parse_duration_ms(durations[i].in, &v);
     CHECK((rc == 0) == durations[i].ok, "duration '%s': rc %d", durations[i].in, rc);
     if (durations[i].ok)
-      CHECK(v == durations[i].ms, "duration '%s' = %llu ms", durations[i].in, (unsigned long long)v);
+      CHECK(v == durations[i].ms, "duration '%s' = %llu ms", durations[i].in,
+            (unsigned long long)v);
   }
   return unit_summary("common");
 }

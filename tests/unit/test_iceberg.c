@@ -34,18 +34,18 @@ static void test_parse_hash(void) {
       {BR_FORM_URL, "https://cdn/x/sha256/01/23/" U64 ".jpg?v=2", H64},
       {BR_FORM_URL, H64, H64},
       {BR_FORM_URL, "sha256:" H64, H64},
-      {BR_FORM_URL, "/" H64 "/" G64 ".png", G64},        /* the last 64-run wins */
-      {BR_FORM_URL, "/" G64 "/" H64 "0.png", G64},       /* a 65-hex run is not a hash */
-      {BR_FORM_URL, "/" G64 "/a" H64, G64},              /* neither is a run glued to 'a' */
+      {BR_FORM_URL, "/" H64 "/" G64 ".png", G64},  /* the last 64-run wins */
+      {BR_FORM_URL, "/" G64 "/" H64 "0.png", G64}, /* a 65-hex run is not a hash */
+      {BR_FORM_URL, "/" G64 "/a" H64, G64},        /* neither is a run glued to 'a' */
       {BR_FORM_URL, "https://cdn/deadbeef/ab/cd.jpg", NULL},
       {BR_FORM_URL, "", NULL},
-      {BR_FORM_URL, H64 H64, NULL},                      /* one run of 128 */
+      {BR_FORM_URL, H64 H64, NULL}, /* one run of 128 */
       {BR_FORM_URL, H64 "-" G64 "x", G64},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint8_t d[32];
-    int rc = br_iceberg_parse_hash(cases[i].form, (const uint8_t *)cases[i].in,
-                                   strlen(cases[i].in), d);
+    int rc =
+        br_iceberg_parse_hash(cases[i].form, (const uint8_t *)cases[i].in, strlen(cases[i].in), d);
     if (!cases[i].want) {
       CHECK(rc == -1, "case %zu '%s' should be invalid", i, cases[i].in);
       continue;
@@ -133,18 +133,18 @@ static void test_pick(void) {
     const char *hint; /* NULL = no hint file */
     long want;        /* index, or -1 error */
   } cases[] = {
-      {0, NULL, 3},   {0, "", 3},     {0, "  \n", 3}, {0, "2", 2},  {0, "2\n", 2},
-      {0, "10", 3},   {0, "abc", 3},  {0, "4", -1},   {1, "1", 2},  {1, "3", 2},
-      {1, "5", 3},    {1, NULL, 3},   {2, NULL, 1},   {2, "2", 1},  {3, NULL, 1},
-      {3, "1", 1},    {4, NULL, -1},  {4, "1", -1},   {1, "-1", 3}, {1, "99999999999999999999", 3},
+      {0, NULL, 3}, {0, "", 3},    {0, "  \n", 3}, {0, "2", 2},  {0, "2\n", 2},
+      {0, "10", 3}, {0, "abc", 3}, {0, "4", -1},   {1, "1", 2},  {1, "3", 2},
+      {1, "5", 3},  {1, NULL, 3},  {2, NULL, 1},   {2, "2", 1},  {3, NULL, 1},
+      {3, "1", 1},  {4, NULL, -1}, {4, "1", -1},   {1, "-1", 3}, {1, "99999999999999999999", 3},
   };
   char **sets[] = {a, b, c, d, e};
   size_t sizes[] = {5, 4, 2, 3, 2};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     br_err err = {{0}};
     const char *h = cases[i].hint;
-    long got = ice_pick_metadata(h, h ? strlen(h) : 0, sets[cases[i].set], sizes[cases[i].set],
-                                 &err);
+    long got =
+        ice_pick_metadata(h, h ? strlen(h) : 0, sets[cases[i].set], sizes[cases[i].set], &err);
     CHECK(got == cases[i].want, "case %zu (hint '%s'): got %ld (%s)", i, h ? h : "(none)", got,
           err.msg);
     if (cases[i].want < 0) CHECK(err.msg[0] != 0, "case %zu has an error message", i);
@@ -167,7 +167,7 @@ static void test_map_path(void) {
       {0, "s3://warehouse/x/a.parquet", "/other/x/a.parquet"},
       {0, "hdfs://nn:8020/x/a", "s3://bucket/x/a"}, /* to another scheme: left for the opener */
       {0, "s3a://lake/db/t/metadata/m.avro", "/data/t/metadata/m.avro"}, /* table location */
-      {0, "s3a://lake/db/t2/m.avro", "s3a://lake/db/t2/m.avro"},        /* not under it */
+      {0, "s3a://lake/db/t2/m.avro", "s3a://lake/db/t2/m.avro"},         /* not under it */
       {0, "/abs/x.parquet", "/abs/x.parquet"},
       {0, "file:///abs/x.parquet", "/abs/x.parquet"},
       {0, "file://localhost/abs/x", "/abs/x"},
@@ -242,7 +242,8 @@ static void test_meta_parse(void) {
     }
   }
   /* gzip'd metadata is detected by its magic. */
-  const char *js = "{\"format-version\":1,\"snapshots\":[{\"snapshot-id\":7,\"manifests\":[\"m\"]}]}";
+  const char *js =
+      "{\"format-version\":1,\"snapshots\":[{\"snapshot-id\":7,\"manifests\":[\"m\"]}]}";
   uint8_t gz[512];
   z_stream zs;
   memset(&zs, 0, sizeof zs);
@@ -255,8 +256,8 @@ static void test_meta_parse(void) {
   size_t gzlen = sizeof gz - zs.avail_out;
   deflateEnd(&zs);
   ice_meta m;
-  CHECK(ice_meta_parse(gz, gzlen, &m, NULL) == 0 && m.nsnapshots == 1 &&
-            m.snapshots[0].id == 7 && m.snapshots[0].nmanifests == 1,
+  CHECK(ice_meta_parse(gz, gzlen, &m, NULL) == 0 && m.nsnapshots == 1 && m.snapshots[0].id == 7 &&
+            m.snapshots[0].nmanifests == 1,
         "gzip metadata");
   ice_meta_free(&m);
   CHECK(ice_meta_parse(gz, gzlen - 4, &m, NULL) == -1, "truncated gzip");
@@ -427,9 +428,9 @@ static void test_avro(void) {
         "codec: %s", err.msg);
   CHECK(ice_read_manifest_list((const uint8_t *)"PAR1", 4, on_ref, &s, NULL, &err) == -1,
         "not avro");
-  n = container(buf, "null",
-                "{\"type\":\"record\",\"name\":\"r\",\"fields\":[{\"name\":\"a\",\"type\":\"int\"}]}",
-                0, 0);
+  n = container(
+      buf, "null",
+      "{\"type\":\"record\",\"name\":\"r\",\"fields\":[{\"name\":\"a\",\"type\":\"int\"}]}", 0, 0);
   CHECK(ice_read_manifest_list(buf, n, on_ref, &s, NULL, &err) == -1 &&
             strstr(err.msg, "manifest_path"),
         "not a list: %s", err.msg);

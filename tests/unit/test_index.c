@@ -8,9 +8,12 @@
 #include "unit.h"
 
 static br_record sample(int nloc) {
-  br_record r = {.size = 123456789012ull, .created_ms = 1700000000123ull,
-                 .last_upload_ms = 1700000000999ull, .state = BR_STATE_LIVE,
-                 .state_ms = 1700000000123ull, .nlocations = nloc};
+  br_record r = {.size = 123456789012ull,
+                 .created_ms = 1700000000123ull,
+                 .last_upload_ms = 1700000000999ull,
+                 .state = BR_STATE_LIVE,
+                 .state_ms = 1700000000123ull,
+                 .nlocations = nloc};
   strcpy(r.content_type, "image/jpeg");
   for (int i = 0; i < nloc; i++) {
     snprintf(r.locations[i].store, sizeof r.locations[i].store, "store%d", i);
@@ -51,7 +54,8 @@ static void test_encoding(void) {
     CHECK(records_equal(&r, &back), "round trip with %d locations", nloc);
     /* every truncation and one extra byte are refused */
     for (size_t cut = 0; cut < len; cut++)
-      CHECK(br_record_decode(buf, cut, &back, &err) < 0, "truncated to %zu of %zu accepted", cut, len);
+      CHECK(br_record_decode(buf, cut, &back, &err) < 0, "truncated to %zu of %zu accepted", cut,
+            len);
     buf[len] = 0;
     CHECK(br_record_decode(buf, len + 1, &back, &err) < 0, "trailing byte accepted");
   }
@@ -123,8 +127,7 @@ static void test_lmdb(void) {
   /* a second upload is a dedup: keeps the record, moves last_upload forward only */
   br_record again = {.last_upload_ms = r.last_upload_ms + 1000};
   CHECK(br_index_record_upload(idx, d, &again, &created, &got, &err) == 0 && created == 0, "dedup");
-  CHECK(got.last_upload_ms == r.last_upload_ms + 1000 && got.size == r.size &&
-            got.nlocations == 1,
+  CHECK(got.last_upload_ms == r.last_upload_ms + 1000 && got.size == r.size && got.nlocations == 1,
         "dedup record: last_upload %llu", (unsigned long long)got.last_upload_ms);
   /* touch: moves last_upload forward on a live record, never creates one */
   CHECK(br_index_touch(idx, d, r.last_upload_ms + 5000, &err) == 0, "touch live: %s", err.msg);

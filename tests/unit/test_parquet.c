@@ -19,8 +19,8 @@ static void test_varints(void) {
       {{0xac, 0x02}, 2, 1, 150},
       {{0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, 10, 1, INT64_MAX},
       {{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, 10, 1, INT64_MIN},
-      {{0x80}, 1, 0, 0},                                                          /* truncated */
-      {{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, 10, 0, 0},   /* overflow */
+      {{0x80}, 1, 0, 0},                                                        /* truncated */
+      {{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, 10, 0, 0}, /* overflow */
       {{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01}, 11, 0, 0},
   };
   for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
@@ -48,9 +48,9 @@ static void test_varints(void) {
 static void test_fields(void) {
   /* field 1 i32 = 5 (delta form), field 20 i64 = -1 (long form), field 21 binary "ab",
    * field 22 list<i32>[1,2], field 23 nested struct {1: true}, field 24 map, stop */
-  static const uint8_t in[] = {0x15, 0x0a, 0x06, 0x28, 0x01, 0x18, 0x02, 'a',  'b', 0x19,
-                               0x25, 0x02, 0x04, 0x1c, 0x11, 0x00, 0x1b, 0x01, 0x85, 0x01, 'k',
-                               0x06, 0x00};
+  static const uint8_t in[] = {0x15, 0x0a, 0x06, 0x28, 0x01, 0x18, 0x02, 'a',
+                               'b',  0x19, 0x25, 0x02, 0x04, 0x1c, 0x11, 0x00,
+                               0x1b, 0x01, 0x85, 0x01, 'k',  0x06, 0x00};
   br_err err;
   tc_reader r = {in, in + sizeof in, 0, 0, &err};
   int16_t last = 0, id = 0;
@@ -135,7 +135,7 @@ static void test_delta(void) {
   static const uint8_t in[] = {0x80, 0x01, 0x04, 0x05, 0x0e, /* header: 128, 4, 5, zz(7)=14 */
                                0x09,                         /* min delta zz(-5)=9 */
                                0x04, 0x00, 0x00, 0x00,       /* widths */
-                               0x83, 0x06, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                               0x83, 0x06, 0,    0,    0,    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   br_err err;
   pq_dbp d;
   uint64_t v, want[] = {7, 5, 8, 9, 4};
@@ -154,7 +154,7 @@ static void test_delta(void) {
 }
 
 static void test_codecs(void) {
-  static const int codecs[] = {BR_PQ_UNCOMPRESSED, BR_PQ_SNAPPY, BR_PQ_GZIP,
+  static const int codecs[] = {BR_PQ_UNCOMPRESSED, BR_PQ_SNAPPY,  BR_PQ_GZIP,
                                BR_PQ_ZSTD,         BR_PQ_LZ4_RAW, BR_PQ_BROTLI};
   uint8_t in[5000], out[5000];
   for (size_t i = 0; i < sizeof in; i++) in[i] = (uint8_t)((i * i) % 251 % 17);

@@ -66,8 +66,9 @@ static int cmd_read(const char *path, const char *col, int sum) {
   br_source *src = br_source_open_file(path, &err);
   struct sum s = {0, 0, 0, 0};
   int rc = -1;
-  if (src) rc = sum ? br_parquet_read_column(src, col, sum_value, &s, &err)
-                    : br_parquet_read_column(src, col, print_value, stdout, &err);
+  if (src)
+    rc = sum ? br_parquet_read_column(src, col, sum_value, &s, &err)
+             : br_parquet_read_column(src, col, print_value, stdout, &err);
   br_source_close(src);
   if (rc) {
     fflush(stdout);
@@ -133,14 +134,21 @@ static int cmd_write(int argc, char **argv) {
     c->name = names[ncols];
     tok = strtok_r(NULL, ":", &save);
     if (!tok) return 2;
-    if (!strcmp(tok, "ba")) c->type = BR_PQ_BYTE_ARRAY;
-    else if (!strcmp(tok, "i32")) c->type = BR_PQ_INT32;
-    else if (!strcmp(tok, "i64")) c->type = BR_PQ_INT64;
-    else c->type = BR_PQ_FIXED_LEN_BYTE_ARRAY;
+    if (!strcmp(tok, "ba"))
+      c->type = BR_PQ_BYTE_ARRAY;
+    else if (!strcmp(tok, "i32"))
+      c->type = BR_PQ_INT32;
+    else if (!strcmp(tok, "i64"))
+      c->type = BR_PQ_INT64;
+    else
+      c->type = BR_PQ_FIXED_LEN_BYTE_ARRAY;
     while ((tok = strtok_r(NULL, ":", &save))) {
-      if (!strcmp(tok, "opt")) c->optional = 1;
-      else if (!strcmp(tok, "utf8")) c->utf8 = 1;
-      else c->type_length = atoi(tok);
+      if (!strcmp(tok, "opt"))
+        c->optional = 1;
+      else if (!strcmp(tok, "utf8"))
+        c->utf8 = 1;
+      else
+        c->type_length = atoi(tok);
     }
   }
   FILE *out = fopen(argv[2], "wb");
@@ -228,10 +236,11 @@ static int stop_at_5(void *ud, const uint8_t *data, size_t len, int is_null) {
 }
 
 static void self_test(void) {
-  static const int codecs[] = {BR_PQ_UNCOMPRESSED, BR_PQ_SNAPPY, BR_PQ_GZIP,
+  static const int codecs[] = {BR_PQ_UNCOMPRESSED, BR_PQ_SNAPPY,  BR_PQ_GZIP,
                                BR_PQ_ZSTD,         BR_PQ_LZ4_RAW, BR_PQ_BROTLI};
   for (size_t ci = 0; ci < sizeof codecs / sizeof codecs[0]; ci++) {
-    br_parquet_column_spec cols[2] = {{"a.b", BR_PQ_INT64, 0, 1, 0}, {"h", BR_PQ_BYTE_ARRAY, 0, 0, 1}};
+    br_parquet_column_spec cols[2] = {{"a.b", BR_PQ_INT64, 0, 1, 0},
+                                      {"h", BR_PQ_BYTE_ARRAY, 0, 0, 1}};
     br_parquet_write_options o = {(enum br_parquet_codec)codecs[ci], 1000, 2000};
     struct membuf m = {NULL, 0, 0};
     br_err err = {""};
@@ -253,8 +262,8 @@ static void self_test(void) {
     struct collect c = {0, 0, 0, 0};
     int rc = br_parquet_read_column(src, "a.b", collect_i64, &c, &err);
     CHECK(rc == 0, "read back codec %d: %s", codecs[ci], err.msg);
-    CHECK(c.n == 5000 && c.nulls == 714 && !c.bad, "codec %d: n=%llu nulls=%llu bad=%d",
-          codecs[ci], (unsigned long long)c.n, (unsigned long long)c.nulls, c.bad);
+    CHECK(c.n == 5000 && c.nulls == 714 && !c.bad, "codec %d: n=%llu nulls=%llu bad=%d", codecs[ci],
+          (unsigned long long)c.n, (unsigned long long)c.nulls, c.bad);
     br_parquet_file *f = br_parquet_open(src, &err);
     CHECK(f && br_parquet_num_rows(f) == 5000 && br_parquet_num_row_groups(f) == 5,
           "rows/groups codec %d", codecs[ci]);

@@ -17,7 +17,11 @@ static const struct range_case cases[] = {
     {"bytes=-500", 10000, BR_RANGE_OK, 1, {{9500, 9999}}},
     {"bytes=9500-", 10000, BR_RANGE_OK, 1, {{9500, 9999}}},
     {"bytes=0-0,-1", 10000, BR_RANGE_OK, 2, {{0, 0}, {9999, 9999}}},
-    {"bytes= 0-999, 4500-5499, -1000", 10000, BR_RANGE_OK, 3, {{0, 999}, {4500, 5499}, {9000, 9999}}},
+    {"bytes= 0-999, 4500-5499, -1000",
+     10000,
+     BR_RANGE_OK,
+     3,
+     {{0, 999}, {4500, 5499}, {9000, 9999}}},
     {"bytes=500-600,601-999", 10000, BR_RANGE_OK, 2, {{500, 600}, {601, 999}}},
     {"bytes=500-700,601-999", 10000, BR_RANGE_OK, 2, {{500, 700}, {601, 999}}},
     /* clamping and saturation */
@@ -72,7 +76,8 @@ int main(void) {
   }
   /* bounds: 64 ranges are fine, 65 are too many, an over-long header is refused */
   char hdr[BR_RANGE_HEADER_MAX + 64] = "bytes=";
-  for (int i = 0; i < 64; i++) snprintf(hdr + strlen(hdr), sizeof hdr - strlen(hdr), "%d-%d,", i, i);
+  for (int i = 0; i < 64; i++)
+    snprintf(hdr + strlen(hdr), sizeof hdr - strlen(hdr), "%d-%d,", i, i);
   br_byte_range out[BR_RANGE_MAX];
   size_t n = 0;
   CHECK(br_range_parse(hdr, 1000, out, &n) == BR_RANGE_OK && n == 64, "64 ranges: n=%zu", n);

@@ -8,16 +8,16 @@
 
 static int unit_passed, unit_failed;
 
-#define CHECK(cond, ...)                                              \
-  do {                                                                \
-    if (cond) {                                                       \
-      unit_passed++;                                                  \
-    } else {                                                          \
-      unit_failed++;                                                  \
+#define CHECK(cond, ...)                                               \
+  do {                                                                 \
+    if (cond) {                                                        \
+      unit_passed++;                                                   \
+    } else {                                                           \
+      unit_failed++;                                                   \
       fprintf(stderr, "%s:%d: FAIL: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                   \
-      fputc('\n', stderr);                                            \
-    }                                                                 \
+      fprintf(stderr, __VA_ARGS__);                                    \
+      fputc('\n', stderr);                                             \
+    }                                                                  \
   } while (0)
 
 static inline int unit_summary(const char *name) {
