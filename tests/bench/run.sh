@@ -7,6 +7,7 @@
 #        WRK_THREADS=2 WRK_CONNS=64          read load (wrk; HEAD: upload_load, wrk 4.1 cannot HEAD)
 #        UPLOAD_CONNS=16 UPLOAD_MAX=2000     new 1 MiB uploads: concurrency, cap per measurement
 #        DEDUP_CONNS=64                      dedup uploads (Expect: 100-continue) concurrency
+#        SMALL_CONNS=64 SMALL_MAX=40000      new 4 KiB uploads (group commit vs one per upload)
 #        SERVERS="blobref nginx registry"    leave one out to benchmark the others
 #        OUT=build/bench/results.md (also raw.log beside it; failed-logs/ after a failure)
 #        KEEP=1 (keep the work directory)
@@ -23,15 +24,18 @@ case "$BIN" in /*) ;; *) BIN=$ROOT/$BIN ;; esac
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10}
 UPLOAD_MAX=${UPLOAD_MAX:-2000}
+SMALL_MAX=${SMALL_MAX:-40000}
 if [ "${QUICK:-0}" = 1 ]; then
   ROUNDS=1
   DURATION=3
   UPLOAD_MAX=500
+  SMALL_MAX=5000
 fi
 WRK_THREADS=${WRK_THREADS:-2}
 WRK_CONNS=${WRK_CONNS:-64}
 UPLOAD_CONNS=${UPLOAD_CONNS:-16}
 DEDUP_CONNS=${DEDUP_CONNS:-64}
+SMALL_CONNS=${SMALL_CONNS:-64}
 SERVERS=${SERVERS:-blobref nginx registry}
 OUT=${OUT:-$ROOT/build/bench/results.md}
 N_SMALL=1000  # 4 KiB blobs
@@ -394,7 +398,7 @@ run_upload() {
   local sc=$1 s=$2 out want seed="$NONCE-r$ROUND-$1-$2" inst=""
   local common=(-d "$DURATION")
   case "$sc.$s" in
-  new.blobref | new.blobref_b1)
+  new.blobref | new.blobref_b1 | small.blobref | small.blobref_b1)
     # A fresh instance per measurement (its own data directory, removed afterwards).
     if [ "$s" = blobref_b1 ]; then
       inst=blobref_up_b1
@@ -403,8 +407,12 @@ run_upload() {
       inst=blobref_up
       start_blobref "$inst" "$P_BLOBREF_UP"
     fi
-    out=$(timeout $((DURATION + 60)) "$UL" -m put -u "http://127.0.0.1:$P_BLOBREF_UP/v1/blobs" -s $MIB \
-      -n "$UPLOAD_MAX" -S "$seed" -c "$UPLOAD_CONNS" "${common[@]}") || true
+    # small: 4 KiB blobs from many clients, where the index commit (not the bytes) is the cost,
+    # which is what group commit is for
+    local size=$MIB n=$UPLOAD_MAX conns=$UPLOAD_CONNS
+    [ "$sc" = small ] && size=4096 n=$SMALL_MAX conns=$SMALL_CONNS
+    out=$(timeout $((DURATION + 60)) "$UL" -m put -u "http://127.0.0.1:$P_BLOBREF_UP/v1/blobs" -s $size \
+      -n "$n" -S "$seed" -c "$conns" "${common[@]}") || true
     want='^201:'
     ;;
   new.nginx)
@@ -485,7 +493,11 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
   done
   for s in "${turn[@]}"; do
     run_upload new "$s"
-    [ "$s" = blobref ] && run_upload new blobref_b1
+    if [ "$s" = blobref ]; then
+      run_upload new blobref_b1
+      run_upload small blobref
+      run_upload small blobref_b1
+    fi
   done
   for s in "${turn[@]}"; do
     [ "$s" = nginx ] || run_upload dedup "$s"
@@ -537,13 +549,22 @@ declare -A LABEL=(
   [new]="New 1 MiB upload (blobref group commit / nginx dav PUT / registry POST+PUT)"
   [b1]="New 1 MiB upload, blobref \`index_batch_max = 1\`"
   [dedup]="Dedup 1 MiB upload, \`Expect: 100-continue\` (registry: cross-repo mount)"
+  [small]="New 4 KiB upload, blobref group commit"
+  [s1]="New 4 KiB upload, blobref \`index_batch_max = 1\`"
 )
 TABLE=$T/table.md
 {
   echo "| scenario | blobref req/s | p99 | nginx req/s | p99 | registry req/s | p99 |" \
     "blobref/nginx | blobref/registry |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-  for sc in head get4k get1m range redirect new b1 dedup; do
+  for sc in head get4k get1m range redirect new b1 small s1 dedup; do
+    if [ "$sc" = small ] || [ "$sc" = s1 ]; then
+      local_s=blobref
+      [ "$sc" = s1 ] && local_s=blobref_b1
+      echo "| ${LABEL[$sc]} | $(fmt_rps "$(med small "$local_s" 1)") |" \
+        "$(fmt_ms "$(med small "$local_s" 2)") | — | — | — | — | n/a | n/a |"
+      continue
+    fi
     if [ "$sc" = b1 ]; then
       echo "| ${LABEL[b1]} | $(fmt_rps "$(med new blobref_b1 1)") |" \
         "$(fmt_ms "$(med new blobref_b1 2)") | — | — | — | — |" \
@@ -590,6 +611,8 @@ DISK_MBPS=$(kv "$DISK" mbps)
   target "Dedup uploads >= 10,000/s" "$(med dedup blobref 1)" 10000
   target "Group commit vs index_batch_max = 1 (new uploads, >= 1x)" \
     "$(rmed new blobref new blobref_b1)" 1
+  target "Group commit vs index_batch_max = 1 (new 4 KiB uploads, >= 1x)" \
+    "$(rmed small blobref small blobref_b1)" 1
 } >"$TARGETS"
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
