@@ -83,56 +83,50 @@ static int unit_is(const char *unit, const char *name) {
   return 1;
 }
 
-int br_parse_size(const char *s, uint64_t *out) {
-  static const struct {
-    const char *name;
-    uint64_t mult;
-  } units[] = {{"", 1},
-               {"b", 1},
-               {"kib", 1ull << 10},
-               {"mib", 1ull << 20},
-               {"gib", 1ull << 30},
-               {"tib", 1ull << 40},
-               {"k", 1000},
-               {"kb", 1000},
-               {"m", 1000000},
-               {"mb", 1000000},
-               {"g", 1000000000},
-               {"gb", 1000000000},
-               {"t", 1000000000000ull},
-               {"tb", 1000000000000ull}};
+struct unit {
+  const char *name;
+  uint64_t scale;
+};
+
+/* A number with one of the units (case-insensitive; "" = no unit), scaled and rounded. */
+static int parse_scaled(const char *s, const struct unit *units, size_t nunits, uint64_t *out) {
   long double v;
   const char *unit;
   if (!s || parse_number_unit(s, &v, &unit) < 0) return -1;
-  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+  for (size_t i = 0; i < nunits; i++) {
     if (unit_is(unit, units[i].name)) {
-      long double bytes = v * (long double)units[i].mult;
-      if (bytes > 1.8e19L) return -1;
-      *out = (uint64_t)(bytes + 0.5L);
+      long double scaled = v * (long double)units[i].scale;
+      if (scaled > 1.8e19L) return -1;
+      *out = (uint64_t)(scaled + 0.5L);
       return 0;
     }
   }
   return -1;
 }
 
+int br_parse_size(const char *s, uint64_t *out) {
+  static const struct unit units[] = {{"", 1},
+                                      {"b", 1},
+                                      {"kib", 1ull << 10},
+                                      {"mib", 1ull << 20},
+                                      {"gib", 1ull << 30},
+                                      {"tib", 1ull << 40},
+                                      {"k", 1000},
+                                      {"kb", 1000},
+                                      {"m", 1000000},
+                                      {"mb", 1000000},
+                                      {"g", 1000000000},
+                                      {"gb", 1000000000},
+                                      {"t", 1000000000000ull},
+                                      {"tb", 1000000000000ull}};
+  return parse_scaled(s, units, sizeof units / sizeof units[0], out);
+}
+
 int br_parse_duration_ms(const char *s, uint64_t *out_ms) {
-  static const struct {
-    const char *name;
-    uint64_t ms;
-  } units[] = {{"", 1000},     {"ms", 1},      {"s", 1000},     {"m", 60000},
-               {"min", 60000}, {"h", 3600000}, {"d", 86400000}, {"w", 604800000}};
-  long double v;
-  const char *unit;
-  if (!s || parse_number_unit(s, &v, &unit) < 0) return -1;
-  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-    if (unit_is(unit, units[i].name)) {
-      long double ms = v * (long double)units[i].ms;
-      if (ms > 1.8e19L) return -1;
-      *out_ms = (uint64_t)(ms + 0.5L);
-      return 0;
-    }
-  }
-  return -1;
+  static const struct unit units[] = {{"", 1000},      {"ms", 1},       {"s", 1000},
+                                      {"m", 60000},    {"min", 60000},  {"h", 3600000},
+                                      {"d", 86400000}, {"w", 604800000}};
+  return parse_scaled(s, units, sizeof units / sizeof units[0], out_ms);
 }
 
 uint64_t br_now_ms(void) {

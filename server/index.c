@@ -300,6 +300,18 @@ struct op {
   struct op *next;
 };
 
+/* Encodes rec and stores it under op's digest: 0, -1 (op->err), or an LMDB error code. */
+static int put_record(br_index *idx, MDB_txn *txn, struct op *op, const br_record *rec) {
+  uint8_t buf[BR_RECORD_MAX_ENCODED];
+  size_t len = br_record_encode(rec, buf, sizeof buf);
+  if (!len) {
+    br_fail(&op->err, "index: record does not encode");
+    return -1;
+  }
+  MDB_val k = key_of(op->digest), v = {len, buf};
+  return mdb_put(txn, idx->dbi, &k, &v, 0);
+}
+
 static int apply_upload(br_index *idx, MDB_txn *txn, struct op *op) {
   MDB_val k = key_of(op->digest), v;
   int rc = mdb_get(txn, idx->dbi, &k, &v);
@@ -330,15 +342,7 @@ static int apply_upload(br_index *idx, MDB_txn *txn, struct op *op) {
       merged->nlocations++;
     }
   }
-  uint8_t buf[BR_RECORD_MAX_ENCODED];
-  size_t len = br_record_encode(merged, buf, sizeof buf);
-  if (!len) {
-    br_fail(&op->err, "index: record does not encode");
-    return -1;
-  }
-  v.mv_size = len;
-  v.mv_data = buf;
-  return mdb_put(txn, idx->dbi, &k, &v, 0);
+  return put_record(idx, txn, op, merged);
 }
 
 static int apply_touch(br_index *idx, MDB_txn *txn, struct op *op) {
@@ -358,15 +362,7 @@ static int apply_touch(br_index *idx, MDB_txn *txn, struct op *op) {
   }
   if (op->rec->last_upload_ms <= rec->last_upload_ms) return 0;
   rec->last_upload_ms = op->rec->last_upload_ms;
-  uint8_t buf[BR_RECORD_MAX_ENCODED];
-  size_t len = br_record_encode(rec, buf, sizeof buf);
-  if (!len) {
-    br_fail(&op->err, "index: record does not encode");
-    return -1;
-  }
-  v.mv_size = len;
-  v.mv_data = buf;
-  return mdb_put(txn, idx->dbi, &k, &v, 0);
+  return put_record(idx, txn, op, rec);
 }
 
 /* Runs ops[0..n) in one transaction. If the transaction fails as a whole and holds several

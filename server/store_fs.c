@@ -105,6 +105,18 @@ static int fsync_dir_at(int root_fd, const char *rel, br_err *err) {
   return 0;
 }
 
+/* fsyncs the directory holding key (relative to the root). */
+static int fsync_parent_of(struct fs_store *fs, const char *key, br_err *err) {
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", key);
+  char *slash = strrchr(dir, '/');
+  if (slash)
+    *slash = '\0';
+  else
+    strcpy(dir, ".");
+  return fsync_dir_at(fs->root_fd, dir, err);
+}
+
 /* Removes leftovers of uploads that never committed (the server stopped mid-upload). */
 static void remove_temp_files(struct fs_store *fs) {
   int dfd = openat(fs->root_fd, TMP_DIR, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -296,14 +308,7 @@ static int fs_write_commit(br_store_writer *bw, const char *key, br_err *err) {
     goto done;
   }
   w->tmp_name[0] = '\0';
-  char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s", key);
-  char *slash = strrchr(dir, '/');
-  if (slash)
-    *slash = '\0';
-  else
-    strcpy(dir, ".");
-  rc = fsync_dir_at(fs->root_fd, dir, err);
+  rc = fsync_parent_of(fs, key, err);
   if (rc < 0) bw->saved_errno = errno;
 done:;
   int saved = bw->saved_errno;
@@ -365,14 +370,7 @@ static int fs_remove(br_store *st, const char *key, br_err *err) {
     if (errno == ENOENT) return 0;
     return br_fail(err, "store %s: unlink %s: %s", st->cfg.name, key, strerror(errno));
   }
-  char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s", key);
-  char *slash = strrchr(dir, '/');
-  if (slash)
-    *slash = '\0';
-  else
-    strcpy(dir, ".");
-  return fsync_dir_at(fs->root_fd, dir, err);
+  return fsync_parent_of(fs, key, err);
 }
 
 /* Recursive walk below rel (relative to the root); the tmp directory is skipped. */
