@@ -248,13 +248,13 @@ enum MHD_Result ready_get(struct request *req);
 enum MHD_Result metrics_get(struct request *req);
 
 const struct route br_routes[] = {
-    {"PUT", "/v1/blobs/{hash}", BR_SCOPE_WRITE, put_begin, upload_body, upload_finish, "put"},
-    {"GET", "/v1/blobs/{hash}", BR_SCOPE_READ, NULL, NULL, blob_get, "get"},
-    {"POST", "/v1/blobs", BR_SCOPE_WRITE, post_begin, upload_body, upload_finish, "post"},
-    {"GET", "/v1/blobs/{hash}/meta", BR_SCOPE_READ, NULL, NULL, blob_meta, "meta"},
-    {"POST", "/v1/lookup", BR_SCOPE_READ, NULL, json_body, lookup_finish, "lookup"},
-    {"GET", "/healthz", 0, NULL, NULL, health_get, "health"},
-    {"GET", "/readyz", 0, NULL, NULL, ready_get, "health"},
-    {"GET", "/metrics", 0, NULL, NULL, metrics_get, "metrics"},
+    {"PUT", "/v1/blobs/{hash}", BR_SCOPE_WRITE, put_begin, upload_body, upload_finish},
+    {"GET", "/v1/blobs/{hash}", BR_SCOPE_READ, NULL, NULL, blob_get},
+    {"POST", "/v1/blobs", BR_SCOPE_WRITE, post_begin, upload_body, upload_finish},
+    {"GET", "/v1/blobs/{hash}/meta", BR_SCOPE_READ, NULL, NULL, blob_meta},
+    {"POST", "/v1/lookup", BR_SCOPE_READ, NULL, json_body, lookup_finish},
+    {"GET", "/healthz", 0, NULL, NULL, health_get},
+    {"GET", "/readyz", 0, NULL, NULL, ready_get},
+    {"GET", "/metrics", 0, NULL, NULL, metrics_get},
 };
 const size_t br_nroutes = sizeof br_routes / sizeof br_routes[0];

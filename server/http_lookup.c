@@ -131,14 +131,11 @@ enum MHD_Result lookup_finish(struct request *req) {
       r = reply_error(req, E_INTERNAL, "%s", err.msg);
       goto done;
     }
-    char hex[BR_HEX_LEN + 1];
-    br_hex_encode(digest, hex);
     if (rc == 0 && rec.state == BR_STATE_LIVE) {
-      char url[80];
-      snprintf(url, sizeof url, "/v1/blobs/%s", hex);
-      json_array_append_new(found, json_pack("{s:s,s:I,s:s}", "sha256", hex, "size",
-                                             (json_int_t)rec.size, "url", url));
+      json_array_append_new(found, blob_json(digest, rec.size));
     } else {
+      char hex[BR_HEX_LEN + 1];
+      br_hex_encode(digest, hex);
       json_array_append_new(missing, json_string(hex));
     }
   }

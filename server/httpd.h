@@ -62,7 +62,6 @@ struct route {
   route_fn begin;      /* first call, headers known (may answer early); NULL = nothing */
   route_body_fn body;  /* body chunks; NULL = the route takes no body */
   route_fn finish;     /* after the whole body (or at once when there is none) */
-  const char *metric;  /* label for /metrics */
 };
 
 enum request_phase { PHASE_NEW, PHASE_BODY, PHASE_SUSPENDED, PHASE_RESUMED, PHASE_ANSWERED };
@@ -153,7 +152,9 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
                            const char *key);
 /* 307 to url with a private Cache-Control. */
 enum MHD_Result reply_redirect(struct request *req, const char *url);
-/* The JSON view of an upload result: {"sha256","size","dedup","url"}. */
+/* The JSON view of a blob: {"sha256","size","url"} (lookup results). */
+json_t *blob_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size);
+/* The JSON view of an upload result: blob_json plus "dedup". */
 json_t *upload_result_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size, int dedup);
 /* Formats milliseconds since the epoch as RFC 3339 UTC. */
 void format_time_ms(uint64_t ms, char *out, size_t outlen);

@@ -132,12 +132,17 @@ void format_time_ms(uint64_t ms, char *out, size_t outlen) {
            tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (unsigned)(ms % 1000));
 }
 
-json_t *upload_result_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size, int dedup) {
+json_t *blob_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size) {
   char hex[BR_HEX_LEN + 1], url[80];
   br_hex_encode(digest, hex);
   snprintf(url, sizeof url, "/v1/blobs/%s", hex);
-  return json_pack("{s:s,s:I,s:b,s:s}", "sha256", hex, "size", (json_int_t)size, "dedup", dedup,
-                   "url", url);
+  return json_pack("{s:s,s:I,s:s}", "sha256", hex, "size", (json_int_t)size, "url", url);
+}
+
+json_t *upload_result_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size, int dedup) {
+  json_t *j = blob_json(digest, size);
+  if (j) json_object_set_new(j, "dedup", json_boolean(dedup));
+  return j;
 }
 
 /* ---- blob bodies ---------------------------------------------------------------------------- */
