@@ -449,6 +449,9 @@ static int decode_row_group(tc_reader *r, pq_meta *m, size_t *nchunks, size_t *c
 static int walk_schema(pq_meta *m, uint32_t *idx, const char *prefix, int def, int rep, int depth,
                        br_err *err) {
   if (depth > MAX_LEVEL) return br_fail(err, "parquet: schema nested too deeply");
+  /* num_children was checked against what is left, but earlier siblings' subtrees may have used
+   * it up */
+  if (*idx >= m->nschema) return br_fail(err, "parquet: schema has fewer elements than it says");
   pq_schema_el *el = &m->schema[*idx];
   (*idx)++;
   size_t plen = prefix ? strlen(prefix) : 0;
