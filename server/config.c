@@ -14,6 +14,7 @@ enum key_type {
   KEY_DURATION,
   KEY_COUNT,
   KEY_FRACTION,
+  KEY_BOOL,
   KEY_SERVE,
   KEY_FORM,
   KEY_SCOPES,
@@ -70,6 +71,20 @@ static const struct key_spec store_keys[] = {
     {"public_url", KEY_STRING, STO(public_url), "", 0, 0},
     {"prefix", KEY_STRING, STO(prefix), "", 0, 0},
     {"presign_ttl", KEY_DURATION, STO(presign_ttl_ms), "15m", 1000, 7 * 86400000ull},
+    {"endpoint", KEY_STRING, STO(endpoint), "", 0, 0},
+    {"region", KEY_STRING, STO(region), "us-east-1", 0, 0},
+    {"bucket", KEY_STRING, STO(bucket), "", 0, 0},
+    {"path_style", KEY_BOOL, STO(path_style), "true", 0, 0},
+    {"access_key", KEY_STRING, STO(access_key), "", 0, 0},
+    {"secret_key", KEY_STRING, STO(secret_key), "", 0, 0},
+    {"session_token", KEY_STRING, STO(session_token), "", 0, 0},
+    {"cdn_url", KEY_STRING, STO(cdn_url), "", 0, 0},
+    {"spool_dir", KEY_STRING, STO(spool_dir), "", 0, 0},
+    {"part_size", KEY_SIZE, STO(part_size), "16MiB", 5 << 20, 5ull << 30},
+    {"url", KEY_STRING, STO(url), "", 0, 0},
+    {"connect_timeout", KEY_DURATION, STO(connect_timeout_ms), "2s", 100, 600000},
+    {"timeout", KEY_DURATION, STO(timeout_ms), "5m", 1000, 86400000},
+    {"retries", KEY_COUNT, STO(retries), "3", 0, 10},
 };
 #define TAB(field) offsetof(br_table_config, field)
 static const struct key_spec table_keys[] = {
@@ -147,6 +162,14 @@ static int set_key(const struct key_spec *k, void *base, const char *value, br_e
       *(double *)p = d;
       return 0;
     }
+    case KEY_BOOL:
+      if (!strcmp(value, "true") || !strcmp(value, "yes") || !strcmp(value, "1"))
+        *(int *)p = 1;
+      else if (!strcmp(value, "false") || !strcmp(value, "no") || !strcmp(value, "0"))
+        *(int *)p = 0;
+      else
+        return br_fail(err, "%s: '%s' must be true or false", k->name, value);
+      return 0;
     case KEY_SERVE:
       if (!strcmp(value, "proxy"))
         *(enum br_serve_mode *)p = BR_SERVE_PROXY;
@@ -437,10 +460,26 @@ int br_config_finish(br_config *cfg, br_err *err) {
     if (s->serve == BR_SERVE_REDIRECT && !strcmp(s->kind, "fs") && !*s->public_url)
       return br_fail(err, "%s:%d: [store %s] serve = redirect needs public_url", where, s->line,
                      s->name);
+    if (strcmp(s->kind, "fs") && strcmp(s->kind, "s3") && strcmp(s->kind, "http"))
+      return br_fail(err, "%s:%d: [store %s] kind must be fs, s3 or http", where, s->line,
+                     s->name);
+    if (!strcmp(s->kind, "s3") && (!*s->endpoint || !*s->bucket))
+      return br_fail(err, "%s:%d: [store %s] kind = s3 needs endpoint and bucket", where, s->line,
+                     s->name);
+    if (!strcmp(s->kind, "http") && !*s->url)
+      return br_fail(err, "%s:%d: [store %s] kind = http needs url", where, s->line, s->name);
+    if (!strcmp(s->kind, "s3") && !*s->spool_dir) {
+      char spool[4096];
+      snprintf(spool, sizeof spool, "%s/spool/%s", cfg->data_dir, s->name);
+      if (br_config_set_string(&s->spool_dir, spool) < 0) return br_fail(err, "out of memory");
+    }
   }
   if (!*cfg->upload_store) br_config_set_string(&cfg->upload_store, cfg->stores[0].name);
   if (!br_config_store(cfg, cfg->upload_store))
     return br_fail(err, "%s: [server] upload_store: no [store %s]", where, cfg->upload_store);
+  if (!strcmp(br_config_store(cfg, cfg->upload_store)->kind, "http"))
+    return br_fail(err, "%s: [server] upload_store: [store %s] is a read-only http origin", where,
+                   cfg->upload_store);
   for (int i = 0; i < cfg->ntables; i++) {
     br_table_config *t = &cfg->tables[i];
     if (!*t->location || !*t->column)

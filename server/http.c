@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "httpd.h"
@@ -260,7 +261,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return MHD_YES;
   }
   if (req->has_pending) return reply_error(req, req->pending, "%s", req->pending_message);
-  if (req->phase == PHASE_SUSPENDED) return MHD_YES;
+  if (req->phase == PHASE_SUSPENDED) {
+    if (!req->proxy) return MHD_YES;
+    req->phase = PHASE_RESUMED; /* a proxied read whose origin answered */
+  }
   return req->route->finish(req);
 }
 
@@ -276,6 +280,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     br_info("%s %s: client went away after %llu bytes; nothing kept", req->method,
             req->route ? req->route->pattern : "-", (unsigned long long)req->received);
   request_free_upload(req);
+  proxy_request_done(req);
   free(req->body);
   free(req);
   *con_cls = NULL;
@@ -298,7 +303,7 @@ static void finish_upload(struct request *req) {
     return;
   }
   if (br_store_write_commit(w, key, &err) < 0) {
-    req->finish_error = errno == ENOSPC || errno == EDQUOT ? E_NO_SPACE : E_INTERNAL;
+    req->finish_error = store_error_code(errno);
     snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
     return;
   }
@@ -378,6 +383,57 @@ int br_server_finish_async(struct request *req, enum job_kind job) {
   return 0;
 }
 
+/* ---- store health ------------------------------------------------------------------------------
+ */
+
+/* Checks every store that can fail (S3, http origins) every few seconds, more often while one is
+ * failing, so that /readyz can answer from memory and say which store is wrong and why. */
+static void *health_main(void *arg) {
+  br_server *srv = arg;
+  pthread_mutex_lock(&srv->health_lock);
+  while (srv->health_running) {
+    int all_ok = 1;
+    for (int i = 0; i < srv->nstores; i++) {
+      pthread_mutex_unlock(&srv->health_lock);
+      br_err err;
+      int rc = br_store_check(srv->stores[i], &err);
+      pthread_mutex_lock(&srv->health_lock);
+      int was = atomic_load(&srv->store_ok[i]);
+      if (rc < 0) {
+        snprintf(srv->store_error[i], sizeof srv->store_error[i], "%s", err.msg);
+        if (was != 0) br_warn("not ready: %s", err.msg);
+        all_ok = 0;
+      } else if (was == 0) {
+        br_info("store %s is reachable again", br_store_name(srv->stores[i]));
+      }
+      atomic_store(&srv->store_ok[i], rc < 0 ? 0 : 1);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += all_ok ? 5 : 1;
+    if (srv->health_running) pthread_cond_timedwait(&srv->health_cv, &srv->health_lock, &ts);
+  }
+  pthread_mutex_unlock(&srv->health_lock);
+  return NULL;
+}
+
+int br_server_store_health(br_server *srv, char *msg, size_t msglen) {
+  int ok = 1;
+  pthread_mutex_lock(&srv->health_lock);
+  for (int i = 0; i < srv->nstores && ok; i++) {
+    int v = atomic_load(&srv->store_ok[i]);
+    if (v < 0) {
+      snprintf(msg, msglen, "store %s: not checked yet", br_store_name(srv->stores[i]));
+      ok = 0;
+    } else if (v == 0) {
+      snprintf(msg, msglen, "%s", srv->store_error[i]);
+      ok = 0;
+    }
+  }
+  pthread_mutex_unlock(&srv->health_lock);
+  return ok ? 0 : -1;
+}
+
 /* ---- daemon -----------------------------------------------------------------------------------
  */
 
@@ -435,6 +491,16 @@ int br_server_start(br_server *srv, br_err *err) {
   if (parse_listen(cfg->listen, &ss, &sslen, err) < 0) return -1;
   srv->started_ms = br_now_ms();
   pthread_mutex_init(&srv->job_lock, NULL);
+  pthread_mutex_init(&srv->health_lock, NULL);
+  pthread_cond_init(&srv->health_cv, NULL);
+  for (int i = 0; i < srv->nstores; i++)
+    atomic_store(&srv->store_ok[i], strcmp(br_store_kind(srv->stores[i]), "fs") ? -1 : 1);
+  srv->health_running = 1;
+  if (pthread_create(&srv->health_thread, NULL, health_main, srv)) {
+    srv->health_running = 0;
+    return br_fail(err, "cannot start the health thread");
+  }
+  if (proxy_engine_start(srv, err) < 0) return -1;
   pthread_cond_init(&srv->job_cv, NULL);
   srv->finishers = calloc(FINISHER_THREADS, sizeof *srv->finishers);
   if (!srv->finishers) return br_fail(err, "out of memory");
@@ -487,6 +553,8 @@ void br_server_stop(br_server *srv) {
       }
       usleep(5000);
     }
+    /* proxied reads in progress end now: their suspended connections resume with an error */
+    proxy_engine_stop(srv);
     MHD_stop_daemon(srv->daemon);
     srv->daemon = NULL;
     if (listener != MHD_INVALID_SOCKET) close(listener);
@@ -496,6 +564,14 @@ void br_server_stop(br_server *srv) {
   pthread_cond_broadcast(&srv->job_cv);
   pthread_mutex_unlock(&srv->job_lock);
   for (int i = 0; i < srv->nfinishers; i++) pthread_join(srv->finishers[i], NULL);
+  proxy_engine_stop(srv); /* when the daemon never started */
+  if (srv->health_running) {
+    pthread_mutex_lock(&srv->health_lock);
+    srv->health_running = 0;
+    pthread_cond_broadcast(&srv->health_cv);
+    pthread_mutex_unlock(&srv->health_lock);
+    pthread_join(srv->health_thread, NULL);
+  }
   free(srv->finishers);
   srv->finishers = NULL;
   srv->nfinishers = 0;

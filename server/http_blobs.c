@@ -16,6 +16,20 @@ void request_free_upload(struct request *req) {
   req->sha = NULL;
 }
 
+enum br_api_error store_error_code(int e) {
+  switch (e) {
+    case ENOSPC:
+    case EDQUOT:
+      return E_NO_SPACE;
+    case EHOSTUNREACH:
+      return E_STORE_UNAVAILABLE;
+    case EPROTO:
+      return E_STORE_ERROR;
+    default:
+      return E_INTERNAL;
+  }
+}
+
 static const char *header(struct request *req, const char *name) {
   return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
 }
@@ -72,10 +86,15 @@ static enum MHD_Result upload_begin_common(struct request *req) {
 static enum MHD_Result open_writer(struct request *req) {
   br_err err;
   req->store = req->srv->upload_store;
+  errno = 0;
   req->writer = br_store_write_begin(req->store, &err);
   if (!req->writer)
-    return reply_error(req, errno == ENOSPC || errno == EDQUOT ? E_NO_SPACE : E_INTERNAL, "%s",
-                       err.msg);
+    return reply_error(req, store_error_code(errno), "%s", err.msg);
+  if (req->has_digest) { /* PUT: the key is known before the body */
+    char key[BR_MAX_KEY + 1];
+    if (br_store_default_key(req->store, req->digest, key, sizeof key))
+      br_store_write_key_hint(req->writer, key);
+  }
   return MHD_YES;
 }
 
@@ -117,8 +136,7 @@ static int upload_body(struct request *req, const char *data, size_t len) {
   if (req->writer) {
     br_err err;
     if (br_store_write(req->writer, data, len, &err) < 0) {
-      int e = br_store_writer_errno(req->writer);
-      request_fail(req, e == ENOSPC || e == EDQUOT ? E_NO_SPACE : E_INTERNAL, "%s", err.msg);
+      request_fail(req, store_error_code(br_store_writer_errno(req->writer)), "%s", err.msg);
       request_free_upload(req);
       return -1;
     }
@@ -162,6 +180,7 @@ static enum MHD_Result upload_finish(struct request *req) {
     memcpy(req->digest, got, BR_SHA256_LEN);
     req->has_digest = 1;
   }
+  if (req->writer) br_store_write_set_digest(req->writer, req->digest);
   br_record rec;
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
@@ -193,11 +212,11 @@ static enum MHD_Result blob_get(struct request *req) {
   if (!store)
     return reply_error(req, E_STORE_UNAVAILABLE, "the blob's store %s is not configured",
                        loc ? loc->store : "(none)");
-  if (br_store_serve_mode(store) == BR_SERVE_REDIRECT) {
+  if (br_store_serve_mode(store) == BR_SERVE_REDIRECT && !req->proxy) {
     char url[4096];
-    int u = br_store_redirect_url(store, loc->key, req->srv->cfg->cache_max_age_ms * 2, url,
-                                  sizeof url, &err);
-    if (u == 0) return reply_redirect(req, url);
+    uint64_t valid_ms;
+    int u = br_store_redirect_url(store, loc->key, url, sizeof url, &valid_ms, &err);
+    if (u == 0) return reply_redirect(req, url, valid_ms);
     if (u < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
   }
   return reply_blob(req, &rec, store, loc->key);

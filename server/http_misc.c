@@ -13,6 +13,9 @@ enum MHD_Result health_get(struct request *req) {
 
 enum MHD_Result ready_get(struct request *req) {
   if (!atomic_load(&req->srv->ready)) return reply_error(req, E_NOT_READY, "starting or stopping");
+  char msg[sizeof(br_err)];
+  if (br_server_store_health(req->srv, msg, sizeof msg) < 0)
+    return reply_error(req, E_NOT_READY, "%s", msg);
   return reply_json(req, MHD_HTTP_OK, json_pack("{s:s}", "status", "ready"));
 }
 

@@ -37,6 +37,7 @@ enum br_api_error {
   E_NOT_READY,
   E_TRY_AGAIN,
   E_STORE_UNAVAILABLE,
+  E_STORE_ERROR,
   E_INTERNAL,
   E__COUNT
 };
@@ -101,6 +102,8 @@ struct request {
   size_t body_len, body_cap;
   unsigned status; /* what was answered, for /metrics */
   int route_index;
+  struct proxy_job *proxy; /* a proxied read from an S3/http store (http_proxy.c) */
+  char boundary[64];       /* multipart/byteranges boundary, kept across a suspension */
   enum job_kind { JOB_UPLOAD, JOB_TOUCH } job;
   struct request *next_job; /* finisher queue link */
 };
@@ -112,6 +115,14 @@ struct br_server {
   int nstores;
   br_store *upload_store;
   struct blobcache *cache; /* small blobs' bytes; NULL when cache_size = 0 */
+  struct proxy_engine *proxy; /* the curl multi loop behind proxied reads */
+  /* store health, refreshed by the health thread: 0 ok, else the message in store_error */
+  atomic_int store_ok[BR_MAX_STORES];
+  char store_error[BR_MAX_STORES][sizeof(br_err)];
+  pthread_mutex_t health_lock;
+  pthread_t health_thread;
+  int health_running;
+  pthread_cond_t health_cv;
   struct MHD_Daemon *daemon;
   atomic_int ready;
   /* upload finishers: fsync + rename + index commit off the network threads */
@@ -133,10 +144,38 @@ struct br_server {
 int br_server_start(br_server *srv, br_err *err);
 void br_server_stop(br_server *srv);
 br_store *br_server_store(br_server *srv, const char *name);
+/* 0 when every store passed its last health check, else -1 with the first problem in msg. */
+int br_server_store_health(br_server *srv, char *msg, size_t msglen);
 /* Hands a job (an upload to make durable and index, or a dedup touch) to a finisher thread and
  * suspends the connection until it is done; the route's finish handler then runs again with
  * phase PHASE_RESUMED. Returns -1 (nothing queued) when the server is stopping. */
 int br_server_finish_async(struct request *req, enum job_kind job);
+
+/* http_proxy.c: reads from stores that are read over HTTP, without blocking network threads. */
+int proxy_engine_start(br_server *srv, br_err *err);
+/* Fails every proxied read in progress (their connections resume) and stops the loop. */
+void proxy_engine_stop(br_server *srv);
+/* One piece of a proxied body: literal bytes (literal_len > 0), or len bytes of the object from
+ * first. */
+struct proxy_part {
+  const char *literal;
+  size_t literal_len;
+  uint64_t first, len;
+};
+/* Starts fetching the pieces from url and suspends req; the route's finish handler runs again
+ * (PHASE_RESUMED, req->proxy set) once the origin answered (collect = 0) or the whole body is
+ * in memory (collect = 1). Returns 0, or -1 with err (nothing started, not suspended). */
+int proxy_start(struct request *req, const char *url, const struct proxy_part *parts, size_t n,
+                int collect, br_err *err);
+/* After the resume: 0, or -1 with the failure in msg (*status: the origin's HTTP status, 0 when
+ * it could not be reached). */
+int proxy_result(struct request *req, long *status, char *msg, size_t msglen);
+/* collect = 1: the bytes received. */
+const char *proxy_collected(struct request *req, size_t *len);
+/* A response whose size-byte body streams from the transfer. */
+struct MHD_Response *proxy_response(struct request *req, uint64_t size);
+/* Releases the request's hold on its proxied read (on completion). */
+void proxy_request_done(struct request *req);
 
 /* Remembers an error that is answered on the request's final call. */
 void request_fail(struct request *req, enum br_api_error e, const char *fmt, ...)
@@ -150,8 +189,9 @@ enum MHD_Result reply_response(struct request *req, unsigned status, struct MHD_
 /* Serves a blob's bytes (or headers only, for HEAD), honouring Range, If-Range, If-None-Match. */
 enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *store,
                            const char *key);
-/* 307 to url with a private Cache-Control. */
-enum MHD_Result reply_redirect(struct request *req, const char *url);
+/* 307 to url with a private Cache-Control whose max-age is cache_max_age, and at most half of
+ * valid_ms (how long the URL works; UINT64_MAX: no limit). */
+enum MHD_Result reply_redirect(struct request *req, const char *url, uint64_t valid_ms);
 /* The JSON view of a blob: {"sha256","size","url"} (lookup results). */
 json_t *blob_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size);
 /* The JSON view of an upload result: blob_json plus "dedup". */
@@ -168,5 +208,7 @@ int lookup_parse(const char *body, size_t len, uint64_t max_hashes, uint8_t **di
 extern const struct route br_routes[];
 extern const size_t br_nroutes;
 void request_free_upload(struct request *req);
+/* The API error for a store errno (br_store_writer_errno). */
+enum br_api_error store_error_code(int e);
 
 #endif

@@ -42,6 +42,7 @@ static const struct {
     [E_NOT_READY] = {"not_ready", 503},
     [E_TRY_AGAIN] = {"try_again", 503},
     [E_STORE_UNAVAILABLE] = {"store_unavailable", 503},
+    [E_STORE_ERROR] = {"store_error", 502},
     [E_INTERNAL] = {"internal", 500},
 };
 
@@ -114,11 +115,13 @@ enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char
   return reply_response(req, status, resp);
 }
 
-enum MHD_Result reply_redirect(struct request *req, const char *url) {
+enum MHD_Result reply_redirect(struct request *req, const char *url, uint64_t valid_ms) {
   struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
   if (!resp) return MHD_NO;
   char cc[64];
-  snprintf(cc, sizeof cc, "private, max-age=%" PRIu64, req->srv->cfg->cache_max_age_ms / 1000);
+  uint64_t max_age_ms = req->srv->cfg->cache_max_age_ms;
+  if (valid_ms != UINT64_MAX && max_age_ms > valid_ms / 2) max_age_ms = valid_ms / 2;
+  snprintf(cc, sizeof cc, "private, max-age=%" PRIu64, max_age_ms / 1000);
   MHD_add_response_header(resp, MHD_HTTP_HEADER_LOCATION, url);
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, cc);
   return reply_response(req, MHD_HTTP_TEMPORARY_REDIRECT, resp);
@@ -361,6 +364,159 @@ static cached_blob *cached_bytes(struct request *req, const br_record *rec, br_s
   return entry;
 }
 
+
+/* Headers common to every blob body reply, the byte count, and the queueing. */
+static enum MHD_Result finish_blob_reply(struct request *req, const br_record *rec,
+                                         struct MHD_Response *resp, unsigned status,
+                                         const br_byte_range *ranges, size_t n, const char *etag,
+                                         const char *repr) {
+  add_blob_headers(resp, n > 1 ? NULL : rec, etag, repr);
+  if (status == MHD_HTTP_PARTIAL_CONTENT && n == 1) {
+    char cr[80];
+    snprintf(cr, sizeof cr, "bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64, ranges[0].first,
+             ranges[0].last, rec->size);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
+  } else if (n > 1) {
+    char ct[128];
+    snprintf(ct, sizeof ct, "multipart/byteranges; boundary=%s", req->boundary);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ct);
+  }
+  uint64_t body_bytes = 0;
+  if (status == MHD_HTTP_OK)
+    body_bytes = rec->size;
+  else
+    for (size_t i = 0; i < n; i++) body_bytes += ranges[i].last - ranges[i].first + 1;
+  atomic_fetch_add(&req->srv->bytes_out, body_bytes);
+  return reply_response(req, status, resp);
+}
+
+/* Serves the whole blob or one range of it from a cache entry (taking the reference). */
+static enum MHD_Result reply_cached(struct request *req, const br_record *rec, cached_blob *cb,
+                                    unsigned status, const br_byte_range *ranges, size_t n,
+                                    const char *etag, const char *repr) {
+  uint64_t first = n ? ranges[0].first : 0, len = n ? ranges[0].last - first + 1 : rec->size;
+  struct MHD_Response *resp = MHD_create_response_from_buffer_with_free_callback_cls(
+      (size_t)len, (void *)(cached_blob_data(cb) + first), blobcache_release, cb);
+  if (!resp) {
+    blobcache_release(cb);
+    return reply_error(req, E_INTERNAL, "cannot create the response");
+  }
+  return finish_blob_reply(req, rec, resp, status, ranges, n, etag, repr);
+}
+
+/* The multipart/byteranges framing: the text before each part and the closing delimiter, in
+ * one malloc'd buffer; offs[i] / lens[i] locate part i's header, offs[n] / lens[n] the end. */
+static char *multipart_framing(struct request *req, const br_record *rec,
+                               const br_byte_range *ranges, size_t n, size_t *offs,
+                               size_t *lens) {
+  size_t cap = n * 400 + 128, used = 0;
+  char *h = malloc(cap);
+  if (!h) return NULL;
+  if (!req->boundary[0])
+    snprintf(req->boundary, sizeof req->boundary, "blobref-%016" PRIx64 "%08x", br_now_ms(),
+             (unsigned)random());
+  const char *type = rec->content_type[0] ? rec->content_type : "application/octet-stream";
+  for (size_t i = 0; i < n; i++) {
+    int w = snprintf(h + used, cap - used,
+                     "%s--%s\r\nContent-Type: %s\r\nContent-Range: bytes %" PRIu64 "-%" PRIu64
+                     "/%" PRIu64 "\r\n\r\n",
+                     i ? "\r\n" : "", req->boundary, type, ranges[i].first, ranges[i].last,
+                     rec->size);
+    offs[i] = used;
+    lens[i] = (size_t)w;
+    used += (size_t)w;
+  }
+  int w = snprintf(h + used, cap - used, "\r\n--%s--\r\n", req->boundary);
+  offs[n] = used;
+  lens[n] = (size_t)w;
+  return h;
+}
+
+/* A blob in an S3 or http store: on the first call the transfer starts and the connection is
+ * suspended (small blobs are fetched whole, checked against their hash and cached); on the
+ * second the origin's answer is known and the body streams through. */
+static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, br_store *store,
+                                     const char *url, unsigned status, const br_byte_range *ranges,
+                                     size_t n, const char *etag, const char *repr) {
+  blobcache *cache = req->srv->cache;
+  int cacheable = n <= 1 && rec->size <= blobcache_max_blob(cache) && rec->size > 0;
+  if (cacheable) {
+    cached_blob *hit = blobcache_get(cache, req->digest);
+    if (hit) return reply_cached(req, rec, hit, status, ranges, n, etag, repr);
+  }
+  br_err err;
+  if (!req->proxy) {
+    struct proxy_part parts[2 * BR_RANGE_MAX + 1];
+    size_t np = 0;
+    char *framing = NULL;
+    if (cacheable || status == MHD_HTTP_OK) {
+      parts[np++] = (struct proxy_part){NULL, 0, 0, rec->size};
+    } else if (n == 1) {
+      parts[np++] = (struct proxy_part){NULL, 0, ranges[0].first,
+                                        ranges[0].last - ranges[0].first + 1};
+    } else {
+      size_t offs[BR_RANGE_MAX + 1], lens[BR_RANGE_MAX + 1];
+      framing = multipart_framing(req, rec, ranges, n, offs, lens);
+      if (!framing) return reply_error(req, E_INTERNAL, "out of memory");
+      for (size_t i = 0; i < n; i++) {
+        parts[np++] = (struct proxy_part){framing + offs[i], lens[i], 0, 0};
+        parts[np++] = (struct proxy_part){NULL, 0, ranges[i].first,
+                                          ranges[i].last - ranges[i].first + 1};
+      }
+      parts[np++] = (struct proxy_part){framing + offs[n], lens[n], 0, 0};
+    }
+    int rc = proxy_start(req, url, parts, np, cacheable, &err);
+    free(framing);
+    if (rc < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
+    return MHD_YES; /* suspended: the origin's answer brings us back here */
+  }
+  long origin_status = 0;
+  char msg[256];
+  if (proxy_result(req, &origin_status, msg, sizeof msg) < 0) {
+    if (origin_status == 404)
+      br_error("blob: index says store %s has it, but the store answers 404", br_store_name(store));
+    return reply_error(req, origin_status >= 400 && origin_status < 500 && origin_status != 404
+                                ? E_STORE_ERROR
+                                : E_STORE_UNAVAILABLE,
+                       "store %s: %s", br_store_name(store), msg);
+  }
+  if (cacheable) {
+    size_t len;
+    const char *bytes = proxy_collected(req, &len);
+    uint8_t got[BR_SHA256_LEN];
+    EVP_Digest(bytes, len, got, NULL, EVP_sha256(), NULL);
+    if (len != rec->size || memcmp(got, req->digest, BR_SHA256_LEN) != 0) {
+      char hex[BR_HEX_LEN + 1];
+      br_hex_encode(req->digest, hex);
+      br_error("blob %s: the bytes in store %s do not match their hash", hex, br_store_name(store));
+      return reply_error(req, E_STORE_UNAVAILABLE, "the stored bytes do not match their hash");
+    }
+    cached_blob *cb = blobcache_put(cache, req->digest, bytes, len);
+    if (cb) return reply_cached(req, rec, cb, status, ranges, n, etag, repr);
+    uint64_t first = n ? ranges[0].first : 0, blen = n ? ranges[0].last - first + 1 : rec->size;
+    struct MHD_Response *resp = MHD_create_response_from_buffer((size_t)blen, (void *)(bytes + first),
+                                                                MHD_RESPMEM_MUST_COPY);
+    if (!resp) return reply_error(req, E_INTERNAL, "cannot create the response");
+    return finish_blob_reply(req, rec, resp, status, ranges, n, etag, repr);
+  }
+  uint64_t body = 0;
+  if (status == MHD_HTTP_OK) {
+    body = rec->size;
+  } else {
+    for (size_t i = 0; i < n; i++) body += ranges[i].last - ranges[i].first + 1;
+    if (n > 1) {
+      size_t offs[BR_RANGE_MAX + 1], lens[BR_RANGE_MAX + 1];
+      char *framing = multipart_framing(req, rec, ranges, n, offs, lens);
+      if (!framing) return reply_error(req, E_INTERNAL, "out of memory");
+      for (size_t i = 0; i <= n; i++) body += lens[i];
+      free(framing);
+    }
+  }
+  struct MHD_Response *resp = proxy_response(req, body);
+  if (!resp) return reply_error(req, E_INTERNAL, "cannot create the response");
+  return finish_blob_reply(req, rec, resp, status, ranges, n, etag, repr);
+}
+
 enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *store,
                            const char *key) {
   char hex[BR_HEX_LEN + 1], etag[BR_HEX_LEN + 3], repr[80];
@@ -408,7 +564,6 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
   }
 
   struct MHD_Response *resp;
-  char boundary[64] = "";
   unsigned status = rr == BR_RANGE_OK ? MHD_HTTP_PARTIAL_CONTENT : MHD_HTTP_OK;
   if (req->is_head && status == MHD_HTTP_OK) {
     /* HEAD of the whole: no need to touch the store at all */
@@ -417,24 +572,28 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     add_blob_headers(resp, rec, etag, repr);
     return reply_response(req, status, resp);
   }
+  /* S3 and http stores are read over HTTP by the proxy loop, never on this thread */
+  char url[4096];
+  br_err err;
+  int via_url = req->proxy != NULL;
+  if (!via_url) {
+    int fu = br_store_fetch_url(store, key, url, sizeof url, &err);
+    if (fu < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
+    via_url = fu == 0;
+    if (via_url && br_store_unavailable(store))
+      return reply_error(req, E_STORE_UNAVAILABLE, "store %s cannot be reached right now",
+                         br_store_name(store));
+  }
+  if (via_url)
+    return reply_proxied(req, rec, store, url, status, ranges, n, etag, repr);
   if (n <= 1) {
     enum br_api_error cache_error;
     cached_blob *cb = cached_bytes(req, rec, store, key, &cache_error);
     if (!cb && cache_error != E__COUNT)
       return reply_error(req, cache_error, "the stored bytes do not match their hash");
-    if (cb) {
-      uint64_t first = n ? ranges[0].first : 0, len = n ? ranges[0].last - first + 1 : rec->size;
-      resp = MHD_create_response_from_buffer_with_free_callback_cls(
-          (size_t)len, (void *)(cached_blob_data(cb) + first), blobcache_release, cb);
-      if (!resp) {
-        blobcache_release(cb);
-        return reply_error(req, E_INTERNAL, "cannot create the response");
-      }
-      goto headers;
-    }
+    if (cb) return reply_cached(req, rec, cb, status, ranges, n, etag, repr);
   }
   br_store_reader r;
-  br_err err;
   int orc = br_store_open_read(store, key, &r, &err);
   if (orc != 0) {
     if (orc > 0) {
@@ -456,25 +615,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
   else if (n == 1)
     resp = range_response(&r, ranges[0].first, ranges[0].last - ranges[0].first + 1);
   else
-    resp = multipart_response(&r, rec, ranges, n, boundary, sizeof boundary);
+    resp = multipart_response(&r, rec, ranges, n, req->boundary, sizeof req->boundary);
   if (!resp) return reply_error(req, E_INTERNAL, "cannot create the response");
-headers:
-  add_blob_headers(resp, n > 1 ? NULL : rec, etag, repr);
-  if (status == MHD_HTTP_PARTIAL_CONTENT && n == 1) {
-    char cr[80];
-    snprintf(cr, sizeof cr, "bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64, ranges[0].first,
-             ranges[0].last, rec->size);
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
-  } else if (n > 1) {
-    char ct[128];
-    snprintf(ct, sizeof ct, "multipart/byteranges; boundary=%s", boundary);
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ct);
-  }
-  uint64_t body_bytes = 0;
-  if (status == MHD_HTTP_OK)
-    body_bytes = rec->size;
-  else
-    for (size_t i = 0; i < n; i++) body_bytes += ranges[i].last - ranges[i].first + 1;
-  atomic_fetch_add(&req->srv->bytes_out, body_bytes);
-  return reply_response(req, status, resp);
+  return finish_blob_reply(req, rec, resp, status, ranges, n, etag, repr);
 }

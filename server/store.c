@@ -1,4 +1,4 @@
-/* The store interface: dispatch to the kind (fs now; s3 and http later) and the generic parts. */
+/* The store interface: dispatch to the kind (fs, s3, http) and the generic parts. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,7 +6,8 @@
 
 #include "store_internal.h"
 
-static const struct store_ops *const kinds[] = {&br_store_fs_ops};
+static const struct store_ops *const kinds[] = {&br_store_fs_ops, &br_store_s3_ops,
+                                                 &br_store_http_ops};
 
 br_store *br_store_open(const br_store_config *cfg, br_err *err) {
   const struct store_ops *ops = NULL;
@@ -115,15 +116,48 @@ int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   return st->ops->stat(st, key, size, err);
 }
 
-int br_store_redirect_url(br_store *st, const char *key, uint64_t ttl_ms, char *out, size_t outlen,
-                          br_err *err) {
+int br_store_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+                          uint64_t *valid_ms, br_err *err) {
+  *valid_ms = UINT64_MAX;
   if (!st->ops->redirect_url) return 1;
-  return st->ops->redirect_url(st, key, ttl_ms, out, outlen, err);
+  return st->ops->redirect_url(st, key, out, outlen, valid_ms, err);
+}
+
+int br_store_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err) {
+  if (!st->ops->fetch_url) return 1;
+  if (br_store_key_valid(key) < 0) return br_fail(err, "invalid object key '%s'", key);
+  return st->ops->fetch_url(st, key, out, outlen, err);
+}
+
+void br_store_write_set_digest(br_store_writer *w, const uint8_t digest[BR_SHA256_LEN]) {
+  memcpy(w->digest, digest, BR_SHA256_LEN);
+  w->has_digest = 1;
+}
+
+void br_store_write_key_hint(br_store_writer *w, const char *key) {
+  snprintf(w->key_hint, sizeof w->key_hint, "%s", key);
+}
+
+int br_store_check(br_store *st, br_err *err) {
+  return st->ops->check ? st->ops->check(st, err) : 0;
+}
+
+int br_store_unavailable(br_store *st) {
+  return st->ops->unavailable ? st->ops->unavailable(st) : 0;
 }
 
 int br_store_delete(br_store *st, const char *key, br_err *err) {
   if (br_store_key_valid(key) < 0) return br_fail(err, "invalid object key '%s'", key);
   return st->ops->remove(st, key, err);
+}
+
+int br_store_delete_many(br_store *st, const char *const *keys, size_t n, br_err *err) {
+  for (size_t i = 0; i < n; i++)
+    if (br_store_key_valid(keys[i]) < 0) return br_fail(err, "invalid object key '%s'", keys[i]);
+  if (st->ops->remove_many) return st->ops->remove_many(st, keys, n, err);
+  for (size_t i = 0; i < n; i++)
+    if (st->ops->remove(st, keys[i], err) < 0) return -1;
+  return 0;
 }
 
 int br_store_list(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err) {
@@ -132,6 +166,12 @@ int br_store_list(br_store *st, const char *prefix, br_store_list_fn fn, void *u
 
 int br_store_copy(br_store *src, const char *src_key, br_store *dst, const char *dst_key,
                   br_err *err) {
+  if (br_store_key_valid(src_key) < 0 || br_store_key_valid(dst_key) < 0)
+    return br_fail(err, "invalid object key");
+  if (dst->ops->copy_from && src->ops == dst->ops) {
+    int sc = dst->ops->copy_from(dst, dst_key, src, src_key, err);
+    if (sc <= 0) return sc;
+  }
   br_store_reader r;
   int rc = br_store_open_read(src, src_key, &r, err);
   if (rc != 0) return rc > 0 ? br_fail(err, "%s: %s: no such object", src->cfg.name, src_key) : -1;

@@ -353,9 +353,9 @@ static int fs_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   return 0;
 }
 
-static int fs_redirect_url(br_store *st, const char *key, uint64_t ttl_ms, char *out, size_t outlen,
-                           br_err *err) {
-  (void)ttl_ms;
+static int fs_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+                           uint64_t *valid_ms, br_err *err) {
+  (void)valid_ms;
   const char *base = st->cfg.public_url;
   if (!base || !*base) return 1;
   size_t blen = strlen(base);

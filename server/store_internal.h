@@ -14,10 +14,18 @@ struct store_ops {
   void (*write_abort)(br_store_writer *w);
   int (*open_read)(br_store *st, const char *key, br_store_reader *out, br_err *err);
   int (*stat)(br_store *st, const char *key, uint64_t *size, br_err *err);
-  int (*redirect_url)(br_store *st, const char *key, uint64_t ttl_ms, char *out, size_t outlen,
+  int (*redirect_url)(br_store *st, const char *key, char *out, size_t outlen, uint64_t *valid_ms,
                       br_err *err);
   int (*remove)(br_store *st, const char *key, br_err *err);
   int (*list)(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err);
+  /* optional */
+  int (*fetch_url)(br_store *st, const char *key, char *out, size_t outlen, br_err *err);
+  int (*remove_many)(br_store *st, const char *const *keys, size_t n, br_err *err);
+  int (*check)(br_store *st, br_err *err);
+  int (*unavailable)(br_store *st);
+  /* server-side copy from src (same kind); returns 1 when it cannot (other endpoint) */
+  int (*copy_from)(br_store *dst, const char *dst_key, br_store *src, const char *src_key,
+                   br_err *err);
 };
 
 struct br_store {
@@ -30,9 +38,14 @@ struct br_store {
 struct br_store_writer {
   br_store *store;
   int saved_errno;
+  int has_digest;
+  uint8_t digest[BR_SHA256_LEN];
+  char key_hint[1100]; /* the key the commit will use, when known at the start ("" = not) */
 };
 
 extern const struct store_ops br_store_fs_ops;
+extern const struct store_ops br_store_s3_ops;
+extern const struct store_ops br_store_http_ops;
 
 /* Checks that a key is a relative path without "." or ".." components, empty components,
  * backslashes or control characters. Returns 0 or -1. */

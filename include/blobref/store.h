@@ -22,6 +22,19 @@ typedef struct br_store_config {
   char *prefix;     /* key prefix, e.g. "" or "blobs/" */
   enum br_serve_mode serve;
   uint64_t presign_ttl_ms;
+  /* s3 */
+  char *endpoint; /* "http(s)://host[:port]" */
+  char *region;
+  char *bucket;
+  int path_style; /* 1: endpoint/bucket/key; 0: bucket.endpoint/key */
+  char *access_key, *secret_key, *session_token; /* "" = from AWS_* environment variables */
+  char *cdn_url;   /* s3: base URL that replaces the endpoint in redirects ("" = presign) */
+  char *spool_dir; /* s3: local directory where upload bodies wait for their part upload */
+  uint64_t part_size;
+  /* s3 and http */
+  char *url; /* http: the origin's base URL */
+  uint64_t connect_timeout_ms, timeout_ms;
+  uint64_t retries;
   int line;      /* where the section starts in the config file, for messages */
   int read_only; /* set by tools that only look (fsck): no directories made, no clean-up */
 } br_store_config;
@@ -58,6 +71,8 @@ br_store_writer *br_store_write_begin(br_store *st, br_err *err);
 /* Appends len bytes; returns 0, or -1 (err->msg says why; errno ENOSPC/EDQUOT is kept in
  * br_store_writer_errno for a 507). */
 int br_store_write(br_store_writer *w, const void *buf, size_t len, br_err *err);
+/* Why the last write or commit failed: ENOSPC/EDQUOT (no space: 507), EHOSTUNREACH (the store
+ * cannot be reached: 503), EPROTO (the store refused: 502), or another errno (500). */
 int br_store_writer_errno(const br_store_writer *w);
 /* Makes the bytes durable (fsync) and visible under key atomically (rename + directory fsync).
  * Frees w whatever the outcome; on failure nothing is left behind. */
@@ -77,16 +92,42 @@ int br_store_reader_take_fd(br_store_reader *r);
 /* Size of key, or 1 if absent, -1 on error. */
 int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err);
 
-/* Writes a URL a client can be redirected to for key, valid for at least ttl_ms (presigned for
- * S3; public_url + key for fs/http). Returns 0; 1 if this store cannot redirect; -1 on error. */
-int br_store_redirect_url(br_store *st, const char *key, uint64_t ttl_ms, char *out, size_t outlen,
-                          br_err *err);
+/* Writes a URL a client can be redirected to for key (presigned for S3 unless cdn_url is set;
+ * public_url or the origin URL + key otherwise) and how long it stays valid in *valid_ms
+ * (UINT64_MAX: no expiry). Returns 0; 1 if this store cannot redirect; -1 on error. */
+int br_store_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+                          uint64_t *valid_ms, br_err *err);
+
+/* Writes a URL from which this process can GET key itself, with Range (presigned for S3, the
+ * origin URL for http). Returns 0; 1 if the store is read through file descriptors (fs); -1 on
+ * error. The daemon proxies such stores without blocking a network thread. */
+int br_store_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err);
+
+/* Tells the writer the SHA-256 of everything written (known to the caller): stores that send it
+ * to a server for verification (S3) use it instead of hashing again. Optional. */
+void br_store_write_set_digest(br_store_writer *w, const uint8_t digest[BR_SHA256_LEN]);
+
+/* Tells the writer the key its commit will use, when the caller knows it before the body (PUT
+ * with the hash in the URL): S3 then sends large bodies straight to that key as a multipart upload
+ * (invisible until completed) instead of a staging key plus a copy. Optional. */
+void br_store_write_key_hint(br_store_writer *w, const char *key);
+
+/* Checks that the store answers and accepts our credentials (S3: HEAD of the bucket). Returns 0,
+ * or -1 with err saying what is wrong. May block for up to the store's connect timeout. */
+int br_store_check(br_store *st, br_err *err);
+
+/* Is the store known to be unreachable right now (a recent connection failure)? Cheap. */
+int br_store_unavailable(br_store *st);
 
 /* --- management (migration, reconcile, import) ---------------------------------------------- */
 
 /* Deletes key. Absent keys are not an error. */
 int br_store_delete(br_store *st, const char *key, br_err *err);
-/* Lists objects whose key starts with prefix, in no particular order. */
+/* Deletes n keys (S3: DeleteObjects in batches of 1,000). Absent keys are not an error. Returns 0,
+ * or -1 with err naming the first key that could not be deleted. */
+int br_store_delete_many(br_store *st, const char *const *keys, size_t n, br_err *err);
+/* Lists objects whose key starts with prefix (fs: in no particular order; s3: in key order,
+ * paged). */
 int br_store_list(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err);
 /* Copies src_key of src into dst under dst_key, durably. Stores of the same kind and endpoint may
  * do it server-side; otherwise the bytes are streamed through. */
