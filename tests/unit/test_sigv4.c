@@ -25,7 +25,8 @@
  *
  * `test_sigv4 --presign ACCESS SECRET TOKEN REGION HOST PATH QUERY EXPIRES UNIXTIME` prints our
  * presigned query for a GET (service s3, UNSIGNED-PAYLOAD; TOKEN "" = none), for the boto3
- * cross-check in tests/integration/test_sigv4_boto3.py. */
+ * cross-check in tests/integration/test_sigv4_boto3.py; `test_sigv4 --uri-encode KEEP_SLASH TEXT`
+ * prints br_sigv4_uri_encode(TEXT, KEEP_SLASH), which that test uses to turn keys into paths. */
 #include "blobref/sigv4.h"
 
 #include <dirent.h>
@@ -629,6 +630,12 @@ static int presign_main(char **argv) {
 }
 
 int main(int argc, char **argv) {
+  if (argc == 4 && strcmp(argv[1], "--uri-encode") == 0) {
+    static char out[16384];
+    if (!br_sigv4_uri_encode(argv[3], atoi(argv[2]), out, sizeof out) && argv[3][0]) return 1;
+    printf("%s\n", out);
+    return 0;
+  }
   if (argc > 1 && strcmp(argv[1], "--presign") == 0) {
     if (argc != 11) {
       fprintf(stderr,
