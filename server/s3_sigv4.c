@@ -169,13 +169,12 @@ static void signing_key(br_sigv4 *s, const char date8[9], uint8_t key[32]) {
   pthread_mutex_unlock(&s->lock);
 }
 
-int br_sigv4_signing_key(br_sigv4 *s, time_t now, uint8_t key[32]) {
+void br_sigv4_signing_key(br_sigv4 *s, time_t now, uint8_t key[32]) {
   char amz_date[17], date8[9];
   br_sigv4_amz_date(now, amz_date);
   memcpy(date8, amz_date, 8);
   date8[8] = '\0';
   signing_key(s, date8, key);
-  return 0;
 }
 
 /* Ends the string started at start in arena a (NUL-terminated, kept) and returns it, or NULL
@@ -381,8 +380,9 @@ typedef struct scratch {
   char signature[BR_HEX_LEN + 1];
 } scratch;
 
-/* Computes the canonical request into creq, the string to sign into sts and (when sig) the
- * signature, for req at now. creq/sts NULL: use (and allocate) x's own. */
+/* Computes the canonical request into creq, the string to sign into sts and the signature
+ * (x->signature), for req at now. creq/sts NULL: use x's own. The caller frees x with
+ * scratch_free, whatever this returns. */
 static int build(br_sigv4 *s, const br_sigv4_request *req, time_t now, int presign,
                  uint64_t expires_s, buf *creq, buf *sts, scratch *x, br_err *err) {
   memset(x, 0, sizeof *x);
@@ -392,14 +392,17 @@ static int build(br_sigv4 *s, const br_sigv4_request *req, time_t now, int presi
   if (presign && (expires_s < 1 || expires_s > 604800))
     return br_fail(err, "sigv4: expiry %" PRIu64 " s is not in 1..604800", expires_s);
 
-  size_t in = strlen(req->query ? req->query : "") + strlen(req->path) + strlen(req->host);
+  size_t in = strlen(req->method) + strlen(req->host) + strlen(req->path) +
+              strlen(req->query ? req->query : "") + strlen(req->payload_hash);
   for (size_t i = 0; i < req->nheaders; i++)
     in += strlen(req->headers[i].name ? req->headers[i].name : "") +
           strlen(req->headers[i].value ? req->headers[i].value : "") + 2;
   if (in > MAX_SIGNED_INPUT)
     return br_fail(err, "sigv4: request larger than %d bytes", MAX_SIGNED_INPUT);
-  /* query: raw + re-encoded + joined (<= 7x); headers twice; X-Amz-* values encoded twice */
-  size_t cap = 8 * in + 8 * (strlen(s->session_token) + sizeof s->access_key + 1024);
+  /* Upper bound of the arena: the query raw, re-encoded (3x) and joined again (4x); header
+   * names three times and values once; signed header names encoded (3x) twice; the token and
+   * credential encoded (3x) twice. The canonical request is smaller than that. */
+  size_t cap = 16 * in + 8 * strlen(s->session_token) + 4096;
   x->mem = malloc(2 * cap);
   if (!x->mem) return br_fail(err, "sigv4: out of memory");
   x->c.arena = buf_over(x->mem, cap);

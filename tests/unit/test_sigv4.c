@@ -601,6 +601,26 @@ static void test_errors(void) {
   CHECK(br_sigv4_presign(&s, &req, T20150830, 604800, out, 64, &err) == -1, "small query buffer");
   CHECK(br_sigv4_presign(&s, &req, T20150830, 604800, out, sizeof out, &err) == 0, "%s", err.msg);
   CHECK(strstr(out, "&X-Amz-Security-Token=tok&X-Amz-Signature=") != NULL, "%s", out);
+  /* bounds: worst-case expansion fits; too many parameters or bytes are refused, not cut */
+  static char q[60001], out2[300000];
+  memset(q, '%', sizeof q - 1);
+  q[0] = 'a', q[1] = '=';
+  q[sizeof q - 1] = '\0';
+  req.query = q;
+  CHECK(br_sigv4_presign(&s, &req, T20150830, 60, out2, sizeof out2, &err) == 0, "%s", err.msg);
+  CHECK(strncmp(out2, "a=%25%25", 8) == 0 && strlen(out2) > 3 * 59998, "all '%%' encoded");
+  for (size_t i = 0; i + 1 < 2000; i += 2) q[i] = 'a', q[i + 1] = '&';
+  q[2000] = '\0';
+  CHECK(br_sigv4_presign(&s, &req, T20150830, 60, out2, sizeof out2, &err) == -1 &&
+            strstr(err.msg, "parameters"),
+        "1000 parameters: %s", err.msg);
+  memset(q, 'a', sizeof q - 1);
+  q[sizeof q - 1] = '\0';
+  br_sigv4_header bigh[] = {{"x-big", q}, {"x-big2", q}};
+  br_sigv4_request big_req = {"GET", "h", "/", "", bigh, 2, BR_SIGV4_UNSIGNED};
+  CHECK(br_sigv4_sign(&s, &big_req, T20150830, out, sizeof out, date, &err) == -1, "over 64 KiB");
+  req.query = "";
+
   char creq[64], sts[512];
   CHECK(
       br_sigv4_canonical(&s, &req, T20150830, 0, 0, creq, sizeof creq, sts, sizeof sts, &err) == -1,
