@@ -521,6 +521,46 @@ static void test_signing_key(void) {
   br_sigv4_destroy(&s);
 }
 
+/* Threads signing across two days share one signer: each signature equals the one-thread one. */
+struct signer_thread {
+  br_sigv4 *s;
+  const char *want[2];
+  int bad;
+};
+
+static void *sign_loop(void *arg) {
+  struct signer_thread *t = arg;
+  br_sigv4_request req = {"GET", "h", "/k", "", NULL, 0, BR_SIGV4_UNSIGNED};
+  for (int i = 0; i < 200; i++) {
+    char authz[512], date[17];
+    if (br_sigv4_sign(t->s, &req, T20150830 + (i & 1) * 86400, authz, sizeof authz, date, NULL) ||
+        strcmp(authz, t->want[i & 1]) != 0)
+      t->bad++;
+  }
+  return NULL;
+}
+
+static void test_key_cache_threads(void) {
+  br_sigv4 s;
+  br_sigv4_request req = {"GET", "h", "/k", "", NULL, 0, BR_SIGV4_UNSIGNED};
+  char want[2][512], date[17];
+  CHECK(br_sigv4_init(&s, AKID, SECRET, NULL, "us-east-1", "s3", NULL) == 0, "init");
+  for (int d = 0; d < 2; d++)
+    br_sigv4_sign(&s, &req, T20150830 + d * 86400, want[d], sizeof want[d], date, NULL);
+  CHECK(strcmp(want[0], want[1]) != 0, "a new day signs differently");
+  struct signer_thread t[4];
+  pthread_t th[4];
+  for (int i = 0; i < 4; i++) {
+    t[i] = (struct signer_thread){&s, {want[0], want[1]}, 0};
+    pthread_create(&th[i], NULL, sign_loop, &t[i]);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    CHECK(t[i].bad == 0, "thread %d: %d wrong signatures", i, t[i].bad);
+  }
+  br_sigv4_destroy(&s);
+}
+
 static void test_canonical_rules(void) {
   static const struct {
     const char *query, *want;
@@ -667,6 +707,7 @@ int main(int argc, char **argv) {
   }
   test_uri_encode();
   test_signing_key();
+  test_key_cache_threads();
   test_canonical_rules();
   test_errors();
   test_vectors();
