@@ -84,4 +84,8 @@ int br_sigv4_canonical(br_sigv4 *s, const br_sigv4_request *req, time_t now, int
  * when keep_slash). Returns the length written, or 0 when it does not fit (in non-empty). */
 size_t br_sigv4_uri_encode(const char *in, int keep_slash, char *out, size_t outlen);
 
+/* The signing key for now's date (UTC): the cached one, or derived and cached (added for tests
+ * and callers that sign chunks). */
+void br_sigv4_signing_key(br_sigv4 *s, time_t now, uint8_t key[32]);
+
 #endif
