@@ -66,11 +66,13 @@ int main(void) {
   CHECK(br_store_open_read(st, "sha256/00/00/none", &r, &err) == 1, "open of an absent key");
 
   char url[300];
-  CHECK(br_store_redirect_url(st, key, 60000, url, sizeof url, &err) == 0 &&
-            !strncmp(url, "http://cdn.example/b/sha256/58/91/", 34),
-        "redirect url %s", url);
-  CHECK(br_store_redirect_url(st2, key, 60000, url, sizeof url, &err) == 1,
+  uint64_t valid = 0;
+  CHECK(br_store_redirect_url(st, key, url, sizeof url, &valid, &err) == 0 &&
+            !strncmp(url, "http://cdn.example/b/sha256/58/91/", 34) && valid == UINT64_MAX,
+        "redirect url %s, valid %llu", url, (unsigned long long)valid);
+  CHECK(br_store_redirect_url(st2, key, url, sizeof url, &valid, &err) == 1,
         "no public_url: no redirect");
+  CHECK(br_store_fetch_url(st, key, url, sizeof url, &err) == 1, "fs is read through fds");
 
   CHECK(put(st, "other/x", "world") == 0, "write under a custom key");
   int n = 0;
