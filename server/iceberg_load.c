@@ -163,6 +163,33 @@ int ice_load_table(const br_iceberg_table_config *cfg, ice_meta *m, char **table
   }
   if (strncmp(loc, "file://", 7) == 0) loc += 7;
   if (strstr(loc, "://")) { /* s3:// and the like: through the opener, no local folder */
+    size_t llen = strlen(loc);
+    int is_file = (llen > 5 && !strcmp(loc + llen - 5, ".json")) ||
+                  (llen > 8 && !strcmp(loc + llen - 8, ".json.gz"));
+    if (!is_file) {
+      /* a table folder in object storage: its version hint names the current metadata */
+      char hint_path[PATH_MAX];
+      const char *slash = llen && loc[llen - 1] == '/' ? "" : "/";
+      if ((size_t)snprintf(hint_path, sizeof hint_path, "%s%smetadata/version-hint.text", loc,
+                           slash) >= sizeof hint_path)
+        return br_fail(err, "path too long");
+      if (read_source(cfg, hint_path, MAX_HINT, &data, &len, err) != 0) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err ? err->msg : "");
+        return br_fail(err, "%s: no readable metadata/version-hint.text (%s); give the "
+                            "metadata.json path instead", loc, why);
+      }
+      char *end = NULL;
+      long long v = strtoll((const char *)data, &end, 10);
+      while (end && (*end == '\n' || *end == '\r' || *end == ' ')) end++;
+      free(data);
+      data = NULL;
+      if (v <= 0 || !end || *end) return br_fail(err, "%s: version hint is not a number", hint_path);
+      if ((size_t)snprintf(path, sizeof path, "%s%smetadata/v%lld.metadata.json", loc, slash, v) >=
+          sizeof path)
+        return br_fail(err, "path too long");
+      loc = path;
+    }
     if (read_source(cfg, loc, ICE_MAX_METADATA, &data, &len, err) != 0) return -1;
     rc = ice_meta_parse(data, len, m, err);
     free(data);

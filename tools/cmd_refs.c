@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blobref/config.h"
 #include "blobref/iceberg.h"
+#include "blobref/iceberg_s3.h"
 #include "commands.h"
 
 #define MAX_REWRITES 64
@@ -14,7 +16,10 @@ static const char usage_text[] =
     "usage: blobref refs TABLE --column NAME [--form hex|binary|url] [--rewrite FROM=TO]...\n"
     "                    [--count] [--strict] [--token T]\n"
     "       blobref refs TABLE --files [--rewrite FROM=TO]... [--token T]\n"
-    "TABLE: a table folder, a metadata.json path or URL, or rest:URI#namespace.table\n";
+    "       blobref refs -c FILE NAME [--count|--files] [--strict]\n"
+    "TABLE: a table folder, a metadata.json path or URL, or rest:URI#namespace.table\n"
+    "-c FILE NAME: the [table NAME] of a blobref config (location, column, form, rewrites, and\n"
+    "              the store whose credentials read s3:// table files)\n";
 
 typedef struct lines {
   char **v;
@@ -41,6 +46,9 @@ static int cmp_line(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrites, int files,
+                    int count_only);
+
 static int usage_error(const char *msg) {
   fprintf(stderr, "blobref refs: %s\n%s", msg, usage_text);
   return 2;
@@ -53,8 +61,8 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
   memset(&cfg, 0, sizeof cfg);
   cfg.form = BR_FORM_HEX;
   cfg.token = getenv("BLOBREF_CATALOG_TOKEN");
-  int count_only = 0, files = 0;
-  const char *table = NULL;
+  int count_only = 0, files = 0, form_given = 0;
+  const char *table = NULL, *config_path = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int has_val = i + 1 < argc;
@@ -62,6 +70,7 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
       cfg.column = argv[++i];
     } else if (!strcmp(a, "--form") && has_val) {
       const char *f = argv[++i];
+      form_given = 1;
       if (!strcmp(f, "hex"))
         cfg.form = BR_FORM_HEX;
       else if (!strcmp(f, "binary"))
@@ -81,6 +90,8 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
       cfg.nrewrites++;
     } else if (!strcmp(a, "--token") && has_val) {
       cfg.token = argv[++i];
+    } else if ((!strcmp(a, "-c") || !strcmp(a, "--config")) && has_val) {
+      config_path = argv[++i];
     } else if (!strcmp(a, "--count")) {
       count_only = 1;
     } else if (!strcmp(a, "--files")) {
@@ -100,9 +111,57 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
     }
   }
   if (!table) return usage_error("TABLE is required");
+  br_err err = {{0}};
+  br_config conf;
+  br_config_init(&conf);
+  br_iceberg_s3 *s3 = NULL;
+  cfg.location = table;
+  if (config_path) {
+    if (br_config_load(&conf, config_path, &err) < 0 || br_config_finish(&conf, &err) < 0) {
+      fprintf(stderr, "blobref refs: %s\n", err.msg);
+      br_config_free(&conf);
+      return 1;
+    }
+    const br_table_config *t = NULL;
+    for (int i = 0; i < conf.ntables; i++)
+      if (!strcmp(conf.tables[i].name, table)) t = &conf.tables[i];
+    if (!t) {
+      fprintf(stderr, "blobref refs: %s has no [table %s]\n", config_path, table);
+      br_config_free(&conf);
+      return 1;
+    }
+    cfg.location = t->location;
+    if (!cfg.column) cfg.column = t->column;
+    if (!form_given) cfg.form = t->form;
+    for (int r = 0; r < t->nrewrites && cfg.nrewrites < MAX_REWRITES; r++) {
+      rewrites[cfg.nrewrites].from = t->rewrite_from[r];
+      rewrites[cfg.nrewrites].to = t->rewrite_to[r];
+      cfg.nrewrites++;
+    }
+    const br_store_config *sc = *t->store ? br_config_store(&conf, t->store) : NULL;
+    if (sc && !strcmp(sc->kind, "s3")) {
+      s3 = br_iceberg_s3_new(sc, &err);
+      if (!s3) {
+        fprintf(stderr, "blobref refs: %s\n", err.msg);
+        br_config_free(&conf);
+        return 1;
+      }
+      cfg.open = br_iceberg_open_s3;
+      cfg.open_ud = s3;
+    }
+  }
+  int rc_all = refs_run(&cfg, rewrites, files, count_only);
+  br_iceberg_s3_free(s3);
+  br_config_free(&conf);
+  return rc_all;
+}
+
+/* Prints the table's references (or files) as asked; returns the exit status. */
+static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrites, int files,
+                    int count_only) {
+  br_iceberg_table_config cfg = *cfg_in;
   if (!files && (!cfg.column || !*cfg.column)) return usage_error("--column is required");
   if (files && count_only) return usage_error("--files and --count do not go together");
-  cfg.location = table;
   cfg.rewrites = rewrites;
 
   br_err err = {{0}};
