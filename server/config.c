@@ -461,8 +461,7 @@ int br_config_finish(br_config *cfg, br_err *err) {
       return br_fail(err, "%s:%d: [store %s] serve = redirect needs public_url", where, s->line,
                      s->name);
     if (strcmp(s->kind, "fs") && strcmp(s->kind, "s3") && strcmp(s->kind, "http"))
-      return br_fail(err, "%s:%d: [store %s] kind must be fs, s3 or http", where, s->line,
-                     s->name);
+      return br_fail(err, "%s:%d: [store %s] kind must be fs, s3 or http", where, s->line, s->name);
     if (!strcmp(s->kind, "s3") && (!*s->endpoint || !*s->bucket))
       return br_fail(err, "%s:%d: [store %s] kind = s3 needs endpoint and bucket", where, s->line,
                      s->name);

@@ -88,8 +88,7 @@ static enum MHD_Result open_writer(struct request *req) {
   req->store = req->srv->upload_store;
   errno = 0;
   req->writer = br_store_write_begin(req->store, &err);
-  if (!req->writer)
-    return reply_error(req, store_error_code(errno), "%s", err.msg);
+  if (!req->writer) return reply_error(req, store_error_code(errno), "%s", err.msg);
   if (req->has_digest) { /* PUT: the key is known before the body */
     char key[BR_MAX_KEY + 1];
     if (br_store_default_key(req->store, req->digest, key, sizeof key))

@@ -27,16 +27,16 @@ struct proxy_job {
   struct MHD_Connection *conn;
   char url[4096];
   struct segment *segs;
-  size_t nsegs, seg;   /* segments, and the one being produced (engine side) */
-  size_t lit_done;     /* bytes of the current literal already in the ring */
-  uint64_t seg_got;    /* bytes of the current remote segment received */
+  size_t nsegs, seg; /* segments, and the one being produced (engine side) */
+  size_t lit_done;   /* bytes of the current literal already in the ring */
+  uint64_t seg_got;  /* bytes of the current remote segment received */
   char *lits;
   /* the ring: bytes [head, head + len) modulo cap */
   char *ring;
   size_t cap, head, len;
-  int collect;        /* resume the handler only when everything arrived */
-  int headers_seen;   /* the first remote answer's headers arrived */
-  long status;        /* of the current remote answer */
+  int collect;      /* resume the handler only when everything arrived */
+  int headers_seen; /* the first remote answer's headers arrived */
+  long status;      /* of the current remote answer */
   int failed, done;
   char error[256];
   int waiting_handler, waiting_reader; /* the connection is suspended for us */
@@ -380,7 +380,8 @@ void proxy_engine_stop(br_server *srv) {
   srv->proxy = NULL;
 }
 
-/* ---- the request side ------------------------------------------------------------------------- */
+/* ---- the request side -------------------------------------------------------------------------
+ */
 
 int proxy_start(struct request *req, const char *url, const struct proxy_part *parts, size_t n,
                 int collect, br_err *err) {

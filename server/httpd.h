@@ -114,7 +114,7 @@ struct br_server {
   br_store *stores[BR_MAX_STORES];
   int nstores;
   br_store *upload_store;
-  struct blobcache *cache; /* small blobs' bytes; NULL when cache_size = 0 */
+  struct blobcache *cache;    /* small blobs' bytes; NULL when cache_size = 0 */
   struct proxy_engine *proxy; /* the curl multi loop behind proxied reads */
   /* store health, refreshed by the health thread: 0 ok, else the message in store_error */
   atomic_int store_ok[BR_MAX_STORES];

@@ -176,15 +176,18 @@ int ice_load_table(const br_iceberg_table_config *cfg, ice_meta *m, char **table
       if (read_source(cfg, hint_path, MAX_HINT, &data, &len, err) != 0) {
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err ? err->msg : "");
-        return br_fail(err, "%s: no readable metadata/version-hint.text (%s); give the "
-                            "metadata.json path instead", loc, why);
+        return br_fail(err,
+                       "%s: no readable metadata/version-hint.text (%s); give the "
+                       "metadata.json path instead",
+                       loc, why);
       }
       char *end = NULL;
       long long v = strtoll((const char *)data, &end, 10);
       while (end && (*end == '\n' || *end == '\r' || *end == ' ')) end++;
       free(data);
       data = NULL;
-      if (v <= 0 || !end || *end) return br_fail(err, "%s: version hint is not a number", hint_path);
+      if (v <= 0 || !end || *end)
+        return br_fail(err, "%s: version hint is not a number", hint_path);
       if ((size_t)snprintf(path, sizeof path, "%s%smetadata/v%lld.metadata.json", loc, slash, v) >=
           sizeof path)
         return br_fail(err, "path too long");

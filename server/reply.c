@@ -364,7 +364,6 @@ static cached_blob *cached_bytes(struct request *req, const br_record *rec, br_s
   return entry;
 }
 
-
 /* Headers common to every blob body reply, the byte count, and the queueing. */
 static enum MHD_Result finish_blob_reply(struct request *req, const br_record *rec,
                                          struct MHD_Response *resp, unsigned status,
@@ -407,8 +406,7 @@ static enum MHD_Result reply_cached(struct request *req, const br_record *rec, c
 /* The multipart/byteranges framing: the text before each part and the closing delimiter, in
  * one malloc'd buffer; offs[i] / lens[i] locate part i's header, offs[n] / lens[n] the end. */
 static char *multipart_framing(struct request *req, const br_record *rec,
-                               const br_byte_range *ranges, size_t n, size_t *offs,
-                               size_t *lens) {
+                               const br_byte_range *ranges, size_t n, size_t *offs, size_t *lens) {
   size_t cap = n * 400 + 128, used = 0;
   char *h = malloc(cap);
   if (!h) return NULL;
@@ -417,11 +415,11 @@ static char *multipart_framing(struct request *req, const br_record *rec,
              (unsigned)random());
   const char *type = rec->content_type[0] ? rec->content_type : "application/octet-stream";
   for (size_t i = 0; i < n; i++) {
-    int w = snprintf(h + used, cap - used,
-                     "%s--%s\r\nContent-Type: %s\r\nContent-Range: bytes %" PRIu64 "-%" PRIu64
-                     "/%" PRIu64 "\r\n\r\n",
-                     i ? "\r\n" : "", req->boundary, type, ranges[i].first, ranges[i].last,
-                     rec->size);
+    int w =
+        snprintf(h + used, cap - used,
+                 "%s--%s\r\nContent-Type: %s\r\nContent-Range: bytes %" PRIu64 "-%" PRIu64
+                 "/%" PRIu64 "\r\n\r\n",
+                 i ? "\r\n" : "", req->boundary, type, ranges[i].first, ranges[i].last, rec->size);
     offs[i] = used;
     lens[i] = (size_t)w;
     used += (size_t)w;
@@ -452,16 +450,16 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
     if (cacheable || status == MHD_HTTP_OK) {
       parts[np++] = (struct proxy_part){NULL, 0, 0, rec->size};
     } else if (n == 1) {
-      parts[np++] = (struct proxy_part){NULL, 0, ranges[0].first,
-                                        ranges[0].last - ranges[0].first + 1};
+      parts[np++] =
+          (struct proxy_part){NULL, 0, ranges[0].first, ranges[0].last - ranges[0].first + 1};
     } else {
       size_t offs[BR_RANGE_MAX + 1], lens[BR_RANGE_MAX + 1];
       framing = multipart_framing(req, rec, ranges, n, offs, lens);
       if (!framing) return reply_error(req, E_INTERNAL, "out of memory");
       for (size_t i = 0; i < n; i++) {
         parts[np++] = (struct proxy_part){framing + offs[i], lens[i], 0, 0};
-        parts[np++] = (struct proxy_part){NULL, 0, ranges[i].first,
-                                          ranges[i].last - ranges[i].first + 1};
+        parts[np++] =
+            (struct proxy_part){NULL, 0, ranges[i].first, ranges[i].last - ranges[i].first + 1};
       }
       parts[np++] = (struct proxy_part){framing + offs[n], lens[n], 0, 0};
     }
@@ -475,9 +473,10 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
   if (proxy_result(req, &origin_status, msg, sizeof msg) < 0) {
     if (origin_status == 404)
       br_error("blob: index says store %s has it, but the store answers 404", br_store_name(store));
-    return reply_error(req, origin_status >= 400 && origin_status < 500 && origin_status != 404
-                                ? E_STORE_ERROR
-                                : E_STORE_UNAVAILABLE,
+    return reply_error(req,
+                       origin_status >= 400 && origin_status < 500 && origin_status != 404
+                           ? E_STORE_ERROR
+                           : E_STORE_UNAVAILABLE,
                        "store %s: %s", br_store_name(store), msg);
   }
   if (cacheable) {
@@ -494,8 +493,8 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
     cached_blob *cb = blobcache_put(cache, req->digest, bytes, len);
     if (cb) return reply_cached(req, rec, cb, status, ranges, n, etag, repr);
     uint64_t first = n ? ranges[0].first : 0, blen = n ? ranges[0].last - first + 1 : rec->size;
-    struct MHD_Response *resp = MHD_create_response_from_buffer((size_t)blen, (void *)(bytes + first),
-                                                                MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        (size_t)blen, (void *)(bytes + first), MHD_RESPMEM_MUST_COPY);
     if (!resp) return reply_error(req, E_INTERNAL, "cannot create the response");
     return finish_blob_reply(req, rec, resp, status, ranges, n, etag, repr);
   }
@@ -584,8 +583,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
       return reply_error(req, E_STORE_UNAVAILABLE, "store %s cannot be reached right now",
                          br_store_name(store));
   }
-  if (via_url)
-    return reply_proxied(req, rec, store, url, status, ranges, n, etag, repr);
+  if (via_url) return reply_proxied(req, rec, store, url, status, ranges, n, etag, repr);
   if (n <= 1) {
     enum br_api_error cache_error;
     cached_blob *cb = cached_bytes(req, rec, store, key, &cache_error);

@@ -74,7 +74,8 @@ int s3_target_init(s3_target *t, const s3_target_options *o, br_err *err) {
   const char *ak = o->access_key && *o->access_key ? o->access_key : getenv("AWS_ACCESS_KEY_ID");
   const char *sk =
       o->secret_key && *o->secret_key ? o->secret_key : getenv("AWS_SECRET_ACCESS_KEY");
-  const char *tok = o->access_key && *o->access_key ? o->session_token : getenv("AWS_SESSION_TOKEN");
+  const char *tok =
+      o->access_key && *o->access_key ? o->session_token : getenv("AWS_SESSION_TOKEN");
   if (!ak || !*ak || !sk || !*sk)
     return br_fail(err,
                    "store %s: no credentials (access_key/secret_key, or AWS_ACCESS_KEY_ID and "
@@ -114,14 +115,12 @@ int s3_presign_get(s3_target *t, const char *key, uint64_t ttl_s, char *url, siz
   char host[320], path[3400], query[6000];
   if (s3_target_locate(t, key, host, sizeof host, path, sizeof path) < 0)
     return br_fail(err, "store %s: key too long for a URL", t->name);
-  br_sigv4_request sr = {.method = "GET",
-                         .host = host,
-                         .path = path,
-                         .query = "",
-                         .payload_hash = BR_SIGV4_UNSIGNED};
+  br_sigv4_request sr = {
+      .method = "GET", .host = host, .path = path, .query = "", .payload_hash = BR_SIGV4_UNSIGNED};
   if (br_sigv4_presign(&t->signer, &sr, time(NULL), ttl_s, query, sizeof query, err) < 0) return -1;
   int n = snprintf(url, urllen, "%s://%s%s?%s", t->scheme, host, path, query);
-  if (n < 0 || (size_t)n >= urllen) return br_fail(err, "store %s: presigned URL too long", t->name);
+  if (n < 0 || (size_t)n >= urllen)
+    return br_fail(err, "store %s: presigned URL too long", t->name);
   return 0;
 }
 
@@ -153,7 +152,7 @@ static size_t xml_decode(const char *s, size_t len, char *out, size_t outlen) {
         size_t digits = 0;
         for (; j < len && s[j] != ';' && digits < 8; j++, digits++) {
           char d = s[j];
-          int dv = d >= '0' && d <= '9'                    ? d - '0'
+          int dv = d >= '0' && d <= '9'                        ? d - '0'
                    : hex && (d | 32) >= 'a' && (d | 32) <= 'f' ? (d | 32) - 'a' + 10
                                                                : -1;
           if (dv < 0) break;
@@ -162,8 +161,10 @@ static size_t xml_decode(const char *s, size_t len, char *out, size_t outlen) {
         if (j < len && s[j] == ';' && digits && v && v < 0x110000) {
           char tmp[4];
           size_t n;
-          if (v < 0x80) tmp[0] = (char)v, n = 1;
-          else if (v < 0x800) tmp[0] = (char)(0xc0 | v >> 6), tmp[1] = (char)(0x80 | (v & 63)), n = 2;
+          if (v < 0x80)
+            tmp[0] = (char)v, n = 1;
+          else if (v < 0x800)
+            tmp[0] = (char)(0xc0 | v >> 6), tmp[1] = (char)(0x80 | (v & 63)), n = 2;
           else if (v < 0x10000)
             tmp[0] = (char)(0xe0 | v >> 12), tmp[1] = (char)(0x80 | (v >> 6 & 63)),
             tmp[2] = (char)(0x80 | (v & 63)), n = 3;
@@ -439,6 +440,5 @@ void s3_response_free(s3_response *resp) {
 
 int s3_fail_status(br_err *err, const s3_target *t, const char *what, const s3_response *resp) {
   return br_fail(err, "store %s: %s: S3 %ld %s%s%s", t->name, what, resp->status,
-                 resp->code[0] ? resp->code : "error", resp->message[0] ? ": " : "",
-                 resp->message);
+                 resp->code[0] ? resp->code : "error", resp->message[0] ? ": " : "", resp->message);
 }

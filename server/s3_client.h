@@ -10,11 +10,11 @@
 #include "blobref/sigv4.h"
 
 typedef struct s3_target {
-  char scheme[8];   /* "http" or "https" */
-  char host[256];   /* the endpoint's host[:port] */
-  char bucket[64];  /* 3..63 characters */
-  int path_style;   /* /bucket/key on the endpoint, else bucket.host/key */
-  br_sigv4 signer;  /* credentials and region */
+  char scheme[8];  /* "http" or "https" */
+  char host[256];  /* the endpoint's host[:port] */
+  char bucket[64]; /* 3..63 characters */
+  int path_style;  /* /bucket/key on the endpoint, else bucket.host/key */
+  br_sigv4 signer; /* credentials and region */
   long connect_timeout_ms, timeout_ms;
   unsigned max_retries;
   /* circuit breaker: until this time (ms) requests fail at once with the last transport error */
@@ -54,8 +54,8 @@ typedef struct s3_body {
 
 typedef struct s3_request {
   const char *method;
-  const char *key;   /* object key, or NULL for the bucket */
-  const char *query; /* encoded query without '?', "" for none */
+  const char *key;            /* object key, or NULL for the bucket */
+  const char *query;          /* encoded query without '?', "" for none */
   br_sigv4_header headers[8]; /* extra headers, all signed (e.g. x-amz-copy-source) */
   size_t nheaders;
   const char *payload_hash; /* hex SHA-256 of the body, or BR_SIGV4_UNSIGNED; NULL = empty */
@@ -70,9 +70,9 @@ typedef struct s3_request {
 } s3_request;
 
 typedef struct s3_response {
-  long status;       /* HTTP status of the last attempt */
-  char *body;        /* malloc'd, NUL-terminated; error bodies always land here */
-  size_t body_len;   /* bytes received (into `into`, or into body) */
+  long status;             /* HTTP status of the last attempt */
+  char *body;              /* malloc'd, NUL-terminated; error bodies always land here */
+  size_t body_len;         /* bytes received (into `into`, or into body) */
   uint64_t content_length; /* Content-Length of the answer, UINT64_MAX when absent */
   uint64_t total_size;     /* object size from Content-Range ".../N", else content_length */
   char etag[80];

@@ -7,7 +7,7 @@
 #include "store_internal.h"
 
 static const struct store_ops *const kinds[] = {&br_store_fs_ops, &br_store_s3_ops,
-                                                 &br_store_http_ops};
+                                                &br_store_http_ops};
 
 br_store *br_store_open(const br_store_config *cfg, br_err *err) {
   const struct store_ops *ops = NULL;

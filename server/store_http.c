@@ -23,7 +23,8 @@ static struct http_store *http_of(br_store *st) { return st->impl; }
 static int http_open(br_store *st, br_err *err) {
   const char *url = st->cfg.url;
   if (strncasecmp(url, "http://", 7) && strncasecmp(url, "https://", 8))
-    return br_fail(err, "store %s: url '%s' must start with http:// or https://", st->cfg.name, url);
+    return br_fail(err, "store %s: url '%s' must start with http:// or https://", st->cfg.name,
+                   url);
   struct http_store *hs = calloc(1, sizeof *hs);
   if (!hs) return br_fail(err, "out of memory");
   size_t len = strlen(url);
@@ -70,12 +71,10 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud) {
 
 /* HEAD of key with retries of transport errors and 5xx. Returns 0 with *status and *length
  * (UINT64_MAX when absent), or -1 with err. */
-static int origin_head(br_store *st, const char *key, long *status, uint64_t *length,
-                       br_err *err) {
+static int origin_head(br_store *st, const char *key, long *status, uint64_t *length, br_err *err) {
   struct http_store *hs = http_of(st);
   if (br_now_ms() < atomic_load(&hs->down_until_ms))
-    return br_fail(err, "store %s: the origin is unreachable (retrying in a moment)",
-                   st->cfg.name);
+    return br_fail(err, "store %s: the origin is unreachable (retrying in a moment)", st->cfg.name);
   char url[4096];
   if (object_url(st, key, url, sizeof url, err) < 0) return -1;
   for (unsigned attempt = 0;; attempt++) {
@@ -238,7 +237,8 @@ static int http_check(br_store *st, br_err *err) {
     return br_fail(err, "store %s: %s: %s", st->cfg.name, hs->base, curl_easy_strerror(rc));
   }
   atomic_store(&hs->down_until_ms, 0);
-  if (status >= 500) return br_fail(err, "store %s: %s answers HTTP %ld", st->cfg.name, hs->base, status);
+  if (status >= 500)
+    return br_fail(err, "store %s: %s answers HTTP %ld", st->cfg.name, hs->base, status);
   return 0;
 }
 

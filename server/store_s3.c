@@ -73,13 +73,15 @@ static struct s3_store *s3_of(br_store *st) { return st->impl; }
 /* errno for a failed request: unreachable (503) or refused by S3 (502). */
 static int request_errno(const s3_response *r) { return r->status ? EPROTO : EHOSTUNREACH; }
 
-/* ---- part uploads ----------------------------------------------------------------------------- */
+/* ---- part uploads -----------------------------------------------------------------------------
+ */
 
 /* SHA-256 of len bytes of fd at off, as hex and base64. */
 static int hash_range(int fd, uint64_t off, uint64_t len, char hex[65], char b64[48], br_err *err) {
   EVP_MD_CTX *ctx = EVP_MD_CTX_new();
   char *buf = malloc(HASH_CHUNK);
-  int rc = ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) ? 0 : br_fail(err, "out of memory");
+  int rc =
+      ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) ? 0 : br_fail(err, "out of memory");
   for (uint64_t done = 0; rc == 0 && done < len;) {
     size_t n = len - done < HASH_CHUNK ? (size_t)(len - done) : HASH_CHUNK;
     ssize_t r = pread(fd, buf, n, (off_t)(off + done));
@@ -110,8 +112,7 @@ static int create_multipart(struct s3_store *s3, const char *key, char *upload_i
   int rc = s3_perform(&s3->t, &rq, &rs, err);
   if (rc == 0 && (rs.status != 200 ||
                   s3_xml_text(rs.body, "UploadId", NULL, upload_id, idlen) < 0 || !*upload_id))
-    rc = rs.status == 200 ? br_fail(err, "store %s: CreateMultipartUpload: no UploadId",
-                                    s3->t.name)
+    rc = rs.status == 200 ? br_fail(err, "store %s: CreateMultipartUpload: no UploadId", s3->t.name)
                           : s3_fail_status(err, &s3->t, "CreateMultipartUpload", &rs);
   s3_response_free(&rs);
   return rc;
@@ -258,7 +259,8 @@ static void enqueue(struct s3_store *s3, struct s3_writer *w) {
   pthread_cond_signal(&s3->cv);
 }
 
-/* ---- the store -------------------------------------------------------------------------------- */
+/* ---- the store --------------------------------------------------------------------------------
+ */
 
 static int mkdir_p(const char *path) {
   char buf[PATH_MAX];
@@ -498,9 +500,10 @@ static int s3_write_commit(br_store_writer *bw, const char *key, br_err *err) {
   } else {
     /* the rest of the parts, from this (finisher) thread */
     size_t total = (size_t)((w->written + s3->part_size - 1) / s3->part_size);
-    if (total > MAX_PARTS) rc = br_fail(err, "store %s: the blob needs over %d parts of %" PRIu64
-                                        " bytes (raise part_size)", s3->t.name, MAX_PARTS,
-                                        s3->part_size);
+    if (total > MAX_PARTS)
+      rc = br_fail(err,
+                   "store %s: the blob needs over %d parts of %" PRIu64 " bytes (raise part_size)",
+                   s3->t.name, MAX_PARTS, s3->part_size);
     if (rc == 0 && !w->upload_id[0]) {
       choose_mp_key(w);
       rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, err);
@@ -512,8 +515,10 @@ static int s3_write_commit(br_store_writer *bw, const char *key, br_err *err) {
       rc = upload_part(s3, w, i, off, len, err);
       if (rc == 0) w->nparts++;
     }
-    if (rc == 0) rc = complete_multipart(s3, w, err);
-    else abort_multipart(s3, w);
+    if (rc == 0)
+      rc = complete_multipart(s3, w, err);
+    else
+      abort_multipart(s3, w);
     if (rc == 0 && strcmp(w->mp_key, key)) {
       /* completed under a staging key (the hash was not known in advance): copy it server-side
        * to its content key, then drop the staging object */
@@ -530,7 +535,8 @@ static int s3_write_commit(br_store_writer *bw, const char *key, br_err *err) {
   return rc;
 }
 
-/* ---- reading ---------------------------------------------------------------------------------- */
+/* ---- reading ----------------------------------------------------------------------------------
+ */
 
 static int delete_object(struct s3_store *s3, const char *key, br_err *err) {
   s3_request rq = {.method = "DELETE", .key = key, .query = ""};
@@ -777,9 +783,9 @@ static int server_copy(struct s3_store *s3, const char *src_key, uint64_t size, 
       rc = s3_fail_status(err, &s3->t, "UploadPartCopy", &rs);
     s3_response_free(&rs);
     if (rc == 0)
-      used += (size_t)snprintf(xml + used, cap - used,
-                               "<Part><PartNumber>%zu</PartNumber><ETag>%s</ETag></Part>", i + 1,
-                               etag);
+      used +=
+          (size_t)snprintf(xml + used, cap - used,
+                           "<Part><PartNumber>%zu</PartNumber><ETag>%s</ETag></Part>", i + 1, etag);
   }
   if (rc == 0) {
     used += (size_t)snprintf(xml + used, cap - used, "</CompleteMultipartUpload>");
@@ -846,8 +852,8 @@ static int s3_check(br_store *st, br_err *err) {
     if (rs.status == 404)
       rc = br_fail(err, "store %s: bucket %s does not exist", s3->t.name, s3->t.bucket);
     else if (rs.status == 403)
-      rc = br_fail(err, "store %s: access to bucket %s denied (check the credentials)",
-                   s3->t.name, s3->t.bucket);
+      rc = br_fail(err, "store %s: access to bucket %s denied (check the credentials)", s3->t.name,
+                   s3->t.bucket);
     else
       rc = s3_fail_status(err, &s3->t, "HeadBucket", &rs);
   }
