@@ -437,6 +437,13 @@ int br_server_store_health(br_server *srv, char *msg, size_t msglen) {
 /* ---- daemon -----------------------------------------------------------------------------------
  */
 
+/* Accept policy: every connection, until the server starts stopping. */
+static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+  (void)addr, (void)addrlen;
+  br_server *srv = cls;
+  return atomic_load(&srv->refuse_connections) ? MHD_NO : MHD_YES;
+}
+
 static void log_mhd(void *cls, const char *fmt, va_list ap) {
   (void)cls;
   char line[512];
@@ -515,7 +522,7 @@ int br_server_start(br_server *srv, br_err *err) {
                    MHD_USE_ITC | MHD_USE_ERROR_LOG | MHD_USE_TURBO |
                    (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
   srv->daemon = MHD_start_daemon(
-      flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+      flags, 0, accept_policy, srv, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
       MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE, threads,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)(cfg->connection_timeout_ms / 1000), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
@@ -535,9 +542,10 @@ int br_server_start(br_server *srv, br_err *err) {
 void br_server_stop(br_server *srv) {
   atomic_store(&srv->ready, 0);
   if (srv->daemon) {
-    /* no new connections; the listening socket is ours to close, but only after the daemon has
-     * stopped: its threads drop it from their epoll sets asynchronously */
-    MHD_socket listener = MHD_quiesce_daemon(srv->daemon);
+    /* no new connections: the accept policy refuses them from now on. (MHD_quiesce_daemon races
+     * the thread pool's own removal of the listening socket from its epoll sets in 0.9.75 and
+     * can abort the process: "Failed to remove listen FD from epoll set", seen under load.) */
+    atomic_store(&srv->refuse_connections, 1);
     /* Uploads that completed their body by now get 503; those already with a finisher complete
      * (bounded by one fsync and one index commit each). libmicrohttpd must not be stopped while
      * a connection is suspended. */
@@ -557,7 +565,6 @@ void br_server_stop(br_server *srv) {
     proxy_engine_stop(srv);
     MHD_stop_daemon(srv->daemon);
     srv->daemon = NULL;
-    if (listener != MHD_INVALID_SOCKET) close(listener);
   }
   pthread_mutex_lock(&srv->job_lock);
   srv->jobs_stopping = 1;

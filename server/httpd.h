@@ -125,6 +125,7 @@ struct br_server {
   pthread_cond_t health_cv;
   struct MHD_Daemon *daemon;
   atomic_int ready;
+  atomic_int refuse_connections; /* stopping: new connections are closed at once */
   /* upload finishers: fsync + rename + index commit off the network threads */
   pthread_t *finishers;
   int nfinishers;
