@@ -10,8 +10,8 @@
 # S3 listens on 127.0.0.1:PORT, the monitor on PORT+1 (msgr v2) and PORT+2 (v1). With no PORT the
 # first free triple from 17480 up is taken; an explicit PORT that is busy is an error.
 # Env: RGW_ACCESS_KEY/RGW_SECRET_KEY (TESTAK/TESTSK) for user "tester", RGW_ACCESS_KEY2/
-# RGW_SECRET_KEY2 (TESTAK2/TESTSK2) for "tester2", who owns nothing of tester's; region us-east-1
-# (radosgw does not check it); RGW_START_TIMEOUT seconds (90) before giving up.
+# RGW_SECRET_KEY2 (TESTAK2/TESTSK2) for "tester2", who owns nothing of tester's; clients sign
+# for region us-east-1; RGW_START_TIMEOUT seconds (90) before giving up.
 # Prints the endpoint (http://127.0.0.1:PORT) on stdout, progress on stderr. Writes DIR/endpoint,
 # DIR/pids ("mon PID", "osd PID", "rgw PID" lines), DIR/ceph.conf, logs in DIR/log. On failure it
 # prints the logs' tails, stops what it started and exits non-zero.
