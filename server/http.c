@@ -284,6 +284,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 /* ---- finishers --------------------------------------------------------------------------------
  */
 
+/* The API error for a failed index write: a full map or a full volume is a 507. */
+static enum br_api_error index_error(int rc) {
+  return rc == BR_INDEX_FULL ? E_INDEX_FULL : rc == BR_INDEX_NO_SPACE ? E_NO_SPACE : E_INTERNAL;
+}
+
 static void finish_upload(struct request *req) {
   br_server *srv = req->srv;
   br_err err;
@@ -317,7 +322,7 @@ static void finish_upload(struct request *req) {
   loc->verified_at_ms = now;
   int rc = br_index_record_upload(srv->index, req->digest, &rec, &req->created, NULL, &err);
   if (rc < 0) {
-    req->finish_error = rc == BR_INDEX_FULL ? E_INDEX_FULL : E_INTERNAL;
+    req->finish_error = index_error(rc);
     snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
     return;
   }
@@ -343,7 +348,7 @@ static void *finisher_main(void *arg) {
       req->gone = rc == 1;
       req->created = 0;
       if (rc < 0) {
-        req->finish_error = rc == BR_INDEX_FULL ? E_INDEX_FULL : E_INTERNAL;
+        req->finish_error = index_error(rc);
         snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
       }
     }
