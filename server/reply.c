@@ -50,6 +50,8 @@ unsigned br_api_error_status(enum br_api_error e) { return errors[e].status; }
 
 enum MHD_Result reply_response(struct request *req, unsigned status, struct MHD_Response *resp) {
   if (!resp) return MHD_NO;
+  if (req->close_after || atomic_load(&req->srv->draining))
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   req->status = status;
   req->phase = PHASE_ANSWERED;
   enum MHD_Result r = MHD_queue_response(req->conn, status, resp);
