@@ -349,3 +349,22 @@ def test_sigterm_with_only_idle_connections_is_quick(tmp_path):
     assert time.time() - t0 < 3
     for c in conns:
         c.close()
+
+
+def test_sigterm_cuts_a_stalled_upload_after_shutdown_timeout(tmp_path):
+    srv = Server(tmp_path / "data", config_text="[server]\nshutdown_timeout = 1s\n").start()
+    data = os.urandom(100000)
+    c = RawConn(srv, timeout=10)
+    try:
+        c.send(request_head("PUT", f"/v1/blobs/{sha(data)}", [("Content-Length", str(len(data)))])
+               + data[:1000])
+        time.sleep(0.3)
+        t0 = time.time()
+        srv.proc.send_signal(signal.SIGTERM)
+        rc = srv.proc.wait(timeout=10)
+        assert rc == 0 and 0.9 < time.time() - t0 < 5, (rc, time.time() - t0)
+        assert "cutting 1 request(s) still in progress" in srv.read_log()
+    finally:
+        c.close()
+    srv.proc = None
+    srv.log.close()
