@@ -1,5 +1,6 @@
 /* blobrefd: the daemon's entry point. Loads the config, opens stores and index, serves until
- * SIGTERM/SIGINT; `--fsck` checks that every index entry has its bytes instead. */
+ * SIGTERM/SIGINT; `--fsck` checks that every index entry has its bytes instead, and
+ * `--rebuild-index` indexes the stores' content-addressed objects again. */
 #include <errno.h>
 #include <inttypes.h>
 #include <openssl/evp.h>
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "blobcache.h"
 #include "httpd.h"
@@ -16,13 +18,14 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: blobrefd [-c FILE] [--listen HOST:PORT] [--data DIR] [--debug]\n"
           "       blobrefd --fsck [--verify] [-c FILE] [--data DIR]\n"
+          "       blobrefd --rebuild-index [-c FILE] [--data DIR]\n"
           "With no -c, runs on the embedded default: an fs store 'local' under DIR/blobs and the\n"
           "index under DIR/index (DIR defaults to ./var). Flags override the file.\n");
 }
 
 struct options {
   const char *config, *listen, *data;
-  int fsck, verify, debug;
+  int fsck, verify, rebuild, debug;
 };
 
 static int parse_args(int argc, char **argv, struct options *o) {
@@ -39,6 +42,8 @@ static int parse_args(int argc, char **argv, struct options *o) {
       o->fsck = 1;
     else if (!strcmp(a, "--verify"))
       o->verify = 1;
+    else if (!strcmp(a, "--rebuild-index"))
+      o->rebuild = 1;
     else if (!strcmp(a, "--debug"))
       o->debug = 1;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -168,6 +173,129 @@ static int run_fsck(br_server *srv, int verify) {
   return f.problems ? 1 : 0;
 }
 
+/* ---- rebuild-index ---------------------------------------------------------------------------
+ * Indexes every object a store holds under a content-addressed key "<prefix>sha256/ab/cd/<hex>"
+ * whose bytes hash to <hex>, for an index that was lost or damaged (move a damaged one away
+ * first). Objects whose bytes do not match their key are reported and left out. The content type
+ * is not known any more: application/octet-stream. */
+
+struct rebuild {
+  br_server *srv;
+  br_store *store;
+  const br_store_config *sc;
+  size_t prefix_len; /* strlen(<prefix>sha256/) */
+  uint64_t indexed, present, problems;
+  int fatal;
+};
+
+/* The digest a content-addressed key names: "<prefix>sha256/ab/cd/<64 hex>" after the prefix
+ * (already matched), with ab and cd the hex's first digits. Returns 0, or -1 for another key. */
+static int key_digest(const char *rest, uint8_t digest[BR_SHA256_LEN]) {
+  if (strlen(rest) != 6 + BR_HEX_LEN || rest[2] != '/' || rest[5] != '/') return -1;
+  const char *hex = rest + 6;
+  if (strncmp(rest, hex, 2) != 0 || strncmp(rest + 3, hex + 2, 2) != 0) return -1;
+  return br_blob_id_parse(hex, BR_HEX_LEN, digest);
+}
+
+/* When the object was written: its file's mtime for fs stores, else now. */
+static uint64_t object_time_ms(const struct rebuild *rb, const char *key) {
+  char path[4096];
+  struct stat sb;
+  if (strcmp(rb->sc->kind, "fs") != 0 || !rb->sc->root) return br_now_ms();
+  snprintf(path, sizeof path, "%s/%s", rb->sc->root, key);
+  if (stat(path, &sb) != 0) return br_now_ms();
+  return (uint64_t)sb.st_mtim.tv_sec * 1000 + (uint64_t)sb.st_mtim.tv_nsec / 1000000;
+}
+
+static int rebuild_one(void *ud, const char *key, uint64_t size) {
+  struct rebuild *rb = ud;
+  const char *store = br_store_name(rb->store);
+  uint8_t digest[BR_SHA256_LEN];
+  br_err err;
+  if (key_digest(key + rb->prefix_len, digest) < 0) {
+    printf("%s:%s: not a content-addressed key; left out\n", store, key);
+    rb->problems++;
+    return 0;
+  }
+  br_record rec;
+  int rc = br_index_get(rb->srv->index, digest, &rec, &err);
+  if (rc < 0) {
+    printf("index: %s\n", err.msg);
+    rb->fatal = 1;
+    return 1;
+  }
+  int have = 0;
+  for (int i = 0; rc == 0 && i < rec.nlocations; i++)
+    have |= !strcmp(rec.locations[i].store, store);
+  if (rc == 0 && (have || rec.state != BR_STATE_LIVE)) { /* indexed already: left as it is */
+    rb->present++;
+    return 0;
+  }
+  if (verify_digest(rb->store, key, digest, &err) < 0) {
+    printf("%s:%s: %s; left out\n", store, key, err.msg);
+    rb->problems++;
+    return 0;
+  }
+  uint64_t t = object_time_ms(rb, key);
+  br_record add = {.size = size,
+                   .created_ms = t,
+                   .last_upload_ms = t,
+                   .state = BR_STATE_LIVE,
+                   .state_ms = t,
+                   .nlocations = 1};
+  snprintf(add.content_type, sizeof add.content_type, "application/octet-stream");
+  br_location *loc = &add.locations[0];
+  snprintf(loc->store, sizeof loc->store, "%s", store);
+  snprintf(loc->key, sizeof loc->key, "%s", key);
+  loc->role = BR_ROLE_PRIMARY;
+  loc->verified_at_ms = br_now_ms();
+  int created = 0;
+  if (br_index_record_upload(rb->srv->index, digest, &add, &created, NULL, &err) < 0) {
+    printf("index: %s\n", err.msg);
+    rb->fatal = 1;
+    return 1;
+  }
+  rb->indexed++;
+  return 0;
+}
+
+static int run_rebuild(br_server *srv) {
+  br_err err;
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/index", srv->cfg->data_dir);
+  br_index_options opt = {.map_size = srv->cfg->index_map_size, .batch_max = 1};
+  if (mkdir(srv->cfg->data_dir, 0755) < 0 && errno != EEXIST) {
+    fprintf(stderr, "blobrefd: cannot create %s: %s\n", srv->cfg->data_dir, strerror(errno));
+    return 2;
+  }
+  srv->index = br_index_open(dir, &opt, &err);
+  if (!srv->index || open_stores(srv, 1, &err) < 0) {
+    fprintf(stderr, "blobrefd: %s%s\n", err.msg,
+            srv->index ? "" : " (move a damaged index away and run again)");
+    close_all(srv);
+    return 2;
+  }
+  struct rebuild rb = {.srv = srv};
+  for (int i = 0; i < srv->nstores && !rb.fatal; i++) {
+    char prefix[BR_MAX_KEY + 1];
+    rb.store = srv->stores[i];
+    rb.sc = &srv->cfg->stores[i];
+    snprintf(prefix, sizeof prefix, "%ssha256/", rb.sc->prefix ? rb.sc->prefix : "");
+    rb.prefix_len = strlen(prefix);
+    uint64_t before = rb.indexed;
+    if (br_store_list(rb.store, prefix, rebuild_one, &rb, &err) < 0) {
+      printf("store %s: %s\n", br_store_name(rb.store), err.msg);
+      rb.fatal = 1;
+    }
+    printf("store %s: %" PRIu64 " blobs indexed\n", br_store_name(rb.store), rb.indexed - before);
+  }
+  printf("rebuild-index: %" PRIu64 " blobs indexed, %" PRIu64 " already there, %" PRIu64
+         " problems\n",
+         rb.indexed, rb.present, rb.problems);
+  close_all(srv);
+  return rb.fatal ? 2 : rb.problems ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   struct options o = {0};
   if (parse_args(argc, argv, &o) < 0) return 2;
@@ -181,8 +309,8 @@ int main(int argc, char **argv) {
   }
   static br_server srv; /* large (metrics), and lives as long as the process */
   srv.cfg = &cfg;
-  if (o.fsck) {
-    int rc = run_fsck(&srv, o.verify);
+  if (o.fsck || o.rebuild) {
+    int rc = o.fsck ? run_fsck(&srv, o.verify) : run_rebuild(&srv);
     br_config_free(&cfg);
     return rc;
   }

@@ -118,10 +118,10 @@ static int parse_scopes(const char *value, unsigned *out) {
   for (char *tok = strtok_r(buf, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save)) {
     if (!strcmp(tok, "read"))
       scopes |= BR_SCOPE_READ;
-    else if (!strcmp(tok, "write"))
-      scopes |= BR_SCOPE_WRITE | BR_SCOPE_READ;
+    else if (!strcmp(tok, "write")) /* scopes are independent: list each one a token needs */
+      scopes |= BR_SCOPE_WRITE;
     else if (!strcmp(tok, "admin"))
-      scopes |= BR_SCOPE_ADMIN | BR_SCOPE_WRITE | BR_SCOPE_READ;
+      scopes |= BR_SCOPE_ADMIN;
     else if (!strcmp(tok, "none"))
       ;
     else

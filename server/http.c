@@ -87,67 +87,118 @@ static enum MHD_Result add_arg_size(void *cls, enum MHD_ValueKind kind, const ch
   return MHD_YES;
 }
 
-struct length_headers {
-  int count, conflicting;
-  const char *first;
+/* libmicrohttpd parses every query argument into the connection's memory pool (one header
+ * record each) before any handler runs; a pool that runs out leaves the request unanswered until
+ * the connection times out. on_uri counts them first and drops the query when there are more. */
+#define MAX_QUERY_ARGS 64
+
+/* RFC 9110 5.6.2: the characters of a token (what a field name must consist of). */
+static int is_tchar(unsigned char c) {
+  return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z') ||
+         (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+/* What start_request needs to know about the header fields, in one pass. */
+struct header_scan {
+  int bad_name;         /* a field name that is empty or not a token ("Content-Length ") */
+  int hosts;            /* Host field lines */
+  int lengths;          /* Content-Length field lines ... */
+  int conflicting;      /* ... with differing values */
+  const char *length;   /* the first Content-Length value */
+  int encodings;        /* Transfer-Encoding field lines */
+  const char *encoding; /* the first Transfer-Encoding value */
 };
 
-static enum MHD_Result note_length(void *cls, enum MHD_ValueKind kind, const char *key,
+static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key,
                                    const char *value) {
   (void)kind;
-  struct length_headers *lh = cls;
-  if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) != 0) return MHD_YES;
-  if (lh->count++ == 0)
-    lh->first = value;
-  else if (strcmp(lh->first ? lh->first : "", value ? value : "") != 0)
-    lh->conflicting = 1;
+  struct header_scan *hs = cls;
+  if (!value) value = "";
+  if (!*key) hs->bad_name = 1;
+  for (const char *k = key; *k; k++)
+    if (!is_tchar((unsigned char)*k)) hs->bad_name = 1;
+  if (!strcasecmp(key, MHD_HTTP_HEADER_HOST)) {
+    hs->hosts++;
+  } else if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+    if (hs->lengths++ == 0)
+      hs->length = value;
+    else if (strcmp(hs->length, value) != 0)
+      hs->conflicting = 1;
+  } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+    if (hs->encodings++ == 0) hs->encoding = value;
+  }
   return MHD_YES;
 }
 
-/* RFC 9112 6.3: differing Content-Lengths, or one beside Transfer-Encoding, make the body's end
- * ambiguous (request smuggling behind a proxy): such requests are refused and the connection
- * closed. */
-static int body_framing_ambiguous(struct request *req) {
-  struct length_headers lh = {0, 0, NULL};
-  MHD_get_connection_values(req->conn, MHD_HEADER_KIND, note_length, &lh);
-  return lh.conflicting ||
-         (lh.count && MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND,
-                                                  MHD_HTTP_HEADER_TRANSFER_ENCODING));
+/* RFC 9112 6.1, 6.3, 3.2, 5.1: field names that are not tokens (libmicrohttpd keeps
+ * "Content-Length " as a name of its own, so the body would be taken as empty and the request
+ * hidden in it run), a transfer coding other than exactly chunked (which libmicrohttpd would read
+ * until the connection closes), differing Content-Lengths or one beside Transfer-Encoding (request
+ * smuggling behind a proxy), and more than one Host. NULL when the header is acceptable. */
+static const char *header_problem(const struct header_scan *hs) {
+  if (hs->bad_name) return "a header field name is empty or holds whitespace or a separator";
+  if (hs->encodings > 1 || (hs->encodings && strcasecmp(hs->encoding, "chunked") != 0))
+    return "the only transfer coding accepted is chunked";
+  if (hs->conflicting || (hs->lengths && hs->encodings))
+    return "conflicting Content-Length, or Content-Length with Transfer-Encoding";
+  if (hs->hosts > 1) return "more than one Host header";
+  return NULL;
 }
 
-static int request_has_body(struct request *req) {
-  const char *cl =
-      MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-  const char *te =
-      MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
-  return te != NULL || (cl != NULL && strcmp(cl, "0") != 0);
+/* A body follows when the request is chunked or its Content-Length is not zero (in any
+ * spelling: "00" is zero too). */
+static int request_has_body(const struct header_scan *hs) {
+  if (hs->encodings) return 1;
+  if (!hs->lengths) return 0;
+  char *end = NULL;
+  errno = 0;
+  unsigned long long n = strtoull(hs->length, &end, 10);
+  return errno || end == hs->length || *end || n != 0;
 }
 
-/* Scopes granted to this request: all when no tokens are configured, else the bearer token's
- * (by SHA-256 digest) or the anonymous ones. Returns -1 for a token that is not known. */
+/* RFC 9112 3.2.2: a server must accept the absolute form "http://authority/path" of a request
+ * target; routing looks at its path ("/" when there is none). */
+static const char *origin_path(const char *url) {
+  const char *p = url;
+  if (!strncasecmp(p, "http://", 7))
+    p += 7;
+  else if (!strncasecmp(p, "https://", 8))
+    p += 8;
+  else
+    return url;
+  const char *slash = strchr(p, '/');
+  return slash ? slash : "/";
+}
+
+/* Scopes granted to this request: all when no tokens are configured; else the anonymous scopes
+ * (a floor every client has) plus, for a bearer token, that token's (matched by SHA-256 digest).
+ * Scopes are independent: write does not imply read. Returns -1 for a token that is not known. */
 static int granted_scopes(struct request *req, unsigned *scopes) {
   const br_config *cfg = req->srv->cfg;
   if (cfg->ntokens == 0) {
     *scopes = BR_SCOPE_READ | BR_SCOPE_WRITE | BR_SCOPE_ADMIN;
     return 0;
   }
+  *scopes = cfg->anonymous_scopes;
   const char *auth =
       MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-  if (!auth) {
-    *scopes = cfg->anonymous_scopes;
-    return 0;
-  }
+  if (!auth) return 0;
   if (strncasecmp(auth, "Bearer ", 7) != 0) return -1;
   const char *token = auth + 7;
   while (*token == ' ') token++;
   uint8_t digest[BR_SHA256_LEN];
   SHA256((const unsigned char *)token, strlen(token), digest);
-  for (int i = 0; i < cfg->ntokens; i++)
-    if (CRYPTO_memcmp(digest, cfg->tokens[i].sha256, BR_SHA256_LEN) == 0) {
-      *scopes = cfg->tokens[i].scopes;
-      return 0;
-    }
-  return -1;
+  /* Every configured digest is compared and the match selected without a branch, so that the
+   * time taken says neither which token matched nor whether one did. */
+  unsigned found = 0, granted = 0;
+  for (int i = 0; i < cfg->ntokens; i++) {
+    unsigned same = (unsigned)(CRYPTO_memcmp(digest, cfg->tokens[i].sha256, BR_SHA256_LEN) == 0);
+    granted |= cfg->tokens[i].scopes & (0u - same);
+    found |= same;
+  }
+  if (!found) return -1;
+  *scopes |= granted;
+  return 0;
 }
 
 void request_fail(struct request *req, enum br_api_error e, const char *fmt, ...) {
@@ -173,11 +224,17 @@ static enum MHD_Result early_error(struct request *req, int has_body, enum br_ap
 /* First call of a request: headers are known, the body (if any) is not. */
 static enum MHD_Result start_request(struct request *req, const char *url, const char *version) {
   const br_config *cfg = req->srv->cfg;
-  int has_body = request_has_body(req);
   req->route_index = -1;
-  if (body_framing_ambiguous(req))
-    return reply_error(req, E_BAD_REQUEST,
-                       "conflicting Content-Length, or Content-Length with Transfer-Encoding");
+  struct header_scan hs = {0};
+  MHD_get_connection_values(req->conn, MHD_HEADER_KIND, scan_header, &hs);
+  const char *problem = header_problem(&hs);
+  if (problem) {
+    /* where the request ends is unclear: answer at once and read nothing more from the client */
+    req->close_after = 1;
+    return reply_error(req, E_BAD_REQUEST, "%s", problem);
+  }
+  int has_body = request_has_body(&hs);
+  if (req->query_cut) return early_error(req, has_body, E_URL_TOO_LONG, "too many query arguments");
   size_t target_len = strlen(url);
   MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, add_arg_size, &target_len);
   if (target_len > cfg->max_url_length)
@@ -193,8 +250,9 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
   const char *cap = NULL;
   size_t cap_len = 0;
   int path_known = 0;
+  const char *path = origin_path(url);
   for (size_t i = 0; i < br_nroutes; i++) {
-    if (!pattern_match(br_routes[i].pattern, url, &cap, &cap_len)) continue;
+    if (!pattern_match(br_routes[i].pattern, path, &cap, &cap_len)) continue;
     path_known = 1;
     if (!req->route) req->route = &br_routes[i]; /* for the Allow header on a 405 */
     int same = !strcmp(br_routes[i].method, req->method) ||
@@ -231,18 +289,42 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
   return MHD_YES;
 }
 
+/* Marks, as the request context that on_uri hands to the first handler call, a target whose query
+ * was cut off. Not an allocation: libmicrohttpd does not call on_completed for a request it fails
+ * itself (headers over its pool, for one) after this callback, so anything allocated here could
+ * leak. */
+static char query_cut;
+
+/* libmicrohttpd's URI log callback: called with the raw request target before it parses the query
+ * into the connection's pool. When the query has more than MAX_QUERY_ARGS arguments it is cut off
+ * (a NUL written right after the '?', in libmicrohttpd's own writable copy of the request line) so
+ * that the request can still be answered, with 414, instead of hanging on an exhausted pool. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
+  (void)cls, (void)conn;
+  const char *q = strchr(uri, '?');
+  if (!q) return NULL;
+  unsigned n = 1;
+  for (const char *p = q + 1; *p; p++) n += *p == '&';
+  if (n <= MAX_QUERY_ARGS) return NULL;
+  ((char *)q)[1] = '\0';
+  return &query_cut;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls) {
   br_server *srv = cls;
   struct request *req = *con_cls;
-  if (!req) {
+  if (!req || (void *)req == &query_cut) { /* first call: headers known */
+    int cut = req != NULL;
     req = calloc(1, sizeof *req);
     if (!req) return MHD_NO;
     req->srv = srv;
     req->conn = conn;
     req->method = method;
     req->is_head = !strcmp(method, MHD_HTTP_METHOD_HEAD);
+    req->query_cut = cut;
+    atomic_fetch_add(&srv->requests_in_progress, 1);
     *con_cls = req;
     return start_request(req, url, version);
   }
@@ -273,12 +355,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   (void)conn;
   br_server *srv = cls;
   struct request *req = *con_cls;
-  if (!req) return;
+  *con_cls = NULL;
+  if (!req || (void *)req == &query_cut) return;
   if (req->route_index >= 0 && req->route_index < 16 && req->status >= 100 && req->status < 600)
     atomic_fetch_add(&srv->requests[req->route_index][req->status / 100], 1);
   if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && req->writer)
     br_info("%s %s: client went away after %llu bytes; nothing kept", req->method,
             req->route ? req->route->pattern : "-", (unsigned long long)req->received);
+  atomic_fetch_sub(&srv->requests_in_progress, 1);
   request_free_upload(req);
   proxy_request_done(req);
   free(req->body);
@@ -288,6 +372,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* ---- finishers --------------------------------------------------------------------------------
  */
+
+/* The API error for a failed index write: a full map or a full volume is a 507. */
+static enum br_api_error index_error(int rc) {
+  return rc == BR_INDEX_FULL ? E_INDEX_FULL : rc == BR_INDEX_NO_SPACE ? E_NO_SPACE : E_INTERNAL;
+}
 
 static void finish_upload(struct request *req) {
   br_server *srv = req->srv;
@@ -322,7 +411,7 @@ static void finish_upload(struct request *req) {
   loc->verified_at_ms = now;
   int rc = br_index_record_upload(srv->index, req->digest, &rec, &req->created, NULL, &err);
   if (rc < 0) {
-    req->finish_error = rc == BR_INDEX_FULL ? E_INDEX_FULL : E_INTERNAL;
+    req->finish_error = index_error(rc);
     snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
     return;
   }
@@ -348,7 +437,7 @@ static void *finisher_main(void *arg) {
       req->gone = rc == 1;
       req->created = 0;
       if (rc < 0) {
-        req->finish_error = rc == BR_INDEX_FULL ? E_INDEX_FULL : E_INTERNAL;
+        req->finish_error = index_error(rc);
         snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
       }
     }
@@ -527,8 +616,8 @@ int br_server_start(br_server *srv, br_err *err) {
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)(cfg->connection_timeout_ms / 1000), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)cfg->connection_memory, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-      MHD_OPTION_UNESCAPE_CALLBACK, unescape_path, NULL, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024,
-      MHD_OPTION_END);
+      MHD_OPTION_UNESCAPE_CALLBACK, unescape_path, NULL, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
+      MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, MHD_OPTION_END);
   if (!srv->daemon) return br_fail(err, "cannot listen on %s: %s", cfg->listen, strerror(errno));
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
   char host[128];
@@ -546,9 +635,19 @@ void br_server_stop(br_server *srv) {
      * the thread pool's own removal of the listening socket from its epoll sets in 0.9.75 and
      * can abort the process: "Failed to remove listen FD from epoll set", seen under load.) */
     atomic_store(&srv->refuse_connections, 1);
-    /* Uploads that completed their body by now get 503; those already with a finisher complete
-     * (bounded by one fsync and one index commit each). libmicrohttpd must not be stopped while
-     * a connection is suspended. */
+    /* Requests in progress, uploads still streaming their body included, run to their end (up to
+     * shutdown_timeout); their answers close the connection. Idle keep-alive connections hold
+     * nothing up: MHD_stop_daemon closes them. */
+    atomic_store(&srv->draining, 1);
+    uint64_t drain_end = br_now_ms() + srv->cfg->shutdown_timeout_ms;
+    while (atomic_load(&srv->requests_in_progress) > 0 && br_now_ms() < drain_end) usleep(5000);
+    int cut = atomic_load(&srv->requests_in_progress) - atomic_load(&srv->jobs_in_flight);
+    if (cut > 0)
+      br_warn("stopping: cutting %d request(s) still in progress after %llu ms", cut,
+              (unsigned long long)srv->cfg->shutdown_timeout_ms);
+    /* Uploads that complete their body from now on get 503; those already with a finisher
+     * complete (bounded by one fsync and one index commit each). libmicrohttpd must not be
+     * stopped while a connection is suspended. */
     pthread_mutex_lock(&srv->job_lock);
     srv->stopping = 1;
     pthread_mutex_unlock(&srv->job_lock);

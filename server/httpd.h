@@ -72,6 +72,8 @@ struct request {
   struct MHD_Connection *conn;
   const struct route *route;
   enum request_phase phase;
+  int close_after; /* answer with Connection: close (framing errors: the rest is untrusted) */
+  int query_cut;   /* the target had too many query arguments: see on_uri */
   const char *method;
   int is_head;
   uint8_t digest[BR_SHA256_LEN]; /* the {hash} of the URL, when the route has one */
@@ -135,6 +137,9 @@ struct br_server {
   int jobs_stopping; /* finishers exit */
   int stopping;      /* no new jobs: uploads finishing now get 503 */
   atomic_int jobs_in_flight;
+  /* requests between their first handler call and completion: SIGTERM waits for these */
+  atomic_int requests_in_progress;
+  atomic_int draining; /* SIGTERM seen: every answer closes its connection */
   /* metrics */
   atomic_uint_fast64_t requests[16][6]; /* [route index][status class 0, 1xx..5xx] */
   atomic_uint_fast64_t bytes_in, bytes_out, uploads_created, uploads_dedup;

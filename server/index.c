@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 /* ---- record encoding (version 1) ------------------------------------------------------------
  * u8 version=1, u8 state, u64 size, u64 created_ms, u64 last_upload_ms, u64 state_ms,
@@ -187,7 +188,17 @@ static __thread struct reader_cache tl_reader;
 
 static int lmdb_fail(br_err *err, const char *what, int rc) {
   br_fail(err, "index: %s: %s", what, mdb_strerror(rc));
-  return rc == MDB_MAP_FULL ? BR_INDEX_FULL : -1;
+  if (rc == MDB_MAP_FULL) return BR_INDEX_FULL;
+  return rc == ENOSPC || rc == EDQUOT ? BR_INDEX_NO_SPACE : -1;
+}
+
+/* LMDB reports a short write, which is what a file system that fills up in the middle of one
+ * gives, as EIO: it is a full volume when next to no space is left there. */
+static int volume_full(br_index *idx) {
+  const char *path = NULL;
+  struct statvfs vfs;
+  return mdb_env_get_path(idx->env, &path) == 0 && statvfs(path, &vfs) == 0 &&
+         (uint64_t)vfs.f_bavail * vfs.f_frsize < (1u << 20);
 }
 
 /* Returns a read transaction ready for use on this thread (renewed from the cache). */
@@ -393,6 +404,7 @@ static void run_batch(br_index *idx, struct op **ops, size_t n) {
     for (size_t i = 0; i < n; i++) run_batch(idx, &ops[i], 1);
     return;
   }
+  if (spoiled == EIO && volume_full(idx)) spoiled = ENOSPC;
   ops[0]->rc = lmdb_fail(&ops[0]->err, "write", spoiled);
 }
 

@@ -51,6 +51,8 @@ unsigned br_api_error_status(enum br_api_error e) { return errors[e].status; }
 
 enum MHD_Result reply_response(struct request *req, unsigned status, struct MHD_Response *resp) {
   if (!resp) return MHD_NO;
+  if (req->close_after || atomic_load(&req->srv->draining))
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   req->status = status;
   req->phase = PHASE_ANSWERED;
   enum MHD_Result r = MHD_queue_response(req->conn, status, resp);
@@ -150,8 +152,7 @@ json_t *upload_result_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size, i
 
 /* ---- blob bodies ---------------------------------------------------------------------------- */
 
-/* Does an If-None-Match / If-Range value name our strong ETag? (a list, W/ never matches for
- * If-Range which needs a strong comparison) */
+/* Does an If-None-Match value list our ETag? (weak comparison: W/ is ignored) */
 static int etag_listed(const char *value, const char *etag, int allow_star) {
   if (!value) return 0;
   size_t elen = strlen(etag);
@@ -166,6 +167,16 @@ static int etag_listed(const char *value, const char *etag, int allow_star) {
     while (*p && *p != ',') p++;
   }
   return 0;
+}
+
+/* Is an If-Range value exactly our strong ETag? (RFC 9110 13.1.5: one entity tag or a date; a
+ * list, a weak tag or a date never match) */
+static int if_range_matches(const char *value, const char *etag) {
+  while (*value == ' ' || *value == '\t') value++;
+  size_t elen = strlen(etag);
+  if (strncmp(value, etag, elen) != 0) return 0;
+  for (value += elen; *value == ' ' || *value == '\t';) value++;
+  return *value == '\0';
 }
 
 static void add_blob_headers(struct MHD_Response *resp, const br_record *rec, const char *etag,
@@ -385,7 +396,7 @@ static enum MHD_Result finish_blob_reply(struct request *req, const br_record *r
     body_bytes = rec->size;
   else
     for (size_t i = 0; i < n; i++) body_bytes += ranges[i].last - ranges[i].first + 1;
-  atomic_fetch_add(&req->srv->bytes_out, body_bytes);
+  if (!req->is_head) atomic_fetch_add(&req->srv->bytes_out, body_bytes);
   return reply_response(req, status, resp);
 }
 
@@ -538,7 +549,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
   }
   const char *range = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_RANGE);
   const char *if_range = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_RANGE);
-  if (range && if_range && (!strncmp(if_range, "W/", 2) || !etag_listed(if_range, etag, 0)))
+  if (range && if_range && !if_range_matches(if_range, etag))
     range = NULL; /* If-Range did not match (or is a date / weak tag): send everything */
   br_byte_range ranges[BR_RANGE_MAX];
   size_t n = 0;

@@ -16,6 +16,8 @@ static const struct command {
     {"lookup", cmd_lookup, "lookup [HASH...|-]                               which blobs exist"},
     {"refs", cmd_refs,
      "refs TABLE --column NAME [--form hex|binary|url] [--rewrite FROM=TO]... [--count|--files]"},
+    {"token", cmd_token,
+     "token new --scopes read,write,admin [--name NAME]    a bearer token and its [token] section"},
 };
 
 static void usage(FILE *out) {

@@ -15,5 +15,6 @@ int cmd_get(const cli_globals *g, int argc, char **argv);
 int cmd_stat(const cli_globals *g, int argc, char **argv);
 int cmd_lookup(const cli_globals *g, int argc, char **argv);
 int cmd_refs(const cli_globals *g, int argc, char **argv);
+int cmd_token(const cli_globals *g, int argc, char **argv);
 
 #endif

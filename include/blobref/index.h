@@ -35,7 +35,8 @@ typedef struct br_record {
 } br_record;
 
 /* Errors beyond -1 that callers map to specific replies. */
-#define BR_INDEX_FULL (-2) /* the LMDB map is full: raise index_map_size */
+#define BR_INDEX_FULL (-2)     /* the LMDB map is full: raise index_map_size */
+#define BR_INDEX_NO_SPACE (-3) /* the index's file system is full (ENOSPC, EDQUOT) */
 
 /* Serialises rec (format version 1, little-endian, length-prefixed strings) into buf.
  * Returns the encoded length, or 0 if it does not fit in cap or rec is invalid. */
@@ -69,13 +70,15 @@ int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *
  * inserted and *created = 1. If present, last_upload_ms is set to rec->last_upload_ms, a
  * quarantined blob is restored to live, rec's primary location is added when the record has none
  * in that store, and *created = 0; *stored receives the resulting record if non-NULL.
- * Returns 0, BR_INDEX_FULL, or -1 with err. Blocks until the batch holding it is committed. */
+ * Returns 0, BR_INDEX_FULL, BR_INDEX_NO_SPACE, or -1 with err. Blocks until the batch holding it is
+ * committed. */
 int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN], const br_record *rec,
                            int *created, br_record *stored, br_err *err);
 
 /* Records a dedup hit: sets last_upload_ms to now_ms (never backwards) on a record that exists
  * and is live, durably, before returning. Returns 0; 1 if the blob is absent or quarantined
- * (nothing changed: the caller must take the bytes as a new upload); BR_INDEX_FULL; -1 + err. */
+ * (nothing changed: the caller must take the bytes as a new upload); BR_INDEX_FULL;
+ * BR_INDEX_NO_SPACE; -1 + err. */
 int br_index_touch(br_index *idx, const uint8_t digest[BR_SHA256_LEN], uint64_t now_ms,
                    br_err *err);
 

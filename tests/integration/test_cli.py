@@ -638,3 +638,44 @@ def test_put_stdin_over_max_blob_size(small_server):
         assert p.returncode == 1, p
         assert "too_large" in one_line_error(p)
         assert time.time() - t0 < 10
+
+
+def test_token_new_section_authenticates(tmp_path):
+    """The printed section, pasted into a config, makes the printed token work (and only it)."""
+    p = run(None, "token", "new", "--scopes", "write,read", "--name", "pipeline")
+    assert p.returncode == 0 and p.stderr == b"", p
+    out = p.stdout.decode()
+    token, blank, rest = out.split("\n", 2)
+    assert token.startswith("br_") and len(token) == 67 and blank == ""
+    assert int(token[3:], 16) >= 0
+    assert f"sha256 = {sha(token.encode())}\n" in rest and "[token pipeline]\n" in rest
+    assert "scopes = read, write\n" in rest
+    again = run(None, "token", "new", "--scopes", "read").stdout.decode()
+    assert again.split("\n")[0] != token  # random each time
+    srv = Server(tmp_path / "data", config_text="[auth]\nanonymous = none\n" + rest).start()
+    try:
+        data = b"uploaded with a token from blobref token new"
+        f = tmp_path / "blob"
+        f.write_bytes(data)
+        p = run(srv.url, "--token", token, "put", f)
+        assert p.returncode == 0, p
+        assert p.stdout.decode().strip() == sha(data)
+        p = run(srv.url, "--token", token, "get", sha(data))
+        assert p.returncode == 0 and p.stdout == data
+        r = requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=30)
+        assert r.status_code == 401
+        r = requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=30,
+                         headers={"Authorization": f"Bearer {token}x"})
+        assert r.status_code == 401
+    finally:
+        assert srv.stop() == 0, srv.read_log()
+
+
+@pytest.mark.parametrize("args", [["token"], ["token", "new"], ["token", "old"],
+                                  ["token", "new", "--scopes", "everything"],
+                                  ["token", "new", "--scopes", "read", "--name", "a b"],
+                                  ["token", "new", "--scopes", "read", "extra"]])
+def test_token_usage_errors(args):
+    p = run(None, *args)
+    assert p.returncode == 2 and p.stdout == b"", p
+    one_line_error(p)

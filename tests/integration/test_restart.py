@@ -113,3 +113,72 @@ def test_sigterm_under_load_exits_0(tmp_path):
         assert took < 25, took
     rc, n, problems, out = fsck(tmp_path / "data", verify=True)
     assert rc == 0 and problems == 0 and n >= len(acked), out
+
+
+def rebuild_index(data_dir, config=None):
+    """Runs blobrefd --rebuild-index; returns (exit code, output)."""
+    import os
+    import subprocess
+    from conftest import BIN_DIR
+    args = [str(BIN_DIR / "blobrefd"), "--rebuild-index", "--data", str(data_dir)]
+    if config is not None:
+        args += ["-c", str(config)]
+    env = dict(os.environ, ASAN_OPTIONS="abort_on_error=0:detect_leaks=1")
+    p = subprocess.run(args, capture_output=True, timeout=120, env=env)
+    return p.returncode, p.stdout.decode(errors="replace") + p.stderr.decode(errors="replace")
+
+
+def test_rebuild_index_from_the_store(tmp_path):
+    """A lost index is rebuilt from the store's content-addressed objects; an object whose bytes
+    do not match its key is reported and left out."""
+    import os
+    import shutil
+    import time
+    from util_http import object_path
+    rng = random.Random(7)
+    srv = Server(tmp_path / "data").start()
+    blobs = {}
+    for _ in range(25):
+        data = rng.randbytes(rng.randrange(0, 100000))
+        assert put(srv, data, headers={"Content-Type": "image/png"}).status_code == 201
+        blobs[sha(data)] = data
+    bad = rng.randbytes(5000)
+    assert put(srv, bad).status_code == 201
+    assert srv.stop() == 0, srv.read_log()
+
+    shutil.rmtree(tmp_path / "data" / "index")
+    bad_path = object_path(srv, sha(bad))
+    bad_path.write_bytes(b"not the bytes this key names")
+    stray = srv.data_dir / "blobs" / "sha256" / "zz"
+    stray.mkdir(parents=True)
+    (stray / "notes.txt").write_text("not an object")
+    mtime = time.time() - 86400
+    some = next(iter(blobs))
+    os.utime(object_path(srv, some), (mtime, mtime))
+
+    rc, out = rebuild_index(tmp_path / "data")
+    assert rc == 1, out
+    assert f"rebuild-index: {len(blobs)} blobs indexed, 0 already there, 2 problems" in out, out
+    assert f"{sha(bad)}: SHA-256 mismatch; left out" in out, out
+    assert "notes.txt: not a content-addressed key; left out" in out, out
+    rc, n, problems, fout = fsck(tmp_path / "data", verify=True)
+    assert (rc, n, problems) == (0, len(blobs), 0), fout
+    # A second run finds everything indexed (the corrupt object is still reported).
+    rc, out = rebuild_index(tmp_path / "data")
+    assert f"0 blobs indexed, {len(blobs)} already there, 2 problems" in out, out
+
+    srv2 = Server(tmp_path / "data").start()
+    try:
+        for h, data in blobs.items():
+            r = get(srv2, h)
+            assert r.status_code == 200 and r.content == data, h
+            assert r.headers["Content-Type"] == "application/octet-stream"
+        assert get(srv2, sha(bad)).status_code == 404
+        m = requests.get(f"{srv2.url}/v1/blobs/{some}/meta", timeout=TIMEOUT).json()
+        assert m["created_at"].startswith(time.strftime("%Y-%m-%dT%H:%M", time.gmtime(mtime)))
+        assert m["locations"][0]["key"] == f"sha256/{some[:2]}/{some[2:4]}/{some}"
+        # uploading the corrupted blob again repairs it
+        assert put(srv2, bad).status_code == 201
+        assert get(srv2, sha(bad)).content == bad
+    finally:
+        assert srv2.stop() == 0, srv2.read_log()

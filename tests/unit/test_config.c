@@ -93,6 +93,26 @@ int main(void) {
             !strcmp(cfg.stores[0].root, "./var/blobs") && !strcmp(cfg.upload_store, "local"),
         "embedded default store");
   br_config_free(&cfg);
+  /* scopes are independent: write does not imply read, admin implies nothing */
+  static const struct {
+    const char *scopes;
+    unsigned want;
+  } scope_cases[] = {{"write", BR_SCOPE_WRITE},
+                     {"read, write", BR_SCOPE_READ | BR_SCOPE_WRITE},
+                     {"admin", BR_SCOPE_ADMIN},
+                     {"none", 0}};
+  for (size_t i = 0; i < sizeof scope_cases / sizeof scope_cases[0]; i++) {
+    char text[256];
+    snprintf(text, sizeof text, "[auth]\nanonymous = %s\n[token t]\nsha256 = %064d\nscopes = %s\n",
+             scope_cases[i].scopes, 0, scope_cases[i].scopes);
+    br_config_init(&cfg);
+    CHECK(br_config_load_string(&cfg, text, "t", &err) == 0, "scopes %s: %s", scope_cases[i].scopes,
+          err.msg);
+    CHECK(cfg.ntokens == 1 && cfg.tokens[0].scopes == scope_cases[i].want &&
+              cfg.anonymous_scopes == scope_cases[i].want,
+          "scopes %s -> %u", scope_cases[i].scopes, cfg.ntokens ? cfg.tokens[0].scopes : 99u);
+    br_config_free(&cfg);
+  }
   /* the shipped example config loads and finishes */
   br_config_init(&cfg);
   int rc = br_config_load(&cfg, "conf/blobref.conf", &err);
