@@ -102,6 +102,7 @@ bench:
 	@tools/install-deps.sh bench
 	@$(MAKE) --no-print-directory all
 	tests/bench/run.sh
+	tests/bench/s3-bench.sh
 
 format:
 	clang-format -i $(wildcard server/*.c server/*.h include/blobref/*.h tools/*.c tools/*.h \
