@@ -204,8 +204,9 @@ static enum MHD_Result blob_get(struct request *req) {
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
   if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
   if (rc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
-  if (rec.state == BR_STATE_QUARANTINED)
-    return reply_error(req, E_QUARANTINED, "the blob is quarantined: %s", rec.reason);
+  if (rec.state != BR_STATE_LIVE)
+    return reply_error(req, E_QUARANTINED, "the blob is quarantined%s: %s",
+                       rec.state == BR_STATE_HELD ? " by an admin" : "", rec.reason);
   const br_location *loc = br_record_primary(&rec);
   br_store *store = loc ? br_server_store(req->srv, loc->store) : NULL;
   if (!store)
@@ -252,9 +253,10 @@ static enum MHD_Result blob_meta(struct request *req) {
       json_pack("{s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "sha256", hex, "size", (json_int_t)rec.size,
                 "content_type", rec.content_type, "created_at", created, "last_upload_at", uploaded,
                 "state", rec.state == BR_STATE_LIVE ? "live" : "quarantined", "locations", locs);
-  if (body && rec.state == BR_STATE_QUARANTINED)
+  if (body && rec.state != BR_STATE_LIVE)
     json_object_set_new(body, "quarantine",
-                        json_pack("{s:s,s:s}", "reason", rec.reason, "at", changed));
+                        json_pack("{s:s,s:s,s:s}", "reason", rec.reason, "at", changed, "by",
+                                  rec.state == BR_STATE_HELD ? "admin" : "reconcile"));
   return reply_json(req, MHD_HTTP_OK, body);
 }
 

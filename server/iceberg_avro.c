@@ -458,6 +458,12 @@ static int data_file_record(rd *r, avro_schema_t s, ice_entry *e, br_err *err) {
       if (present && (v < 0 || v > 2))
         return br_fail(err, "manifest: data_file.content %lld", (long long)v);
       if (present) e->content = (int)v;
+    } else if (field_is(name, "file_size_in_bytes", NULL)) {
+      rc = read_int(r, fs, &v, &present);
+      if (present) e->file_size = v;
+    } else if (field_is(name, "record_count", NULL)) {
+      rc = read_int(r, fs, &v, &present);
+      if (present) e->record_count = v;
     } else {
       rc = skip_value(r, fs, 2);
     }
@@ -475,7 +481,7 @@ static int data_file_record(rd *r, avro_schema_t s, ice_entry *e, br_err *err) {
 
 static int manifest_record(void *ud, rd *r, avro_schema_t s, br_err *err) {
   manifest_ctx *mc = ud;
-  ice_entry e = {-1, 0, NULL, 0, NULL, 0};
+  ice_entry e = {-1, 0, NULL, 0, NULL, 0, -1, -1};
   int have_file = 0;
   size_t nf = avro_schema_record_size(s);
   for (size_t i = 0; i < nf; i++) {

@@ -80,6 +80,8 @@ typedef struct ice_entry {
   size_t path_len;
   const char *format; /* data_file.file_format */
   size_t format_len;
+  int64_t file_size;    /* data_file.file_size_in_bytes, -1 if absent */
+  int64_t record_count; /* data_file.record_count, -1 if absent */
 } ice_entry;
 
 typedef int (*ice_manifest_ref_fn)(void *ud, const ice_manifest_ref *ref, br_err *err);

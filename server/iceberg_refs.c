@@ -98,6 +98,7 @@ typedef struct walk {
   size_t mlive_cap;
   strtab files;     /* mapped live data file paths */
   uint8_t *parquet; /* per file: 1 if its file_format is Parquet */
+  int64_t *fsize, *fcount; /* per file: file_size_in_bytes and record_count from the manifest */
   size_t parquet_cap;
   size_t *mark; /* per file: last snapshot index + 1 that listed it */
   idxvec cur;   /* manifest indices of the snapshot being walked */
@@ -141,13 +142,19 @@ static int on_entry(void *ud, const ice_entry *e, br_err *err) {
     if ((size_t)fi >= w->parquet_cap) {
       size_t ncap = w->parquet_cap ? w->parquet_cap * 2 : 256;
       uint8_t *np = realloc(w->parquet, ncap);
-      size_t *nm = realloc(w->mark, ncap * sizeof *nm);
       if (np) w->parquet = np;
+      size_t *nm = realloc(w->mark, ncap * sizeof *nm);
       if (nm) w->mark = nm;
-      if (!np || !nm) return br_fail(err, "out of memory");
+      int64_t *ns = realloc(w->fsize, ncap * sizeof *ns);
+      if (ns) w->fsize = ns;
+      int64_t *nc = realloc(w->fcount, ncap * sizeof *nc);
+      if (nc) w->fcount = nc;
+      if (!np || !nm || !ns || !nc) return br_fail(err, "out of memory");
       w->parquet_cap = ncap;
     }
     w->parquet[fi] = e->format_len == 7 && strncasecmp(e->format, "PARQUET", 7) == 0;
+    w->fsize[fi] = e->file_size;
+    w->fcount[fi] = e->record_count;
     w->mark[fi] = 0;
   }
   size_t mi = w->manifests.n - 1; /* the manifest being read is the newest one */
@@ -184,10 +191,19 @@ static int add_manifest(walk *w, const char *raw, size_t rawlen, int64_t nentrie
     snprintf(tmp, sizeof tmp, "%s", err ? err->msg : "");
     return br_fail(err, "manifest %s: %s", mapped, tmp);
   }
-  /* A manifest cut at a block boundary still decodes: the list's file counts catch that. */
-  if (nentries >= 0 && (uint64_t)nentries != nrec)
+  /* A manifest cut at a block boundary still decodes: the list's file counts catch that. They
+   * are statistics, though, and some engines write them low: more entries than claimed cannot
+   * lose a reference (every entry was read), so that is only a warning; fewer is an error. */
+  if (nentries >= 0 && (uint64_t)nentries > nrec)
     return br_fail(err, "manifest %s: %llu entries, the manifest list says %lld", mapped,
                    (unsigned long long)nrec, (long long)nentries);
+  if (nentries >= 0 && (uint64_t)nentries < nrec) {
+    if (!w->stats->count_warnings)
+      snprintf(w->stats->first_warning, sizeof w->stats->first_warning,
+               "manifest %.300s: %llu entries, more than the %lld its manifest list counts (all read)",
+               mapped, (unsigned long long)nrec, (long long)nentries);
+    w->stats->count_warnings++;
+  }
   w->stats->manifests++;
   return 0;
 }
@@ -237,6 +253,8 @@ static void walk_free(walk *w) {
   strtab_free(&w->manifests);
   strtab_free(&w->files);
   free(w->parquet);
+  free(w->fsize);
+  free(w->fcount);
   free(w->mark);
   free(w->cur.v);
 }
@@ -279,6 +297,8 @@ int br_iceberg_list_files(const br_iceberg_table_config *cfg, br_iceberg_file_fn
 
 typedef struct value_ctx {
   br_hashset *out;
+  br_iceberg_hash_fn fn; /* when out is NULL */
+  void *ud;
   br_iceberg_stats *stats;
   const br_iceberg_table_config *cfg;
   const char *file;
@@ -305,17 +325,17 @@ static int on_value(void *ud, const uint8_t *data, size_t len, int is_null) {
     }
     return vc->cfg->fail_on_invalid ? 2 : 0;
   }
-  if (br_hashset_add(vc->out, d) < 0) {
+  if (vc->out ? br_hashset_add(vc->out, d) < 0 : vc->fn(vc->ud, d) != 0) {
     vc->oom = 1;
     return 3;
   }
   return 0;
 }
 
-static int read_hashes(walk *w, size_t fi, br_hashset *out, br_err *err) {
-  const char *path = w->files.strs[fi];
-  const br_iceberg_table_config *cfg = w->cfg;
-  if (!w->parquet[fi])
+static int read_hashes_of(const br_iceberg_table_config *cfg, const char *path, int parquet,
+                          br_hashset *out, br_iceberg_hash_fn fn, void *ud,
+                          br_iceberg_stats *stats, br_err *err) {
+  if (!parquet)
     return br_fail(err, "%s: live data file is not Parquet (only Parquet is read)", path);
   br_iceberg_open_fn open = cfg->open ? cfg->open : br_iceberg_open_local;
   br_source *src = open(cfg->open_ud, path, err);
@@ -346,14 +366,14 @@ static int read_hashes(walk *w, size_t fi, br_hashset *out, br_err *err) {
             cfg->column);
     goto done;
   }
-  value_ctx vc = {out, w->stats, cfg, path, 0};
+  value_ctx vc = {out, fn, ud, stats, cfg, path, 0};
   rc = br_parquet_read_column_at(pf, (size_t)ci, on_value, &vc, err);
   if (rc == 2) {
     br_fail(err, "%s: column '%s' holds a value that is not a hash: %s", path, cfg->column,
-            w->stats->first_invalid);
+            stats->first_invalid);
     rc = -1;
   } else if (rc == 3 || vc.oom) {
-    br_fail(err, "out of memory");
+    if (out) br_fail(err, "out of memory"); /* a callback failure left its own message */
     rc = -1;
   } else if (rc != 0) {
     char tmp[sizeof err->msg];
@@ -374,7 +394,34 @@ int br_iceberg_collect_refs(const br_iceberg_table_config *cfg, br_hashset *out,
   if (!stats) stats = &local;
   if (!cfg->column || !*cfg->column) return br_fail(err, "no hash column configured");
   int rc = run_walk(&w, cfg, NULL, NULL, stats, err);
-  for (size_t i = 0; i < w.files.n && rc == 0; i++) rc = read_hashes(&w, i, out, err);
+  for (size_t i = 0; i < w.files.n && rc == 0; i++)
+    rc = read_hashes_of(cfg, w.files.strs[i], w.parquet[i], out, NULL, NULL, stats, err);
   walk_free(&w);
   return rc == 0 ? 0 : -1;
+}
+
+int br_iceberg_walk_data_files(const br_iceberg_table_config *cfg, br_iceberg_data_file_fn fn,
+                               void *ud, br_iceberg_stats *stats, br_err *err) {
+  walk w;
+  br_iceberg_stats local;
+  if (!stats) stats = &local;
+  int rc = run_walk(&w, cfg, NULL, NULL, stats, err);
+  for (size_t i = 0; i < w.files.n && rc == 0; i++) {
+    br_iceberg_data_file f = {w.files.strs[i], w.parquet[i], w.fsize[i], w.fcount[i]};
+    rc = fn(ud, &f);
+  }
+  walk_free(&w);
+  return rc;
+}
+
+int br_iceberg_read_file_hashes(const br_iceberg_table_config *cfg, const br_iceberg_data_file *f,
+                                br_iceberg_hash_fn fn, void *ud, br_iceberg_stats *stats,
+                                br_err *err) {
+  br_iceberg_stats local;
+  if (!stats) {
+    memset(&local, 0, sizeof local);
+    stats = &local;
+  }
+  if (!cfg->column || !*cfg->column) return br_fail(err, "no hash column configured");
+  return read_hashes_of(cfg, f->path, f->parquet, NULL, fn, ud, stats, err) == 0 ? 0 : -1;
 }

@@ -56,7 +56,9 @@ static void put_str(struct wbuf *b, const char *s, size_t max) {
 size_t br_record_encode(const br_record *rec, uint8_t *buf, size_t cap) {
   struct wbuf b = {buf, 0, cap, 0};
   if (rec->nlocations < 0 || rec->nlocations > BR_MAX_LOCATIONS) return 0;
-  if (rec->state != BR_STATE_LIVE && rec->state != BR_STATE_QUARANTINED) return 0;
+  if (rec->state != BR_STATE_LIVE && rec->state != BR_STATE_QUARANTINED &&
+      rec->state != BR_STATE_HELD)
+    return 0;
   put_u8(&b, RECORD_VERSION);
   put_u8(&b, (uint8_t)rec->state);
   put_u64(&b, rec->size);
@@ -135,7 +137,7 @@ int br_record_decode(const uint8_t *buf, size_t len, br_record *rec, br_err *err
   get_str(&b, rec->reason, BR_MAX_REASON);
   get_str(&b, rec->content_type, BR_MAX_CONTENT_TYPE);
   uint8_t n = get_u8(&b);
-  if (state > BR_STATE_QUARANTINED || n > BR_MAX_LOCATIONS) b.bad = 1;
+  if (state > BR_STATE_HELD || n > BR_MAX_LOCATIONS) b.bad = 1;
   rec->state = (enum br_state)state;
   for (int i = 0; i < n && !b.bad; i++) {
     br_location *l = &rec->locations[i];
@@ -305,6 +307,8 @@ struct op {
   br_record *stored;
   int created;
   int gone; /* touch: the record was absent or not live */
+  br_change *change;
+  uint64_t now_ms;
   int rc;
   int done;
   br_err err;
@@ -337,7 +341,7 @@ static int apply_upload(br_index *idx, MDB_txn *txn, struct op *op) {
     op->created = 0;
     if (op->rec->last_upload_ms > merged->last_upload_ms)
       merged->last_upload_ms = op->rec->last_upload_ms;
-    if (merged->state == BR_STATE_QUARANTINED) {
+    if (merged->state == BR_STATE_QUARANTINED) { /* held blobs stay held: an admin said so */
       merged->state = BR_STATE_LIVE;
       merged->state_ms = op->rec->last_upload_ms;
       merged->reason[0] = '\0';
@@ -374,6 +378,51 @@ static int apply_touch(br_index *idx, MDB_txn *txn, struct op *op) {
   if (op->rec->last_upload_ms <= rec->last_upload_ms) return 0;
   rec->last_upload_ms = op->rec->last_upload_ms;
   return put_record(idx, txn, op, rec);
+}
+
+static int apply_change(br_index *idx, MDB_txn *txn, struct op *op) {
+  br_change *c = op->change;
+  MDB_val k = key_of(op->digest), v;
+  c->applied = 0;
+  int rc = mdb_get(txn, idx->dbi, &k, &v);
+  if (rc == MDB_NOTFOUND) return 0;
+  if (rc) return rc;
+  br_record *rec = &c->before;
+  if (br_record_decode(v.mv_data, v.mv_size, rec, &op->err) < 0) return -1;
+  br_record next = *rec;
+  switch (c->kind) {
+    case BR_CHANGE_QUARANTINE:
+      if (rec->state != BR_STATE_LIVE || rec->last_upload_ms >= c->cutoff_ms) return 0;
+      next.state = BR_STATE_QUARANTINED;
+      break;
+    case BR_CHANGE_RESTORE:
+      if (rec->state != BR_STATE_QUARANTINED) return 0;
+      next.state = BR_STATE_LIVE;
+      break;
+    case BR_CHANGE_HOLD:
+      if (rec->state == BR_STATE_HELD) return 0;
+      next.state = BR_STATE_HELD;
+      break;
+    case BR_CHANGE_RELEASE:
+      if (rec->state == BR_STATE_LIVE) return 0;
+      next.state = BR_STATE_LIVE;
+      if (op->now_ms > next.last_upload_ms) next.last_upload_ms = op->now_ms;
+      break;
+    case BR_CHANGE_REMOVE:
+      if (rec->state == BR_STATE_LIVE || rec->state_ms != c->expect_state_ms ||
+          rec->state_ms >= c->cutoff_ms)
+        return 0;
+      rc = mdb_del(txn, idx->dbi, &k, NULL);
+      if (rc) return rc;
+      c->applied = 1;
+      return 0;
+  }
+  next.state_ms = op->now_ms;
+  snprintf(next.reason, sizeof next.reason, "%s",
+           next.state == BR_STATE_LIVE ? "" : c->reason ? c->reason : "");
+  rc = put_record(idx, txn, op, &next);
+  if (rc == 0) c->applied = 1;
+  return rc;
 }
 
 /* Runs ops[0..n) in one transaction. If the transaction fails as a whole and holds several
@@ -460,6 +509,48 @@ int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN], c
   int rc = submit(idx, &op, err);
   if (rc == 0 && created) *created = op.created;
   return rc;
+}
+
+int br_index_apply_changes(br_index *idx, br_change *changes, size_t n, uint64_t now_ms,
+                           br_err *err) {
+  enum { CHUNK = 1024 };
+  struct op *ops = calloc(n < CHUNK ? (n ? n : 1) : CHUNK, sizeof *ops);
+  if (!ops) return br_fail(err, "out of memory");
+  int out = 0;
+  for (size_t base = 0; base < n && out == 0; base += CHUNK) {
+    size_t m = n - base < CHUNK ? n - base : CHUNK;
+    /* queue the whole chunk at once so that the writer commits it in few transactions */
+    pthread_mutex_lock(&idx->lock);
+    if (idx->stopping || !idx->has_writer) {
+      pthread_mutex_unlock(&idx->lock);
+      out = br_fail(err, "index: not accepting writes (read-only or stopping)");
+      break;
+    }
+    for (size_t i = 0; i < m; i++) {
+      struct op *op = &ops[i];
+      memset(op, 0, sizeof *op);
+      op->apply = apply_change;
+      op->change = &changes[base + i];
+      op->digest = changes[base + i].digest;
+      op->now_ms = now_ms;
+      if (idx->tail)
+        idx->tail->next = op;
+      else
+        idx->head = op;
+      idx->tail = op;
+    }
+    pthread_cond_signal(&idx->work_cv);
+    for (size_t i = 0; i < m; i++)
+      while (!ops[i].done) pthread_cond_wait(&idx->done_cv, &idx->lock);
+    pthread_mutex_unlock(&idx->lock);
+    for (size_t i = 0; i < m && out == 0; i++)
+      if (ops[i].rc) {
+        out = ops[i].rc;
+        if (err) *err = ops[i].err;
+      }
+  }
+  free(ops);
+  return out;
 }
 
 int br_index_touch(br_index *idx, const uint8_t digest[BR_SHA256_LEN], uint64_t now_ms,

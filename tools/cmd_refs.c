@@ -195,6 +195,9 @@ static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrite
     fprintf(stderr, "blobref refs: %s\n", err.msg);
     goto done;
   }
+  if (stats.count_warnings)
+    fprintf(stderr, "blobref refs: warning: %s%s\n", stats.first_warning,
+            stats.count_warnings > 1 ? " (and more like it)" : "");
   if (stats.invalid)
     fprintf(stderr,
             "blobref refs: warning: %" PRIu64 " of %" PRIu64

@@ -85,6 +85,8 @@ typedef struct br_iceberg_stats {
   uint64_t nulls;          /* null values skipped */
   uint64_t invalid;        /* non-null values that are not a hash in the configured form */
   char first_invalid[256]; /* "<data file>: <value prefix>" of the first invalid value, or "" */
+  uint64_t count_warnings; /* manifests holding more entries than their manifest list counts */
+  char first_warning[512]; /* the first of those, or "" */
 } br_iceberg_stats;
 
 /* Adds to out every hash that the configured column holds in any live data file of any retained
@@ -105,5 +107,31 @@ typedef int (*br_iceberg_file_fn)(void *ud, int64_t snapshot_id, const char *pat
  * closed rules as br_iceberg_collect_refs), or the callback's non-zero value. */
 int br_iceberg_list_files(const br_iceberg_table_config *cfg, br_iceberg_file_fn fn, void *ud,
                           br_iceberg_stats *stats, br_err *err);
+
+/* --- what reconcile needs: the live data files, then each file's hashes ---------------------- */
+
+/* One distinct live data file of the retained snapshots, with what its manifest records. */
+typedef struct br_iceberg_data_file {
+  const char *path;     /* mapped path, valid during the call */
+  int parquet;          /* file_format is Parquet */
+  int64_t file_size;    /* file_size_in_bytes, -1 if not recorded */
+  int64_t record_count; /* record_count, -1 if not recorded */
+} br_iceberg_data_file;
+typedef int (*br_iceberg_data_file_fn)(void *ud, const br_iceberg_data_file *f);
+
+/* Walks metadata and manifests (fail closed, as br_iceberg_list_files) and calls fn once per
+ * distinct live data file. Returns 0, -1 + err, or fn's non-zero value. */
+int br_iceberg_walk_data_files(const br_iceberg_table_config *cfg, br_iceberg_data_file_fn fn,
+                               void *ud, br_iceberg_stats *stats, br_err *err);
+
+/* Called per hash a data file holds (duplicates included); non-zero stops with an error (the
+ * callback fills no message: the caller knows why it stopped). */
+typedef int (*br_iceberg_hash_fn)(void *ud, const uint8_t digest[BR_SHA256_LEN]);
+
+/* Reads cfg->column of one data file completely (fail closed, as br_iceberg_collect_refs).
+ * Returns 0 or -1 + err. stats (may be NULL) counts values, nulls and invalid ones. */
+int br_iceberg_read_file_hashes(const br_iceberg_table_config *cfg, const br_iceberg_data_file *f,
+                                br_iceberg_hash_fn fn, void *ud, br_iceberg_stats *stats,
+                                br_err *err);
 
 #endif

@@ -13,7 +13,10 @@
 #define BR_RECORD_MAX_ENCODED 16384
 
 enum br_role { BR_ROLE_PRIMARY = 0, BR_ROLE_COPY = 1, BR_ROLE_DRAINING = 2 };
-enum br_state { BR_STATE_LIVE = 0, BR_STATE_QUARANTINED = 1 };
+/* QUARANTINED: by reconcile (no retained snapshot references it; restored automatically when
+ * one does again). HELD: quarantined by an admin (DELETE /v1/blobs/{hash}); stays so, referenced
+ * or not, until an admin restores it. Neither is served (410). */
+enum br_state { BR_STATE_LIVE = 0, BR_STATE_QUARANTINED = 1, BR_STATE_HELD = 2 };
 
 typedef struct br_location {
   char store[BR_MAX_STORE_NAME + 1];
@@ -81,6 +84,33 @@ int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN], c
  * BR_INDEX_NO_SPACE; -1 + err. */
 int br_index_touch(br_index *idx, const uint8_t digest[BR_SHA256_LEN], uint64_t now_ms,
                    br_err *err);
+
+/* State changes decided elsewhere (reconcile, admin) and re-checked inside the writer's
+ * transaction against the record as it is then, so that an upload or dedup hit that came in
+ * meanwhile always wins. */
+enum br_change_kind {
+  BR_CHANGE_QUARANTINE, /* live and last_upload_ms < cutoff_ms -> quarantined(reason) */
+  BR_CHANGE_RESTORE,    /* quarantined (by reconcile) -> live */
+  BR_CHANGE_HOLD,       /* live or quarantined -> held(reason) */
+  BR_CHANGE_RELEASE,    /* quarantined or held -> live, last_upload_ms = now (a fresh grace) */
+  BR_CHANGE_REMOVE      /* quarantined or held, state_ms == expect_state_ms, state_ms < cutoff_ms
+                           -> the record is deleted */
+};
+typedef struct br_change {
+  uint8_t digest[BR_SHA256_LEN];
+  enum br_change_kind kind;
+  uint64_t cutoff_ms;
+  uint64_t expect_state_ms;
+  const char *reason; /* QUARANTINE, HOLD */
+  int applied;        /* out: 1 changed, 0 not eligible any more (or absent) */
+  br_record before;   /* out: the record as the writer found it (when present) */
+} br_change;
+
+/* Applies n changes, each in the writer's transaction (batched with other writes), durably,
+ * before returning. Each change's outcome is in its `applied`. now_ms is the state change time.
+ * Returns 0, BR_INDEX_FULL, BR_INDEX_NO_SPACE, or -1 + err (the first failure). */
+int br_index_apply_changes(br_index *idx, br_change *changes, size_t n, uint64_t now_ms,
+                           br_err *err);
 
 /* Calls fn for every record in key order, inside one read transaction; fn returns non-zero to
  * stop. Returns 0, or -1 with err. */
