@@ -3,12 +3,12 @@
 //                 page_version: 1|2}],
 //    "avro": [{path, kind: "list"|"manifest", version: 1|2, codec: "null"|"deflate",
 //              meta: {key: string}, records: [...]}]}
+// A list record may give manifest_length_of: the local path of a manifest written before it.
 // Parquet through DuckDB, Avro through avsc with the Iceberg spec's schemas (field-ids included).
-import { readFileSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import { createRequire } from 'node:module';
 const require = createRequire(import.meta.url);
 const avro = require('avsc');
-const { DuckDBInstance } = require('@duckdb/node-api');
 
 const job = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 
@@ -101,6 +101,9 @@ function writeAvro(a) {
         if (a.version === 1 && rec.snapshot_id == null) rec.snapshot_id = 1;
       } else {
         rec.partitions = rec.partitions ?? null;
+        // manifest_length_of: a local manifest written earlier in this job: its real length
+        if (rec.manifest_length_of) rec.manifest_length = statSync(rec.manifest_length_of).size;
+        delete rec.manifest_length_of;
         rec.manifest_length = rec.manifest_length ?? 1000;
         rec.partition_spec_id = rec.partition_spec_id ?? 0;
       }
@@ -126,8 +129,11 @@ async function writeParquet(con, p) {
                  ROW_GROUP_SIZE ${p.row_group_size || 122880})`);
 }
 
-const db = await DuckDBInstance.create(':memory:', {
-  autoinstall_known_extensions: 'false', autoload_known_extensions: 'false' });
-const con = await db.connect();
-for (const p of job.parquet || []) await writeParquet(con, p);
+if ((job.parquet || []).length) { // DuckDB only when there is Parquet to write (it loads slowly)
+  const { DuckDBInstance } = require('@duckdb/node-api');
+  const db = await DuckDBInstance.create(':memory:', {
+    autoinstall_known_extensions: 'false', autoload_known_extensions: 'false' });
+  const con = await db.connect();
+  for (const p of job.parquet) await writeParquet(con, p);
+}
 for (const a of job.avro || []) await writeAvro(a);
