@@ -156,3 +156,11 @@ void br_log(enum br_log_level level, const char *fmt, ...) {
   ssize_t w = write(STDERR_FILENO, line, len);
   (void)w;
 }
+
+void br_format_time_ms(uint64_t ms, char *out, size_t outlen) {
+  time_t secs = (time_t)(ms / 1000);
+  struct tm tm;
+  gmtime_r(&secs, &tm);
+  snprintf(out, outlen, "%04d-%02d-%02dT%02d:%02d:%02d.%03uZ", tm.tm_year + 1900, tm.tm_mon + 1,
+           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (unsigned)(ms % 1000));
+}

@@ -30,13 +30,13 @@ br_store *br_server_store(br_server *srv, const char *name) {
 static int pattern_match(const char *pattern, const char *url, const char **cap, size_t *cap_len) {
   const char *p = pattern, *u = url;
   while (*p) {
-    if (!strncmp(p, "{hash}", 6)) {
+    if (!strncmp(p, "{hash}", 6) || !strncmp(p, "{id}", 4)) {
       const char *end = strchr(u, '/');
       if (!end) end = u + strlen(u);
       *cap = u;
       *cap_len = (size_t)(end - u);
       u = end;
-      p += 6;
+      p += p[1] == 'h' ? 6 : 4;
       continue;
     }
     if (*p++ != *u++) return 0;
@@ -265,7 +265,18 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
   if (!path_known) return early_error(req, has_body, E_NO_ROUTE, "no such endpoint");
   if (req->route_index < 0)
     return early_error(req, has_body, E_METHOD_NOT_ALLOWED, "method not allowed here");
-  if (cap) {
+  cap = NULL;
+  pattern_match(req->route->pattern, path, &cap, &cap_len); /* the chosen route's capture */
+  if (cap && strstr(req->route->pattern, "{id}")) {
+    char num[24];
+    char *end = NULL;
+    if (!cap_len || cap_len >= sizeof num || cap[0] < '0' || cap[0] > '9')
+      return early_error(req, has_body, E_NOT_FOUND, "no such run");
+    memcpy(num, cap, cap_len);
+    num[cap_len] = '\0';
+    req->run_id = strtoull(num, &end, 10);
+    if (*end) return early_error(req, has_body, E_NOT_FOUND, "no such run");
+  } else if (cap) {
     if (br_blob_id_parse(cap, cap_len, req->digest) < 0)
       return early_error(req, has_body, E_BAD_HASH,
                          "a blob id is 64 lowercase hex digits, optionally after sha256:");
@@ -378,7 +389,26 @@ static enum br_api_error index_error(int rc) {
   return rc == BR_INDEX_FULL ? E_INDEX_FULL : rc == BR_INDEX_NO_SPACE ? E_NO_SPACE : E_INTERNAL;
 }
 
+void br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int lock) {
+  pthread_mutex_t *m = &srv->blob_locks[(digest[0] | (unsigned)digest[1] << 8) % BLOB_LOCKS];
+  if (lock)
+    pthread_mutex_lock(m);
+  else
+    pthread_mutex_unlock(m);
+}
+
+static void finish_upload_locked(struct request *req);
+
+/* The bytes and the record of an upload, under the blob's lock: reconcile's final delete of the
+ * same hash runs either wholly before (the upload then writes anew) or wholly after (and finds
+ * the blob live again). */
 static void finish_upload(struct request *req) {
+  br_server_lock_blob(req->srv, req->digest, 1);
+  finish_upload_locked(req);
+  br_server_lock_blob(req->srv, req->digest, 0);
+}
+
+static void finish_upload_locked(struct request *req) {
   br_server *srv = req->srv;
   br_err err;
   char key[BR_MAX_KEY + 1];
@@ -588,6 +618,7 @@ int br_server_start(br_server *srv, br_err *err) {
   srv->started_ms = br_now_ms();
   pthread_mutex_init(&srv->job_lock, NULL);
   pthread_mutex_init(&srv->health_lock, NULL);
+  for (int i = 0; i < BLOB_LOCKS; i++) pthread_mutex_init(&srv->blob_locks[i], NULL);
   pthread_cond_init(&srv->health_cv, NULL);
   for (int i = 0; i < srv->nstores; i++)
     atomic_store(&srv->store_ok[i], strcmp(br_store_kind(srv->stores[i]), "fs") ? -1 : 1);
@@ -597,6 +628,7 @@ int br_server_start(br_server *srv, br_err *err) {
     return br_fail(err, "cannot start the health thread");
   }
   if (proxy_engine_start(srv, err) < 0) return -1;
+  if (reconcile_start(srv, err) < 0) return -1;
   pthread_cond_init(&srv->job_cv, NULL);
   srv->finishers = calloc(FINISHER_THREADS, sizeof *srv->finishers);
   if (!srv->finishers) return br_fail(err, "out of memory");
@@ -671,6 +703,7 @@ void br_server_stop(br_server *srv) {
   pthread_mutex_unlock(&srv->job_lock);
   for (int i = 0; i < srv->nfinishers; i++) pthread_join(srv->finishers[i], NULL);
   proxy_engine_stop(srv); /* when the daemon never started */
+  reconcile_stop(srv);    /* a run in progress completes first */
   if (srv->health_running) {
     pthread_mutex_lock(&srv->health_lock);
     srv->health_running = 0;

@@ -45,6 +45,8 @@ static void appendf(struct text *t, const char *fmt, ...) {
   }
 }
 
+static void emit_line(void *ud, const char *line) { appendf(ud, "%s", line); }
+
 enum MHD_Result metrics_get(struct request *req) {
   br_server *srv = req->srv;
   struct text t = {0};
@@ -86,6 +88,7 @@ enum MHD_Result metrics_get(struct request *req) {
           atomic_load(&srv->uploads_created), atomic_load(&srv->uploads_dedup),
           atomic_load(&srv->bytes_in), atomic_load(&srv->bytes_out), is.commits, is.ops, is.entries,
           is.map_size, is.map_used, srv->started_ms / 1000);
+  reconcile_metrics(srv, emit_line, &t);
   if (!t.buf) return reply_error(req, E_INTERNAL, "out of memory");
   struct MHD_Response *resp = MHD_create_response_from_buffer(t.len, t.buf, MHD_RESPMEM_MUST_FREE);
   if (!resp) {

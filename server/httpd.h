@@ -38,6 +38,7 @@ enum br_api_error {
   E_TRY_AGAIN,
   E_STORE_UNAVAILABLE,
   E_STORE_ERROR,
+  E_RECONCILE_RUNNING,
   E_INTERNAL,
   E__COUNT
 };
@@ -106,9 +107,12 @@ struct request {
   int route_index;
   struct proxy_job *proxy; /* a proxied read from an S3/http store (http_proxy.c) */
   char boundary[64];       /* multipart/byteranges boundary, kept across a suspension */
+  uint64_t run_id;         /* the {id} of /v1/reconcile/runs/{id} */
   enum job_kind { JOB_UPLOAD, JOB_TOUCH } job;
   struct request *next_job; /* finisher queue link */
 };
+
+#define BLOB_LOCKS 256
 
 struct br_server {
   br_config *cfg;
@@ -122,6 +126,8 @@ struct br_server {
   atomic_int store_ok[BR_MAX_STORES];
   char store_error[BR_MAX_STORES][sizeof(br_err)];
   pthread_mutex_t health_lock;
+  pthread_mutex_t blob_locks[BLOB_LOCKS]; /* uploads vs reconcile's deletes, by hash */
+  struct reconcile_runner *reconcile;     /* http_reconcile.c */
   pthread_t health_thread;
   int health_running;
   pthread_cond_t health_cv;
@@ -150,6 +156,16 @@ struct br_server {
 int br_server_start(br_server *srv, br_err *err);
 void br_server_stop(br_server *srv);
 br_store *br_server_store(br_server *srv, const char *name);
+/* Locks (lock = 1) or unlocks the stripe of digest: held by an upload's commit and by reconcile's
+ * final delete of the same hash, and by admin state changes. */
+void br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int lock);
+/* http_reconcile.c: the run thread (periodic and on demand). */
+int reconcile_start(br_server *srv, br_err *err);
+void reconcile_stop(br_server *srv);
+/* Appends reconcile's Prometheus lines. */
+struct text;
+void reconcile_metrics(br_server *srv, void (*emit)(void *ud, const char *line), void *ud);
+
 /* 0 when every store passed its last health check, else -1 with the first problem in msg. */
 int br_server_store_health(br_server *srv, char *msg, size_t msglen);
 /* Hands a job (an upload to make durable and index, or a dedup touch) to a finisher thread and

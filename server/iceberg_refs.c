@@ -96,8 +96,8 @@ typedef struct walk {
   strtab manifests; /* mapped manifest paths */
   idxvec *mlive;    /* per manifest: live data file indices */
   size_t mlive_cap;
-  strtab files;     /* mapped live data file paths */
-  uint8_t *parquet; /* per file: 1 if its file_format is Parquet */
+  strtab files;            /* mapped live data file paths */
+  uint8_t *parquet;        /* per file: 1 if its file_format is Parquet */
   int64_t *fsize, *fcount; /* per file: file_size_in_bytes and record_count from the manifest */
   size_t parquet_cap;
   size_t *mark; /* per file: last snapshot index + 1 that listed it */
@@ -199,9 +199,10 @@ static int add_manifest(walk *w, const char *raw, size_t rawlen, int64_t nentrie
                    (unsigned long long)nrec, (long long)nentries);
   if (nentries >= 0 && (uint64_t)nentries < nrec) {
     if (!w->stats->count_warnings)
-      snprintf(w->stats->first_warning, sizeof w->stats->first_warning,
-               "manifest %.300s: %llu entries, more than the %lld its manifest list counts (all read)",
-               mapped, (unsigned long long)nrec, (long long)nentries);
+      snprintf(
+          w->stats->first_warning, sizeof w->stats->first_warning,
+          "manifest %.300s: %llu entries, more than the %lld its manifest list counts (all read)",
+          mapped, (unsigned long long)nrec, (long long)nentries);
     w->stats->count_warnings++;
   }
   w->stats->manifests++;
@@ -333,8 +334,8 @@ static int on_value(void *ud, const uint8_t *data, size_t len, int is_null) {
 }
 
 static int read_hashes_of(const br_iceberg_table_config *cfg, const char *path, int parquet,
-                          br_hashset *out, br_iceberg_hash_fn fn, void *ud,
-                          br_iceberg_stats *stats, br_err *err) {
+                          br_hashset *out, br_iceberg_hash_fn fn, void *ud, br_iceberg_stats *stats,
+                          br_err *err) {
   if (!parquet)
     return br_fail(err, "%s: live data file is not Parquet (only Parquet is read)", path);
   br_iceberg_open_fn open = cfg->open ? cfg->open : br_iceberg_open_local;

@@ -419,7 +419,9 @@ static int apply_change(br_index *idx, MDB_txn *txn, struct op *op) {
   }
   next.state_ms = op->now_ms;
   snprintf(next.reason, sizeof next.reason, "%s",
-           next.state == BR_STATE_LIVE ? "" : c->reason ? c->reason : "");
+           next.state == BR_STATE_LIVE ? ""
+           : c->reason                 ? c->reason
+                                       : "");
   rc = put_record(idx, txn, op, &next);
   if (rc == 0) c->applied = 1;
   return rc;

@@ -43,6 +43,7 @@ static const struct {
     [E_TRY_AGAIN] = {"try_again", 503},
     [E_STORE_UNAVAILABLE] = {"store_unavailable", 503},
     [E_STORE_ERROR] = {"store_error", 502},
+    [E_RECONCILE_RUNNING] = {"reconcile_running", 409},
     [E_INTERNAL] = {"internal", 500},
 };
 
@@ -129,13 +130,7 @@ enum MHD_Result reply_redirect(struct request *req, const char *url, uint64_t va
   return reply_response(req, MHD_HTTP_TEMPORARY_REDIRECT, resp);
 }
 
-void format_time_ms(uint64_t ms, char *out, size_t outlen) {
-  time_t secs = (time_t)(ms / 1000);
-  struct tm tm;
-  gmtime_r(&secs, &tm);
-  snprintf(out, outlen, "%04d-%02d-%02dT%02d:%02d:%02d.%03uZ", tm.tm_year + 1900, tm.tm_mon + 1,
-           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (unsigned)(ms % 1000));
-}
+void format_time_ms(uint64_t ms, char *out, size_t outlen) { br_format_time_ms(ms, out, outlen); }
 
 json_t *blob_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size) {
   char hex[BR_HEX_LEN + 1], url[80];

@@ -16,6 +16,10 @@ static const struct command {
     {"lookup", cmd_lookup, "lookup [HASH...|-]                               which blobs exist"},
     {"refs", cmd_refs,
      "refs TABLE --column NAME [--form hex|binary|url] [--rewrite FROM=TO]... [--count|--files]"},
+    {"reconcile", cmd_reconcile,
+     "reconcile [--dry-run] [--force] [--full] [--wait]  start a reconcile run (admin)"},
+    {"restore", cmd_restore,
+     "restore HASH                                     un-quarantine a blob (admin)"},
     {"token", cmd_token,
      "token new --scopes read,write,admin [--name NAME]    a bearer token and its [token] section"},
 };

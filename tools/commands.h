@@ -15,6 +15,8 @@ int cmd_get(const cli_globals *g, int argc, char **argv);
 int cmd_stat(const cli_globals *g, int argc, char **argv);
 int cmd_lookup(const cli_globals *g, int argc, char **argv);
 int cmd_refs(const cli_globals *g, int argc, char **argv);
+int cmd_reconcile(const cli_globals *g, int argc, char **argv);
+int cmd_restore(const cli_globals *g, int argc, char **argv);
 int cmd_token(const cli_globals *g, int argc, char **argv);
 
 #endif

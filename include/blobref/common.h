@@ -35,6 +35,9 @@ int br_parse_size(const char *s, uint64_t *out);
 /* Parses "15m", "72h", "7d", "30s", "250ms" or a plain number of seconds into milliseconds. */
 int br_parse_duration_ms(const char *s, uint64_t *out_ms);
 
+/* Formats milliseconds since the epoch as RFC 3339 UTC with milliseconds ("...T12:00:00.000Z"). */
+void br_format_time_ms(uint64_t ms, char *out, size_t outlen);
+
 /* Wall-clock time in milliseconds since the epoch. */
 uint64_t br_now_ms(void);
 

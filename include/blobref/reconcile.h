@@ -1,0 +1,56 @@
+/* Reconcile: quarantine and later delete blobs that no retained snapshot of any configured table
+ * references, restore quarantined ones that are referenced again. Mark is exact and
+ * memory-bounded (an external sort of every referenced hash, merged against the index in key
+ * order) and incremental (each immutable data file's hashes are cached); sweep decisions are
+ * re-checked inside the index writer's transaction; the whole run fails closed. */
+#ifndef BLOBREF_RECONCILE_H
+#define BLOBREF_RECONCILE_H
+
+#include <jansson.h>
+
+#include "blobref/config.h"
+#include "blobref/index.h"
+#include "blobref/store.h"
+
+typedef struct br_reconciler br_reconciler;
+
+/* What a run may touch. stores/nstores are the daemon's open stores (by name in locations). */
+typedef struct br_reconcile_env {
+  const br_config *cfg;
+  br_index *index;
+  br_store *const *stores;
+  int nstores;
+  const char *state_dir; /* LMDB of the cache and reports, and spill files (DATA_DIR/reconcile) */
+  /* Serialises the deletion of a blob with uploads of the same hash (lock = 1 / 0). */
+  void (*lock_blob)(void *ud, const uint8_t digest[BR_SHA256_LEN], int lock);
+  /* Told about each blob that was quarantined, held or deleted (caches, CDN purges). */
+  void (*on_gone)(void *ud, const uint8_t digest[BR_SHA256_LEN]);
+  void *ud;
+  size_t mem_digests; /* the mark's in-memory buffer (0 = 1M digests, 32 MiB) */
+} br_reconcile_env;
+
+typedef struct br_reconcile_options {
+  int dry_run; /* decide and report, change nothing */
+  int force;   /* quarantine even over max_fraction */
+  int full;    /* ignore the data-file cache: read every data file again */
+} br_reconcile_options;
+
+br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err);
+void br_reconciler_close(br_reconciler *r);
+
+/* A new run id (monotonic, kept across restarts); 0 on error. */
+uint64_t br_reconciler_next_id(br_reconciler *r, br_err *err);
+
+/* Runs reconcile once as run id. *report receives the report (a JSON object the caller owns),
+ * also when the run fails (state "failed", errors listed); the report is stored under id.
+ * progress, if set, is updated with the report as the run goes (state "running"). Returns 0
+ * when the run completed, -1 when it failed (nothing was changed then). */
+int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *opt,
+                     json_t **report);
+
+/* Stored reports: JSON text (malloc'd) of run id, or NULL with *found = 0. */
+char *br_reconciler_report(br_reconciler *r, uint64_t id, int *found, br_err *err);
+/* Up to limit reports, newest first, as a JSON array (new reference). */
+json_t *br_reconciler_reports(br_reconciler *r, size_t limit, br_err *err);
+
+#endif

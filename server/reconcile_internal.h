@@ -1,0 +1,64 @@
+/* Private to reconcile: the external sorter of digests (memory-bounded mark) and the state kept
+ * between runs (the data-file cache and the reports), in an LMDB environment of their own. */
+#ifndef BLOBREF_RECONCILE_INTERNAL_H
+#define BLOBREF_RECONCILE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "blobref/common.h"
+
+/* --- external sort: digests in, ascending unique digests out ------------------------------- */
+
+typedef struct dsort dsort;
+
+/* A sorter holding at most mem_digests digests in memory; full buffers are sorted and spilled as
+ * runs into files under dir (removed by dsort_free). */
+dsort *dsort_new(const char *dir, size_t mem_digests, br_err *err);
+int dsort_add(dsort *s, const uint8_t d[BR_SHA256_LEN], br_err *err);
+/* Ends the input and prepares the merge. */
+int dsort_finish(dsort *s, br_err *err);
+/* The next digest in ascending order, duplicates removed: 1, 0 at the end, -1 + err. */
+int dsort_next(dsort *s, uint8_t out[BR_SHA256_LEN], br_err *err);
+size_t dsort_runs(const dsort *s); /* runs spilled to disk */
+uint64_t dsort_added(const dsort *s);
+void dsort_free(dsort *s);
+
+/* --- state between runs ---------------------------------------------------------------------- */
+
+typedef struct rstate rstate;
+
+/* Opens (creating) the state environment in directory dir. */
+rstate *rstate_open(const char *dir, br_err *err);
+void rstate_close(rstate *st);
+
+/* The identity of a data file: SHA-256 over its path, size and record count as the manifest
+ * records them. Immutable files keep their identity; a rewritten one gets another. */
+void rstate_file_id(const char *path, int64_t size, int64_t count, uint8_t id[BR_SHA256_LEN]);
+
+/* Calls fn for every hash cached for the file id. Returns 1 if cached (fn called), 0 if not, -1
+ * + err. A non-zero fn result stops with -1 (fn's reason is the caller's). */
+int rstate_cached(rstate *st, const uint8_t id[BR_SHA256_LEN],
+                  int (*fn)(void *ud, const uint8_t d[BR_SHA256_LEN]), void *ud, br_err *err);
+
+/* Writing one file's hashes into the cache: chunks as they come, the entry becomes visible only
+ * when rstate_entry_commit wrote its header. */
+typedef struct rstate_entry rstate_entry;
+rstate_entry *rstate_entry_begin(rstate *st, const uint8_t id[BR_SHA256_LEN], br_err *err);
+int rstate_entry_add(rstate_entry *e, const uint8_t d[BR_SHA256_LEN], br_err *err);
+int rstate_entry_commit(rstate_entry *e, br_err *err); /* frees e */
+void rstate_entry_abort(rstate_entry *e);              /* frees e; NULL allowed */
+
+/* Drops cache entries whose id is not among keep[0..n) (sorted ascending, 32 bytes each). */
+int rstate_prune(rstate *st, const uint8_t *keep, size_t n, br_err *err);
+
+/* Reports: JSON text under a run id. */
+uint64_t rstate_next_run_id(rstate *st, br_err *err); /* 0 on error */
+int rstate_put_report(rstate *st, uint64_t id, const char *json, br_err *err);
+/* The report of id (malloc'd text) or NULL with *found = 0. */
+char *rstate_get_report(rstate *st, uint64_t id, int *found, br_err *err);
+/* Calls fn with up to limit reports, newest first. */
+int rstate_each_report(rstate *st, size_t limit, int (*fn)(void *ud, uint64_t id, const char *json),
+                       void *ud, br_err *err);
+
+#endif

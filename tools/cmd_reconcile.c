@@ -1,0 +1,115 @@
+/* `blobref reconcile` (start a run, optionally wait for its report) and `blobref restore HASH`
+ * (bring back a blob quarantined by reconcile or by an admin). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "commands.h"
+#include "http_client.h"
+
+static const char reconcile_usage[] =
+    "usage: blobref reconcile [--dry-run] [--force] [--full] [--wait]\n"
+    "  --dry-run  decide and report, change nothing\n"
+    "  --force    quarantine even over max_fraction\n"
+    "  --full     read every data file again (ignore the cache)\n"
+    "  --wait     wait for the run to end and print its report; exit 1 when it failed\n";
+
+static void print_summary(json_t *rep) {
+  json_t *b = json_object_get(rep, "blobs");
+  printf(
+      "run %lld %s: %lld live, %lld marked, %lld quarantined, %lld restored, %lld deleted, "
+      "%lld bytes reclaimed%s\n",
+      (long long)json_integer_value(json_object_get(rep, "id")),
+      json_string_value(json_object_get(rep, "state")),
+      (long long)json_integer_value(json_object_get(b, "live")),
+      (long long)json_integer_value(json_object_get(b, "marked")),
+      (long long)json_integer_value(json_object_get(b, "quarantined")),
+      (long long)json_integer_value(json_object_get(b, "restored")),
+      (long long)json_integer_value(json_object_get(b, "deleted")),
+      (long long)json_integer_value(json_object_get(rep, "bytes_reclaimed")),
+      json_is_true(json_object_get(rep, "dry_run")) ? " (dry run: nothing changed)" : "");
+  const char *refused = json_string_value(json_object_get(rep, "refused"));
+  if (refused) printf("refused: %s\n", refused);
+  json_t *errs = json_object_get(rep, "errors");
+  for (size_t i = 0; i < json_array_size(errs); i++)
+    printf("error: %s\n", json_string_value(json_array_get(errs, i)));
+}
+
+int cmd_reconcile(const cli_globals *g, int argc, char **argv) {
+  int dry = 0, force = 0, full = 0, wait = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--dry-run"))
+      dry = 1;
+    else if (!strcmp(argv[i], "--force"))
+      force = 1;
+    else if (!strcmp(argv[i], "--full"))
+      full = 1;
+    else if (!strcmp(argv[i], "--wait"))
+      wait = 1;
+    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      fputs(reconcile_usage, stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "blobref reconcile: unknown option %s\n%s", argv[i], reconcile_usage);
+      return 2;
+    }
+  }
+  char path[128];
+  snprintf(path, sizeof path, "/v1/reconcile?dry_run=%d&force=%d&full=%d", dry, force, full);
+  long status = 0;
+  json_t *reply = NULL;
+  br_err err;
+  if (br_http_json(g->server, g->token, "POST", path, NULL, &status, &reply, &err) < 0) {
+    fprintf(stderr, "blobref reconcile: %s\n", err.msg);
+    return 1;
+  }
+  long long id = (long long)json_integer_value(json_object_get(reply, "id"));
+  json_decref(reply);
+  if (!wait) {
+    printf("%lld\n", id);
+    return 0;
+  }
+  snprintf(path, sizeof path, "/v1/reconcile/runs/%lld", id);
+  for (;;) {
+    if (br_http_json(g->server, g->token, "GET", path, NULL, &status, &reply, &err) < 0) {
+      fprintf(stderr, "blobref reconcile: %s\n", err.msg);
+      return 1;
+    }
+    const char *state = json_string_value(json_object_get(reply, "state"));
+    if (state && strcmp(state, "running") != 0) {
+      print_summary(reply);
+      int failed = !strcmp(state, "failed");
+      json_decref(reply);
+      return failed ? 1 : 0;
+    }
+    json_decref(reply);
+    struct timespec ts = {0, 200 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
+int cmd_restore(const cli_globals *g, int argc, char **argv) {
+  if (argc != 2 || argv[1][0] == '-') {
+    fprintf(stderr, "usage: blobref restore HASH\n");
+    return 2;
+  }
+  const char *hash = argv[1];
+  if (!strncmp(hash, "sha256:", 7)) hash += 7;
+  if (strlen(hash) != 64 || strspn(hash, "0123456789abcdef") != 64) {
+    fprintf(stderr, "blobref restore: a hash is 64 lowercase hex digits\n");
+    return 2;
+  }
+  char path[128];
+  snprintf(path, sizeof path, "/v1/blobs/%s/restore", hash);
+  long status = 0;
+  json_t *reply = NULL;
+  br_err err;
+  if (br_http_json(g->server, g->token, "POST", path, NULL, &status, &reply, &err) < 0) {
+    fprintf(stderr, "blobref restore: %s\n", err.msg);
+    return 1;
+  }
+  printf("%s %s\n", hash, json_string_value(json_object_get(reply, "state")));
+  json_decref(reply);
+  return 0;
+}
