@@ -5,7 +5,7 @@
 //              meta: {key: string}, records: [...]}]}
 // A list record may give manifest_length_of: the local path of a manifest written before it.
 // Parquet through DuckDB, Avro through avsc with the Iceberg spec's schemas (field-ids included).
-import { readFileSync, statSync } from 'node:fs';
+import { createWriteStream, readFileSync, statSync } from 'node:fs';
 import { createRequire } from 'node:module';
 const require = createRequire(import.meta.url);
 const avro = require('avsc');
@@ -83,9 +83,13 @@ function writeAvro(a) {
   for (const [k, v] of Object.entries(a.meta || {})) metadata[k] = Buffer.from(v);
   if (!('schema' in metadata) && a.kind === 'manifest') metadata.schema = Buffer.from('{}');
   return new Promise((resolve, reject) => {
-    const enc = avro.createFileEncoder(a.path, type, { codec: a.codec || 'null', metadata });
+    // avro.createFileEncoder's 'finish' comes before the file is written: wait for the file
+    const enc = new avro.streams.BlockEncoder(type, { codec: a.codec || 'null', metadata });
+    const out = createWriteStream(a.path, { defaultEncoding: 'binary' });
+    enc.pipe(out);
     enc.on('error', reject);
-    enc.on('finish', resolve);
+    out.on('error', reject);
+    out.on('close', resolve);
     for (const r of a.records) {
       const rec = { ...r };
       if (a.kind === 'manifest') {
