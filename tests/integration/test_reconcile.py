@@ -190,29 +190,34 @@ def test_quarantine_restore_purge_lifecycle(tmp_path):
         srv.stop()
 
 
-def test_blob_uploaded_within_grace_is_never_quarantined(tmp_path):
-    """Invariant 6 with the default dedup_touch_interval (60 s) and a grace shorter than it: a
-    blob uploaded long ago and deduplicated within grace must not be quarantined."""
+def test_dedup_hit_within_grace_protects_with_a_longer_touch_interval(tmp_path):
+    """Invariant 6 when grace (1 s) is shorter than dedup_touch_interval (2 s): a dedup hit that
+    did not refresh last_upload_at (refreshed less than the interval ago) must still protect the
+    blob for grace. Run A, 1.5 s after the uploads and right after dedup hits on `hit`, may
+    quarantine nothing; run B, 3.3 s after, quarantines `ctl` (no hit since) but not `hit`, hit
+    again just before (that hit refreshes: the last one is 2 s old)."""
     t = IceTable(tmp_path / "t")
     t.write_data({"a.parquet": [sha(b"something else")]})
     t.append("a.parquet")
-    srv = Server(tmp_path / "data", config_text=recon_conf(t, grace="1s", server_extra=""))
-    try:
-        srv.start()
-    except RuntimeError as e:  # refusing grace < dedup_touch_interval at startup is fine too
-        assert "dedup_touch_interval" in str(e), e
-        return
+    srv = start(tmp_path, t, grace="1s", server_extra="dedup_touch_interval = 2s\n")
     api = Api(srv)
     try:
         data = {}
-        old = upload(api, data, "old", 3)
-        time.sleep(GRACE + MARGIN)
-        fresh = upload(api, data, "fresh", 2)
-        for h in old[:2]:  # dedup hits within grace
+        t0 = time.monotonic()
+        ctl = upload(api, data, "ctl", 3)
+        hit = upload(api, data, "hit", 2)
+        wait_until(t0 + 1.5)
+        for h in hit:
             assert api.put(data[h]) == h
         rep = api.run()
-        assert counts(rep) == (1, 0, 0), json.dumps(rep)
-        check(api, data, live=old[:2] + fresh, quarantined=old[2:])
+        assert counts(rep) == (0, 0, 0), json.dumps(rep)
+        check(api, data, live=ctl + hit)
+        wait_until(t0 + 3.3)
+        for h in hit:
+            assert api.put(data[h]) == h
+        rep = api.run()
+        assert counts(rep) == (len(ctl), 0, 0), json.dumps(rep)
+        check(api, data, live=hit, quarantined=ctl)
     finally:
         srv.stop()
 
