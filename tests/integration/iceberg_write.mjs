@@ -1,6 +1,6 @@
 // Test helper: writes the pieces of an Iceberg table from a JSON job file (argv[2]):
 //   {"parquet": [{path, column, form: "hex"|"binary"|"url", values: [string|null], codec,
-//                 page_version: 1|2}],
+//                 page_version: 1|2, extra_columns: [{column, form, values}]}],
 //    "avro": [{path, kind: "list"|"manifest", version: 1|2, codec: "null"|"deflate",
 //              meta: {key: string}, records: [...]}]}
 // A list record may give manifest_length_of: the local path of a manifest written before it.
@@ -118,15 +118,21 @@ function writeAvro(a) {
 }
 
 async function writeParquet(con, p) {
-  const vals = p.values.map((v) => {
-    if (v === null) return 'NULL';
-    if (p.form === 'binary') return `unhex('${v}')::BLOB`;
+  // The hash column, plus optional more: extra_columns: [{column, form, values}] (rows beyond a
+  // column's values are NULL).
+  const cols = [{ column: p.column, form: p.form, values: p.values }, ...(p.extra_columns || [])];
+  const lit = (c, v) => {
+    if (v === null || v === undefined) return 'NULL';
+    if (c.form === 'binary') return `unhex('${v}')::BLOB`;
     return `'${v.replace(/'/g, "''")}'`;
-  });
-  const type = p.form === 'binary' ? 'BLOB' : 'VARCHAR';
-  await con.run(`CREATE OR REPLACE TABLE t (id INTEGER, ${p.column} ${type})`);
-  if (vals.length) {
-    await con.run(`INSERT INTO t VALUES ${vals.map((v, i) => `(${i}, ${v})`).join(', ')}`);
+  };
+  const defs = cols.map((c) => `${c.column} ${c.form === 'binary' ? 'BLOB' : 'VARCHAR'}`);
+  await con.run(`CREATE OR REPLACE TABLE t (id INTEGER, ${defs.join(', ')})`);
+  const rows = Math.max(...cols.map((c) => c.values.length));
+  if (rows) {
+    const tuples = [];
+    for (let i = 0; i < rows; i++) tuples.push(`(${i}, ${cols.map((c) => lit(c, c.values[i])).join(', ')})`);
+    await con.run(`INSERT INTO t VALUES ${tuples.join(', ')}`);
   }
   const pv = p.page_version === 2 ? ", PARQUET_VERSION 'V2'" : '';
   await con.run(`COPY t TO '${p.path}' (FORMAT parquet, COMPRESSION '${p.codec || 'snappy'}'${pv},

@@ -69,9 +69,11 @@ class IceTable:
         self.count_override = {}  # manifest name -> (added, existing, deleted) for the list
 
     # --- configuration -------------------------------------------------------------------------
-    def conf(self, location=None):
-        return (f"[table {self.name}]\nlocation = {location or self.root}\ncolumn = {self.column}\n"
-                f"form = {self.form}\nrewrite = {self.prefix}/ => {self.root}/\n")
+    def conf(self, location=None, name=None, column=None, form=None):
+        """The [table] section (another name/column/form: a second section over this table)."""
+        return (f"[table {name or self.name}]\nlocation = {location or self.root}\n"
+                f"column = {column or self.column}\nform = {form or self.form}\n"
+                f"rewrite = {self.prefix}/ => {self.root}/\n")
 
     def rec(self, rel):
         return f"{self.prefix}/{rel}"
@@ -83,19 +85,26 @@ class IceTable:
         return self.root / "metadata" / name
 
     # --- files ---------------------------------------------------------------------------------
-    def write_data(self, files, codec="snappy", extra=(None,)):
+    def write_data(self, files, codec="snappy", extra=(None,), columns=None):
         """files: {name: [hex hashes]}; writes each as a Parquet file (plus `extra` values, by
-        default one null). Returns the names."""
+        default one null). columns: {column: (form, {name: [hex hashes]})} adds more columns to
+        those files. Returns the names."""
         job = {"parquet": [], "avro": []}
         for name, hashes in files.items():
             vals = [in_form(h, self.form, i) for i, h in enumerate(hashes)] + list(extra)
+            more = [{"column": col, "form": form,
+                     "values": [in_form(h, form, i) for i, h in enumerate(per.get(name, []))]}
+                    for col, (form, per) in (columns or {}).items()]
             job["parquet"].append({"path": str(self.data_path(name)), "column": self.column,
                                    "form": self.form, "values": vals, "codec": codec,
-                                   "page_version": 1 + len(self.files) % 2})
+                                   "page_version": 1 + len(self.files) % 2,
+                                   "extra_columns": more})
         run_writer(job, self.root.parent / f"{self.name}-data-job.json")
         for name, hashes in files.items():
+            rows = max([len(hashes) + len(extra)] + [len(per.get(name, []))
+                                                      for _, per in (columns or {}).values()])
             self.files[name] = {"hashes": list(hashes), "size": self.data_path(name).stat().st_size,
-                                "count": len(hashes) + len(extra), "content": 0}
+                                "count": rows, "content": 0}
         return list(files)
 
     def rewrite_data(self, name, hashes):

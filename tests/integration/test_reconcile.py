@@ -750,6 +750,42 @@ def test_incremental_cache(tmp_path):
         srv.stop()
 
 
+def test_cache_is_per_column(tmp_path):
+    """Two [table] sections over one Iceberg table, one per hash column (images and thumbnails):
+    the same data files, read for different columns. What the cache holds for a file under one
+    column must not stand for the other; nor may a changed column or form reuse the old cache."""
+    t = IceTable(tmp_path / "items")
+    data = {}
+    srv = start(tmp_path, t, t.conf(name="thumbs", column="thumb_sha256", form="url"),
+                grace="1s")
+    api = Api(srv)
+    try:
+        I = upload(api, data, "img", 4)
+        T = upload(api, data, "thumb", 4)
+        t.write_data({"a.parquet": I[:2], "b.parquet": I[2:]},
+                     columns={"thumb_sha256": ("url", {"a.parquet": T[:2], "b.parquet": T[2:]})})
+        t.append("a.parquet", "b.parquet")
+        time.sleep(GRACE + MARGIN)
+        rep = api.run()
+        assert rep["references"] == len(I + T), json.dumps(rep)
+        assert counts(rep) == (0, 0, 0), json.dumps(rep)
+        assert [x["data_files_read"] for x in rep["tables"]] == [2, 2], rep["tables"]
+        rep = api.run()
+        assert counts(rep) == (0, 0, 0) and rep["references"] == len(I + T), json.dumps(rep)
+        check(api, data, live=I + T)
+    finally:
+        srv.stop()
+    # The same data dir (and cache), the table now configured on the thumbnail column only.
+    srv = Server(tmp_path / "data", config_text=recon_conf(
+        t.conf(column="thumb_sha256", form="url"), grace="1s")).start()
+    api = Api(srv)
+    try:
+        rep = api.run(dry_run=True)
+        assert rep["references"] == len(T) and counts(rep) == (len(I), 0, 0), json.dumps(rep)
+    finally:
+        srv.stop()
+
+
 # ---- 8. reports survive a restart; the timer -----------------------------------------------
 
 def test_reports_survive_restart(tmp_path):
