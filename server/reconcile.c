@@ -80,7 +80,7 @@ static int add_ref(void *ud, const uint8_t d[D]) {
 static int on_data_file(void *ud, const br_iceberg_data_file *f) {
   struct mark *m = ud;
   uint8_t id[D];
-  rstate_file_id(f->path, f->file_size, f->record_count, id);
+  rstate_file_id(f->path, f->file_size, f->record_count, m->tcfg->column, (int)m->tcfg->form, id);
   if (m->nkept == m->kept_cap) {
     size_t ncap = m->kept_cap ? m->kept_cap * 2 : 1024;
     uint8_t *nk = realloc(m->kept, ncap * D);
