@@ -856,6 +856,36 @@ def test_bad_run_ids(tmp_path):
         srv.stop()
 
 
+def test_bad_reconcile_parameters_change_nothing(tmp_path):
+    """Invariant 8: a misspelt or unparsable option must not turn a dry run into a real one."""
+    t = IceTable(tmp_path / "t")
+    t.write_data({"f.parquet": [sha(b"x")]})
+    t.append("f.parquet")
+    srv = start(tmp_path, t, grace="1s")
+    api = Api(srv)
+    try:
+        data = {}
+        U = upload(api, data, "U", 2)
+        time.sleep(GRACE + MARGIN)
+        for q in ("dry_run=yes", "dry_run=on", "dryrun=1", "dry-run=1", "force=2", "full=maybe",
+                  "dry_run=1&bogus=1"):
+            r = api.s.post(f"{api.url}/v1/reconcile?{q}", timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request", (q, r.text)
+        assert api.runs() == []
+        check(api, data, live=U)
+        for q, dry in (("dry_run=true", True), ("dry_run", True), ("dry_run=1&force=0", True)):
+            r = api.s.post(f"{api.url}/v1/reconcile?{q}", timeout=30)
+            assert r.status_code == 202, (q, r.text)
+            rep = api.wait(r.json()["id"])
+            assert rep["dry_run"] is dry and rep["force"] is False, (q, rep)
+        check(api, data, live=U)
+        r = api.s.post(f"{api.url}/v1/reconcile?dry_run=0&full=false", timeout=30)
+        rep = api.wait(r.json()["id"])
+        assert rep["dry_run"] is False and rep["full"] is False and counts(rep) == (2, 0, 0)
+    finally:
+        srv.stop()
+
+
 def test_no_tables_configured_purges_nothing(tmp_path):
     """With no [table] at all nothing is known to be referenced: a run must not take that as
     "nothing is referenced" (the embedded default config has no tables; its blobs must not be
