@@ -19,7 +19,8 @@ enum key_type {
   KEY_FORM,
   KEY_SCOPES,
   KEY_SHA256,
-  KEY_REWRITE
+  KEY_REWRITE,
+  KEY_HEADER
 };
 
 /* One configurable key: where it lives (offset into its section's struct), its default and
@@ -98,6 +99,12 @@ static const struct key_spec table_keys[] = {
 static const struct key_spec token_keys[] = {
     {"sha256", KEY_SHA256, TOK(sha256), NULL, 0, 0},
     {"scopes", KEY_SCOPES, TOK(scopes), "read", 0, 0},
+};
+#define CDN(field) offsetof(br_cdn_config, field)
+static const struct key_spec cdn_keys[] = {
+    {"purge_url", KEY_STRING, CDN(purge_url), "", 0, 0},
+    {"method", KEY_STRING, CDN(method), "PURGE", 0, 0},
+    {"header", KEY_HEADER, 0, NULL, 0, 0},
 };
 #define NKEYS(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -199,6 +206,23 @@ static int set_key(const struct key_spec *k, void *base, const char *value, br_e
       t->has_sha256 = 1;
       return 0;
     }
+    case KEY_HEADER: {
+      br_cdn_config *c = base;
+      const char *colon = strchr(value, ':');
+      if (!colon || colon == value) return br_fail(err, "header: expected 'Name: value'");
+      for (const char *q = value; q < colon; q++)
+        if (*q <= ' ' || *q >= 0x7f || strchr("()<>@,;\\\"/[]?={}", *q))
+          return br_fail(err, "header: '%.*s' is not a header name", (int)(colon - value), value);
+      for (const char *q = colon; *q; q++)
+        if ((unsigned char)*q < 0x20 && *q != '\t')
+          return br_fail(err, "header: control characters are not allowed");
+      if (c->nheaders >= BR_MAX_CDN_HEADERS)
+        return br_fail(err, "header: at most %d per [cdn]", BR_MAX_CDN_HEADERS);
+      c->headers[c->nheaders] = strdup(value);
+      if (!c->headers[c->nheaders]) return br_fail(err, "out of memory");
+      c->nheaders++;
+      return 0;
+    }
     case KEY_REWRITE: {
       br_table_config *t = base;
       const char *arrow = strstr(value, "=>");
@@ -250,6 +274,9 @@ static int names_taken(br_config *cfg, const char *kind, const char *name) {
   } else if (!strcmp(kind, "table")) {
     for (int i = 0; i < cfg->ntables; i++)
       if (!strcmp(cfg->tables[i].name, name)) return 1;
+  } else if (!strcmp(kind, "cdn")) {
+    for (int i = 0; i < cfg->ncdns; i++)
+      if (!strcmp(cfg->cdns[i].name, name)) return 1;
   } else {
     for (int i = 0; i < cfg->ntokens; i++)
       if (!strcmp(cfg->tokens[i].name, name)) return 1;
@@ -279,13 +306,14 @@ static int enter_section(struct parse_state *ps, const char *section) {
   if (n != 2)
     return br_fail(&ps->err,
                    "unknown section [%s] (expected server, store NAME, table NAME, "
-                   "reconcile, auth, token NAME)",
+                   "reconcile, auth, token NAME, cdn NAME)",
                    section);
   for (const char *c = name; *c; c++)
     if (!(*c == '-' || *c == '_' || *c == '.' || (*c >= '0' && *c <= '9') ||
           (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z')))
       return br_fail(&ps->err, "[%s]: names may hold letters, digits, '-', '_' and '.'", section);
-  if (strcmp(kind, "store") && strcmp(kind, "table") && strcmp(kind, "token"))
+  if (strcmp(kind, "store") && strcmp(kind, "table") && strcmp(kind, "token") &&
+      strcmp(kind, "cdn"))
     return br_fail(&ps->err, "unknown section [%s]", section);
   if (names_taken(cfg, kind, name)) return br_fail(&ps->err, "[%s] appears twice", section);
   if (!strcmp(kind, "store")) {
@@ -300,6 +328,12 @@ static int enter_section(struct parse_state *ps, const char *section) {
     set_defaults(table_keys, NKEYS(table_keys), t);
     t->name = strdup(name);
     ps->section_base = t, ps->keys = table_keys, ps->nkeys = NKEYS(table_keys);
+  } else if (!strcmp(kind, "cdn")) {
+    if (cfg->ncdns >= BR_MAX_CDNS) return br_fail(&ps->err, "too many [cdn] sections");
+    br_cdn_config *c = &cfg->cdns[cfg->ncdns++];
+    set_defaults(cdn_keys, NKEYS(cdn_keys), c);
+    c->name = strdup(name);
+    ps->section_base = c, ps->keys = cdn_keys, ps->nkeys = NKEYS(cdn_keys);
   } else {
     if (cfg->ntokens >= BR_MAX_TOKENS) return br_fail(&ps->err, "too many tokens");
     br_token_config *t = &cfg->tokens[cfg->ntokens++];
@@ -402,6 +436,8 @@ static int load(br_config *cfg, const char *text, const char *name, br_err *err)
   for (int i = 0; i < cfg->ntables; i++)
     if (!cfg->tables[i].line)
       cfg->tables[i].line = section_line(text, "table", cfg->tables[i].name);
+  for (int i = 0; i < cfg->ncdns; i++)
+    if (!cfg->cdns[i].line) cfg->cdns[i].line = section_line(text, "cdn", cfg->cdns[i].name);
   for (int i = 0; i < cfg->ntokens; i++)
     if (!cfg->tokens[i].line)
       cfg->tokens[i].line = section_line(text, "token", cfg->tokens[i].name);
@@ -487,6 +523,17 @@ int br_config_finish(br_config *cfg, br_err *err) {
     if (*t->store && !br_config_store(cfg, t->store))
       return br_fail(err, "%s:%d: [table %s] no [store %s]", where, t->line, t->name, t->store);
   }
+  for (int i = 0; i < cfg->ncdns; i++) {
+    br_cdn_config *c = &cfg->cdns[i];
+    if (strncmp(c->purge_url, "http://", 7) && strncmp(c->purge_url, "https://", 8))
+      return br_fail(err, "%s:%d: [cdn %s] purge_url must be an http(s) URL", where, c->line,
+                     c->name);
+    if (!strstr(c->purge_url, "{hash}"))
+      return br_fail(err, "%s:%d: [cdn %s] purge_url must contain {hash}", where, c->line, c->name);
+    if (!*c->method || strspn(c->method, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != strlen(c->method))
+      return br_fail(err, "%s:%d: [cdn %s] method must be an upper-case token (PURGE, BAN)", where,
+                     c->line, c->name);
+  }
   for (int i = 0; i < cfg->ntokens; i++)
     if (!cfg->tokens[i].has_sha256)
       return br_fail(err, "%s:%d: [token %s] sha256 is required", where, cfg->tokens[i].line,
@@ -519,6 +566,11 @@ void br_config_free(br_config *cfg) {
     free(t->name);
   }
   for (int i = 0; i < cfg->ntokens; i++) free(cfg->tokens[i].name);
+  for (int i = 0; i < cfg->ncdns; i++) {
+    free_strings(cdn_keys, NKEYS(cdn_keys), &cfg->cdns[i]);
+    for (int h = 0; h < cfg->cdns[i].nheaders; h++) free(cfg->cdns[i].headers[h]);
+    free(cfg->cdns[i].name);
+  }
   free(cfg->path);
   memset(cfg, 0, sizeof *cfg);
 }

@@ -9,6 +9,7 @@
 
 #include "blobcache.h"
 #include "blobref/reconcile.h"
+#include "cdn_purge.h"
 #include "httpd.h"
 
 struct reconcile_runner {
@@ -28,9 +29,14 @@ struct reconcile_runner {
   double last_seconds;
 };
 
-static void on_gone(void *ud, const uint8_t digest[BR_SHA256_LEN]) {
-  br_server *srv = ud;
+void br_server_blob_gone(br_server *srv, const uint8_t digest[BR_SHA256_LEN]) {
   if (srv->cache) blobcache_remove(srv->cache, digest);
+  br_err err;
+  if (cdn_purge_enqueue(srv->purger, digest, &err) < 0) br_error("%s", err.msg);
+}
+
+static void on_gone(void *ud, const uint8_t digest[BR_SHA256_LEN]) {
+  br_server_blob_gone(ud, digest);
 }
 
 static void lock_blob(void *ud, const uint8_t digest[BR_SHA256_LEN], int lock) {
@@ -117,6 +123,10 @@ static void *runner_main(void *arg) {
 }
 
 int reconcile_start(br_server *srv, br_err *err) {
+  char pdir[4200];
+  snprintf(pdir, sizeof pdir, "%s/purge", srv->cfg->data_dir);
+  srv->purger = cdn_purger_open(srv->cfg, pdir, err);
+  if (!srv->purger) return -1;
   struct reconcile_runner *rr = calloc(1, sizeof *rr);
   if (!rr) return br_fail(err, "out of memory");
   char dir[4200];
@@ -149,6 +159,8 @@ int reconcile_start(br_server *srv, br_err *err) {
 
 void reconcile_stop(br_server *srv) {
   struct reconcile_runner *rr = srv->reconcile;
+  cdn_purger_close(srv->purger);
+  srv->purger = NULL;
   if (!rr) return;
   pthread_mutex_lock(&rr->lock);
   rr->stopping = 1;
@@ -164,6 +176,19 @@ void reconcile_metrics(br_server *srv, void (*emit)(void *ud, const char *line),
   struct reconcile_runner *rr = srv->reconcile;
   if (!rr) return;
   char line[1024];
+  cdn_purge_stats ps;
+  cdn_purger_stats(srv->purger, &ps);
+  snprintf(line, sizeof line,
+           "# HELP blobref_cdn_purges_total CDN purges sent, by result (failures are retried).\n"
+           "# TYPE blobref_cdn_purges_total counter\n"
+           "blobref_cdn_purges_total{result=\"sent\"} %" PRIu64
+           "\n"
+           "blobref_cdn_purges_total{result=\"failed\"} %" PRIu64
+           "\n"
+           "# HELP blobref_cdn_purges_pending CDN purges queued and not yet accepted.\n"
+           "# TYPE blobref_cdn_purges_pending gauge\nblobref_cdn_purges_pending %" PRIu64 "\n",
+           ps.sent, ps.failed, ps.pending);
+  emit(ud, line);
   pthread_mutex_lock(&rr->lock);
   emit(ud,
        "# HELP blobref_reconcile_runs_total Reconcile runs ended, by result.\n"
@@ -328,7 +353,7 @@ static enum MHD_Result change_state(struct request *req, enum br_change_kind kin
   if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
   if (grc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
   if (grc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
-  if (kind == BR_CHANGE_HOLD && req->srv->cache) blobcache_remove(req->srv->cache, req->digest);
+  if (kind == BR_CHANGE_HOLD && ch.applied) br_server_blob_gone(req->srv, req->digest);
   char hex[BR_HEX_LEN + 1];
   br_hex_encode(req->digest, hex);
   br_info("blob %s: %s by an admin%s%s", hex, kind == BR_CHANGE_HOLD ? "quarantined" : "restored",

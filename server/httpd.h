@@ -128,6 +128,7 @@ struct br_server {
   pthread_mutex_t health_lock;
   pthread_mutex_t blob_locks[BLOB_LOCKS]; /* uploads vs reconcile's deletes, by hash */
   struct reconcile_runner *reconcile;     /* http_reconcile.c */
+  struct cdn_purger *purger;              /* cdn_purge.c: purges when blobs go */
   pthread_t health_thread;
   int health_running;
   pthread_cond_t health_cv;
@@ -159,6 +160,9 @@ br_store *br_server_store(br_server *srv, const char *name);
 /* Locks (lock = 1) or unlocks the stripe of digest: held by an upload's commit and by reconcile's
  * final delete of the same hash, and by admin state changes. */
 void br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int lock);
+/* A blob stopped being servable (quarantined, held, deleted): forget its cached bytes and queue
+ * its purge at the CDNs. */
+void br_server_blob_gone(br_server *srv, const uint8_t digest[BR_SHA256_LEN]);
 /* http_reconcile.c: the run thread (periodic and on demand). */
 int reconcile_start(br_server *srv, br_err *err);
 void reconcile_stop(br_server *srv);

@@ -9,6 +9,8 @@
 #define BR_MAX_TABLES 64
 #define BR_MAX_TOKENS 64
 #define BR_MAX_REWRITES 16
+#define BR_MAX_CDNS 8
+#define BR_MAX_CDN_HEADERS 8
 
 enum br_table_form { BR_FORM_HEX, BR_FORM_BINARY, BR_FORM_URL };
 
@@ -33,6 +35,16 @@ typedef struct br_token_config {
   unsigned scopes; /* BR_SCOPE_* bits */
   int line;
 } br_token_config;
+
+/* A CDN to purge when a blob stops being servable (quarantined, deleted, moved). */
+typedef struct br_cdn_config {
+  char *name;
+  char *purge_url;                   /* template: "{hash}" is replaced by the blob's hex */
+  char *method;                      /* PURGE (default), BAN, ... */
+  char *headers[BR_MAX_CDN_HEADERS]; /* "Name: value" lines sent with each purge */
+  int nheaders;
+  int line;
+} br_cdn_config;
 
 /* Every setting, with its default filled in by br_config_init. Strings are owned by the config. */
 typedef struct br_config {
@@ -70,6 +82,8 @@ typedef struct br_config {
   int ntables;
   br_token_config tokens[BR_MAX_TOKENS];
   int ntokens;
+  br_cdn_config cdns[BR_MAX_CDNS];
+  int ncdns;
 } br_config;
 
 /* Fills cfg with defaults (no stores yet). */
