@@ -145,9 +145,9 @@ def test_quarantine_restore_purge_lifecycle(tmp_path):
         t.append("f3.parquet")
         t.expire(keep=3)  # S3, S4, S5 stay: fx (X) is in none of them
         assert t.referenced() == set(A + B + E + C + [N])
+        wait_until(t1 + 1.0 + MARGIN)  # D is past retention
         assert api.put(data[F[0]]) == F[0]  # dedup hits: a fresh grace for F
         assert api.put(data[F[1]]) == F[1]
-        wait_until(t1 + 1.0 + MARGIN)  # D is past retention
         rep2 = api.run()
         assert counts(rep2) == (len(X), len(C), len(D)), json.dumps(rep2)
         assert rep2["bytes_reclaimed"] == sum(len(data[h]) for h in D)
