@@ -540,3 +540,92 @@ def test_bucket_gone_upload_is_502(rgw, lake):
         assert "store lake" in body["error"]["message"]
     finally:
         rgw.make_bucket(b)
+
+
+# ---------------------------------------------------------------------------------------------
+# radosgw killed in the middle of an upload
+
+
+@pytest.mark.parametrize("method", ["PUT", "POST"])
+def test_rgw_killed_mid_upload(rgw, lake, method):
+    """A 30 MB upload sent slowly; radosgw dies when half of it was sent; the rest is sent. The
+    client gets no 2xx; afterwards nothing is under the content key, the blob is not indexed,
+    and the spool holds nothing."""
+    srv, b = lake(part_size="5MiB")
+    s3 = rgw.client()
+    data = rnd(30 * 1000 * 1000, 19)
+    h = sha(data)
+    step = 512 * 1024
+    if method == "PUT":
+        head = request_head("PUT", f"/v1/blobs/{h}", [("Content-Length", str(len(data)))])
+    else:
+        head = request_head("POST", "/v1/blobs", [("Transfer-Encoding", "chunked")])
+    conn = RawConn(srv, timeout=30)
+    conn.send(head)
+    state = {"sent": 0, "error": None, "killed_at": None}
+    killed = threading.Event()
+
+    def sender():
+        try:
+            for i in range(0, len(data), step):
+                piece = data[i:i + step]
+                if method == "POST":
+                    piece = b"%x\r\n" % len(piece) + piece + b"\r\n"
+                conn.sock.sendall(piece)
+                state["sent"] += len(data[i:i + step])
+                if state["sent"] >= len(data) // 2 and not killed.is_set():
+                    time.sleep(1.0)  # let the parts of the first half reach S3
+                    rgw.kill()
+                    state["killed_at"] = state["sent"]
+                    killed.set()
+                time.sleep(0.03)
+            if method == "POST":
+                conn.sock.sendall(b"0\r\n\r\n")
+        except OSError as e:  # the server may answer early and close
+            state["error"] = repr(e)
+
+    t = threading.Thread(target=sender, daemon=True)
+    t.start()
+    try:
+        try:
+            raw = conn.read_response()
+        except (EOFError, ConnectionResetError):
+            raw = None
+        t.join(60)
+        assert killed.is_set(), state
+        assert raw is None or not 200 <= raw.status < 300, (raw.status, raw.body)
+        if raw is not None:
+            assert_raw_error_any(raw, {503: "store_unavailable", 502: "store_error"})
+        print(f"{method}: answer {raw.status if raw else 'none (closed)'}"
+              f"{' ' + raw.body.decode() if raw else ''}; sent {state['sent']} bytes, radosgw "
+              f"killed after {state['killed_at']}; sender: {state['error']}")
+    finally:
+        conn.close()
+        rgw.restart()
+    assert wait_until(lambda: ready_error(srv) is None, timeout=10, step=0.1), ready_error(srv)
+    assert head_size(s3, b, content_key(h)) is None
+    assert_error(get(srv, h), 404, "not_found")
+    assert wait_until(lambda: list((srv.data_dir / "spool" / "lake").iterdir()) == [], timeout=5), \
+        list((srv.data_dir / "spool" / "lake").iterdir())
+    left = multipart_uploads(s3, b)
+    print(f"{method}: multipart uploads left after the restart: {left}")
+    for k, uid in left:
+        assert k == content_key(h) or k.startswith(".staging/up-"), k
+        s3.abort_multipart_upload(Bucket=b, Key=k, UploadId=uid)  # for the fixture's check
+    assert keys(s3, b) == {}
+    # The store works again once the circuit breaker (2 s from the last connect failure) closes;
+    # /readyz may already say 200 before that (it only reflects the periodic HEAD bucket).
+    t0 = time.monotonic()
+    assert wait_until(lambda: put(srv, data[:100000]).status_code == 201, timeout=4, step=0.2)
+    print(f"{method}: uploads work again {time.monotonic() - t0:.2f} s after /readyz said 200")
+    if left:
+        pytest.xfail("the AbortMultipartUpload of an upload cut short by the outage ran while S3 "
+                     "was down and is never retried: its parts stay in the bucket until a "
+                     "lifecycle rule removes them (store_s3.c abort_multipart)")
+
+
+def assert_raw_error_any(raw, allowed):
+    body = json.loads(raw.body)
+    assert raw.status in allowed and body["error"]["code"] == allowed[raw.status], \
+        (raw.status, body)
+    assert "store lake" in body["error"]["message"], body
