@@ -729,3 +729,80 @@ def test_refs_s3_folder_follows_newer_versions_than_the_hint(rgw, tmp_path):
     res = run_refs(refs_conf(rgw, tmp_path, "s3://warehouse/db/t"))
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == v5
+
+
+# ---------------------------------------------------------------------------------------------
+# Peak memory of a huge upload (release binary: the sanitizer build's shadow memory is no measure).
+# About 20 s here (2 GiB in 16 s), so it runs by default; BLOBREF_SKIP_HUGE=1 skips it and
+# BLOBREF_HUGE_BYTES sets another size. It needs radosgw's memstore above 2 GiB (start-rgw.sh).
+
+
+def proc_status_kib(pid, field):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+HUGE = int(os.environ.get("BLOBREF_HUGE_BYTES", str(2 << 30)))
+
+
+@pytest.mark.skipif(os.environ.get("BLOBREF_SKIP_HUGE") == "1", reason="BLOBREF_SKIP_HUGE=1")
+def test_huge_put_peak_rss(rgw, lake, monkeypatch):
+    """A 2 GiB PUT (part_size 16 MiB: 128 parts) streamed to the release blobrefd: its peak RSS
+    (VmHWM) stays under 64 MiB; the object in S3 has every byte (size, parts, sampled ranges)."""
+    release = ROOT / "bin" / "blobrefd"
+    if not release.exists():
+        pytest.skip("bin/blobrefd is not built (make all)")
+    import conftest
+    monkeypatch.setattr(conftest, "BIN_DIR", ROOT / "bin")
+    import s3util
+    monkeypatch.setattr(s3util, "BIN_DIR", ROOT / "bin")
+    srv, b = lake()
+    s3 = rgw.client()
+    block = rnd(1 << 20, 20)
+
+    def mib(i):  # MiB number i of the blob: the random block, stamped with i
+        return i.to_bytes(8, "little") + block[8:]
+    nblocks = HUGE >> 20
+    hasher = hashlib.sha256()
+    for i in range(nblocks):
+        hasher.update(mib(i))
+    h = hasher.hexdigest()
+    pid = srv.proc.pid
+    before = proc_status_kib(pid, "VmHWM")
+    conn = RawConn(srv, timeout=600)
+    t0 = time.monotonic()
+    conn.send(request_head("PUT", f"/v1/blobs/{h}", [("Content-Length", str(nblocks << 20))]))
+    rss_max = [0]
+    stop = threading.Event()
+
+    def sampler():
+        while not stop.wait(0.2):
+            rss_max[0] = max(rss_max[0], proc_status_kib(pid, "VmRSS"))
+    ts = threading.Thread(target=sampler, daemon=True)
+    ts.start()
+    for i in range(nblocks):
+        conn.sock.sendall(mib(i))
+    raw = conn.read_response()
+    took = time.monotonic() - t0
+    stop.set()
+    ts.join()
+    conn.close()
+    after = proc_status_kib(pid, "VmHWM")
+    print(f"{HUGE / 2**30:.2f} GiB PUT in {took:.1f} s: blobrefd VmHWM {before / 1024:.1f} MiB "
+          f"before, {after / 1024:.1f} MiB after (VmRSS sampled max {rss_max[0] / 1024:.1f} MiB)")
+    assert raw.status == 201, raw.body
+    assert json.loads(raw.body) == upload_json(h, nblocks << 20, False)
+    assert after < 64 * 1024, f"peak RSS {after / 1024:.1f} MiB"
+    k = content_key(h)
+    head = s3.head_object(Bucket=b, Key=k)
+    assert head["ContentLength"] == nblocks << 20
+    assert head["ETag"].endswith(f'-{(nblocks + 15) // 16}"'), head["ETag"]
+    for i in (0, 1, nblocks // 2, nblocks - 1):
+        got = s3.get_object(Bucket=b, Key=k, Range=f"bytes={i << 20}-{(i << 20) + 4095}")
+        assert got["Body"].read() == mib(i)[:4096]
+        r = ranged(srv, h, f"{(i << 20) + 100}-{(i << 20) + 199}")
+        assert r.status_code == 206 and r.content == mib(i)[100:200]
+    assert list((srv.data_dir / "spool" / "lake").iterdir()) == []
+    s3.delete_object(Bucket=b, Key=k)
