@@ -846,7 +846,13 @@ static int s3_copy_from(br_store *dst, const char *dst_key, br_store *src, const
 /* HEAD of the bucket: reachable, credentials accepted, bucket present. */
 static int s3_check(br_store *st, br_err *err) {
   struct s3_store *s3 = s3_of(st);
-  s3_request rq = {.method = "HEAD", .key = NULL, .query = "", .no_retry = 1};
+  /* an endpoint that accepts connections but does not answer (an overloaded or frozen server)
+   * must fail the probe in seconds, not after the whole-request timeout (5 minutes) */
+  s3_request rq = {.method = "HEAD",
+                   .key = NULL,
+                   .query = "",
+                   .no_retry = 1,
+                   .timeout_ms = 2 * s3->t.connect_timeout_ms};
   s3_response rs;
   atomic_store(&s3->t.down_until_ms, 0); /* a probe always goes out */
   int rc = s3_perform(&s3->t, &rq, &rs, err);
