@@ -184,10 +184,10 @@ int ice_load_table(const br_iceberg_table_config *cfg, ice_meta *m, char **table
       char *end = NULL;
       long long v = strtoll((const char *)data, &end, 10);
       while (end && (*end == '\n' || *end == '\r' || *end == ' ')) end++;
+      int bad = v <= 0 || !end || *end; /* end points into data: look before freeing it */
       free(data);
       data = NULL;
-      if (v <= 0 || !end || *end)
-        return br_fail(err, "%s: version hint is not a number", hint_path);
+      if (bad) return br_fail(err, "%s: version hint is not a number", hint_path);
       if ((size_t)snprintf(path, sizeof path, "%s%smetadata/v%lld.metadata.json", loc, slash, v) >=
           sizeof path)
         return br_fail(err, "path too long");

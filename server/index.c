@@ -482,25 +482,37 @@ static void *writer_main(void *arg) {
   return NULL;
 }
 
-/* Queues op and waits until the writer has committed (or failed) it. */
-static int submit(br_index *idx, struct op *op, br_err *err) {
-  op->next = NULL;
-  op->done = 0;
+/* Queues ops[0..n) together (so that the writer can commit them in few transactions) and waits
+ * until the writer has committed (or failed) each. Returns 0, or the first failure (err). */
+static int submit_many(br_index *idx, struct op *ops, size_t n, br_err *err) {
   pthread_mutex_lock(&idx->lock);
   if (idx->stopping || !idx->has_writer) {
     pthread_mutex_unlock(&idx->lock);
     return br_fail(err, "index: not accepting writes (read-only or stopping)");
   }
-  if (idx->tail)
-    idx->tail->next = op;
-  else
-    idx->head = op;
-  idx->tail = op;
+  for (size_t i = 0; i < n; i++) {
+    ops[i].next = NULL;
+    ops[i].done = 0;
+    if (idx->tail)
+      idx->tail->next = &ops[i];
+    else
+      idx->head = &ops[i];
+    idx->tail = &ops[i];
+  }
   pthread_cond_signal(&idx->work_cv);
-  while (!op->done) pthread_cond_wait(&idx->done_cv, &idx->lock);
+  for (size_t i = 0; i < n; i++)
+    while (!ops[i].done) pthread_cond_wait(&idx->done_cv, &idx->lock);
   pthread_mutex_unlock(&idx->lock);
-  if (op->rc && err) *err = op->err;
-  return op->rc;
+  for (size_t i = 0; i < n; i++)
+    if (ops[i].rc) {
+      if (err) *err = ops[i].err;
+      return ops[i].rc;
+    }
+  return 0;
+}
+
+static int submit(br_index *idx, struct op *op, br_err *err) {
+  return submit_many(idx, op, 1, err);
 }
 
 int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN], const br_record *rec,
@@ -521,35 +533,12 @@ int br_index_apply_changes(br_index *idx, br_change *changes, size_t n, uint64_t
   int out = 0;
   for (size_t base = 0; base < n && out == 0; base += CHUNK) {
     size_t m = n - base < CHUNK ? n - base : CHUNK;
-    /* queue the whole chunk at once so that the writer commits it in few transactions */
-    pthread_mutex_lock(&idx->lock);
-    if (idx->stopping || !idx->has_writer) {
-      pthread_mutex_unlock(&idx->lock);
-      out = br_fail(err, "index: not accepting writes (read-only or stopping)");
-      break;
-    }
-    for (size_t i = 0; i < m; i++) {
-      struct op *op = &ops[i];
-      memset(op, 0, sizeof *op);
-      op->apply = apply_change;
-      op->change = &changes[base + i];
-      op->digest = changes[base + i].digest;
-      op->now_ms = now_ms;
-      if (idx->tail)
-        idx->tail->next = op;
-      else
-        idx->head = op;
-      idx->tail = op;
-    }
-    pthread_cond_signal(&idx->work_cv);
     for (size_t i = 0; i < m; i++)
-      while (!ops[i].done) pthread_cond_wait(&idx->done_cv, &idx->lock);
-    pthread_mutex_unlock(&idx->lock);
-    for (size_t i = 0; i < m && out == 0; i++)
-      if (ops[i].rc) {
-        out = ops[i].rc;
-        if (err) *err = ops[i].err;
-      }
+      ops[i] = (struct op){.apply = apply_change,
+                           .change = &changes[base + i],
+                           .digest = changes[base + i].digest,
+                           .now_ms = now_ms};
+    out = submit_many(idx, ops, m, err);
   }
   free(ops);
   return out;

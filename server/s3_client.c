@@ -373,7 +373,7 @@ static int attempt_once(s3_target *t, s3_request *req, s3_response *resp, br_err
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, list);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, t->connect_timeout_ms);
-  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, t->timeout_ms);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, req->timeout_ms ? req->timeout_ms : t->timeout_ms);
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(h, CURLOPT_HEADERDATA, &x);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body_write);

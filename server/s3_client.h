@@ -66,7 +66,8 @@ typedef struct s3_request {
    * body is an error), else kept in the response up to 4 MiB */
   char *into;
   size_t into_cap;
-  int no_retry; /* one attempt only (health probes) */
+  int no_retry;    /* one attempt only (health probes) */
+  long timeout_ms; /* whole-request limit for this request (0: the target's timeout) */
 } s3_request;
 
 typedef struct s3_response {

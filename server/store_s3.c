@@ -104,8 +104,9 @@ static int hash_range(int fd, uint64_t off, uint64_t len, char hex[65], char b64
   return rc;
 }
 
+/* On failure *fail_errno says whom to blame: EHOSTUNREACH (no answer) or EPROTO (S3 refused). */
 static int create_multipart(struct s3_store *s3, const char *key, char *upload_id, size_t idlen,
-                            br_err *err) {
+                            int *fail_errno, br_err *err) {
   s3_request rq = {.method = "POST", .key = key, .query = "uploads="};
   rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-checksum-algorithm", "SHA256"};
   s3_response rs;
@@ -114,6 +115,7 @@ static int create_multipart(struct s3_store *s3, const char *key, char *upload_i
                   s3_xml_text(rs.body, "UploadId", NULL, upload_id, idlen) < 0 || !*upload_id))
     rc = rs.status == 200 ? br_fail(err, "store %s: CreateMultipartUpload: no UploadId", s3->t.name)
                           : s3_fail_status(err, &s3->t, "CreateMultipartUpload", &rs);
+  if (rc < 0 && fail_errno) *fail_errno = request_errno(&rs);
   s3_response_free(&rs);
   return rc;
 }
@@ -204,8 +206,8 @@ static void send_ready_parts(struct s3_store *s3, struct s3_writer *w) {
     int rc = 0;
     if (!w->upload_id[0]) {
       choose_mp_key(w);
-      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &err);
-      if (rc < 0) w->base.saved_errno = EHOSTUNREACH;
+      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id,
+                            &w->base.saved_errno, &err);
     }
     if (rc == 0)
       rc = upload_part(s3, w, index, (uint64_t)index * s3->part_size, s3->part_size, &err);
@@ -506,8 +508,8 @@ static int s3_write_commit(br_store_writer *bw, const char *key, br_err *err) {
                    s3->t.name, MAX_PARTS, s3->part_size);
     if (rc == 0 && !w->upload_id[0]) {
       choose_mp_key(w);
-      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, err);
-      if (rc < 0) bw->saved_errno = EHOSTUNREACH;
+      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &bw->saved_errno,
+                            err);
     }
     for (size_t i = w->nparts; rc == 0 && i < total; i++) {
       uint64_t off = (uint64_t)i * s3->part_size;
@@ -761,7 +763,7 @@ static int server_copy(struct s3_store *s3, const char *src_key, uint64_t size, 
     return rc;
   }
   char upload_id[512], idenc[1600], query[1800], range[80];
-  if (create_multipart(s3, dst_key, upload_id, sizeof upload_id, err) < 0) return -1;
+  if (create_multipart(s3, dst_key, upload_id, sizeof upload_id, NULL, err) < 0) return -1;
   br_sigv4_uri_encode(upload_id, 0, idenc, sizeof idenc);
   size_t nparts = (size_t)((size + COPY_PART - 1) / COPY_PART);
   size_t cap = nparts * 160 + 128, used = 0;
@@ -844,7 +846,13 @@ static int s3_copy_from(br_store *dst, const char *dst_key, br_store *src, const
 /* HEAD of the bucket: reachable, credentials accepted, bucket present. */
 static int s3_check(br_store *st, br_err *err) {
   struct s3_store *s3 = s3_of(st);
-  s3_request rq = {.method = "HEAD", .key = NULL, .query = "", .no_retry = 1};
+  /* an endpoint that accepts connections but does not answer (an overloaded or frozen server)
+   * must fail the probe in seconds, not after the whole-request timeout (5 minutes) */
+  s3_request rq = {.method = "HEAD",
+                   .key = NULL,
+                   .query = "",
+                   .no_retry = 1,
+                   .timeout_ms = 2 * s3->t.connect_timeout_ms};
   s3_response rs;
   atomic_store(&s3->t.down_until_ms, 0); /* a probe always goes out */
   int rc = s3_perform(&s3->t, &rq, &rs, err);

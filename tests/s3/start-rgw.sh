@@ -11,7 +11,9 @@
 # first free triple from 17480 up is taken; an explicit PORT that is busy is an error.
 # Env: RGW_ACCESS_KEY/RGW_SECRET_KEY (TESTAK/TESTSK) for user "tester", RGW_ACCESS_KEY2/
 # RGW_SECRET_KEY2 (TESTAK2/TESTSK2) for "tester2", who owns nothing of tester's; clients sign
-# for region us-east-1; RGW_START_TIMEOUT seconds (90) before giving up.
+# for region us-east-1; RGW_START_TIMEOUT seconds (90) before giving up; RGW_MEMSTORE_BYTES
+# (4 GiB) the in-memory OSD's size (memory is used only as objects are written; a 2 GiB blob test
+# needs more than 2 GiB, and a full OSD blocks writes).
 # Prints the endpoint (http://127.0.0.1:PORT) on stdout, progress on stderr. Writes DIR/endpoint,
 # DIR/pids ("mon PID", "osd PID", "rgw PID" lines), DIR/ceph.conf, logs in DIR/log. On failure it
 # prints the logs' tails, stops what it started and exits non-zero.
@@ -165,7 +167,7 @@ paxos_propose_interval = 0.05
 paxos_min_wait = 0.01
 osd_crush_chooseleaf_type = 0
 osd_objectstore = memstore
-memstore_device_bytes = 1073741824
+memstore_device_bytes = ${RGW_MEMSTORE_BYTES:-4294967296}
 osd_max_object_name_len = 256
 osd_max_object_namespace_len = 64
 run_dir = $D/run

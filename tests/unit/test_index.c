@@ -195,8 +195,83 @@ static void test_lmdb(void) {
   if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
 }
 
+/* Conditional state changes: each kind against records in each state, with the cutoffs. */
+static void test_changes(void) {
+  snprintf(dir, sizeof dir, "/tmp/blobref-test-changes-%d", (int)getpid());
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (system(cmd) != 0) fprintf(stderr, "cannot clean %s\n", dir);
+  br_index *idx = open_index(64 << 20, 64);
+  static const struct {
+    enum br_state state;
+    uint64_t last_upload, state_ms;
+    enum br_change_kind kind;
+    uint64_t cutoff, expect_state_ms;
+    int applied;
+    int after; /* the state afterwards, or -1: the record is gone */
+  } cases[] = {
+      {BR_STATE_LIVE, 100, 50, BR_CHANGE_QUARANTINE, 200, 0, 1, BR_STATE_QUARANTINED},
+      {BR_STATE_LIVE, 300, 50, BR_CHANGE_QUARANTINE, 200, 0, 0, BR_STATE_LIVE}, /* fresh upload */
+      {BR_STATE_LIVE, 200, 50, BR_CHANGE_QUARANTINE, 200, 0, 0, BR_STATE_LIVE}, /* at cutoff */
+      {BR_STATE_HELD, 100, 50, BR_CHANGE_QUARANTINE, 200, 0, 0, BR_STATE_HELD},
+      {BR_STATE_QUARANTINED, 100, 50, BR_CHANGE_RESTORE, 0, 0, 1, BR_STATE_LIVE},
+      {BR_STATE_HELD, 100, 50, BR_CHANGE_RESTORE, 0, 0, 0, BR_STATE_HELD}, /* admin's stays */
+      {BR_STATE_LIVE, 100, 50, BR_CHANGE_RESTORE, 0, 0, 0, BR_STATE_LIVE},
+      {BR_STATE_LIVE, 100, 50, BR_CHANGE_HOLD, 0, 0, 1, BR_STATE_HELD},
+      {BR_STATE_QUARANTINED, 100, 50, BR_CHANGE_HOLD, 0, 0, 1, BR_STATE_HELD},
+      {BR_STATE_HELD, 100, 50, BR_CHANGE_RELEASE, 0, 0, 1, BR_STATE_LIVE},
+      {BR_STATE_QUARANTINED, 100, 50, BR_CHANGE_RELEASE, 0, 0, 1, BR_STATE_LIVE},
+      {BR_STATE_LIVE, 100, 50, BR_CHANGE_RELEASE, 0, 0, 0, BR_STATE_LIVE},
+      {BR_STATE_QUARANTINED, 100, 50, BR_CHANGE_REMOVE, 60, 50, 1, -1},
+      {BR_STATE_QUARANTINED, 100, 50, BR_CHANGE_REMOVE, 60, 49, 0, BR_STATE_QUARANTINED},
+      {BR_STATE_QUARANTINED, 100, 50, BR_CHANGE_REMOVE, 50, 50, 0, BR_STATE_QUARANTINED},
+      {BR_STATE_HELD, 100, 50, BR_CHANGE_REMOVE, 60, 50, 1, -1},
+      {BR_STATE_LIVE, 100, 50, BR_CHANGE_REMOVE, 60, 50, 0, BR_STATE_LIVE},
+  };
+  size_t n = sizeof cases / sizeof cases[0];
+  br_change ch[sizeof cases / sizeof cases[0]];
+  br_err err;
+  for (size_t i = 0; i < n; i++) {
+    br_record r = sample(1);
+    r.state = cases[i].state;
+    r.last_upload_ms = cases[i].last_upload;
+    r.state_ms = cases[i].state_ms;
+    if (r.state != BR_STATE_LIVE) strcpy(r.reason, "old");
+    memset(&ch[i], 0, sizeof ch[i]);
+    digest_of(1000 + (unsigned)i, ch[i].digest);
+    CHECK(br_index_record_upload(idx, ch[i].digest, &r, NULL, NULL, &err) == 0, "setup %zu", i);
+    ch[i].kind = cases[i].kind;
+    ch[i].cutoff_ms = cases[i].cutoff;
+    ch[i].expect_state_ms = cases[i].expect_state_ms;
+    ch[i].reason = "why";
+  }
+  CHECK(br_index_apply_changes(idx, ch, n, 5000, &err) == 0, "apply: %s", err.msg);
+  for (size_t i = 0; i < n; i++) {
+    br_record got;
+    int rc = br_index_get(idx, ch[i].digest, &got, &err);
+    CHECK(ch[i].applied == cases[i].applied, "case %zu: applied %d", i, ch[i].applied);
+    if (cases[i].after < 0) {
+      CHECK(rc == 1, "case %zu: the record is gone", i);
+      continue;
+    }
+    CHECK(rc == 0 && (int)got.state == cases[i].after, "case %zu: state %d", i, (int)got.state);
+    if (cases[i].applied)
+      CHECK(got.state_ms == 5000 && !strcmp(got.reason, got.state == BR_STATE_LIVE ? "" : "why"),
+            "case %zu: state_ms %llu reason '%s'", i, (unsigned long long)got.state_ms, got.reason);
+    if (cases[i].applied && cases[i].kind == BR_CHANGE_RELEASE)
+      CHECK(got.last_upload_ms == 5000, "case %zu: a release is a fresh grace", i);
+  }
+  /* an absent blob: nothing applied, no error */
+  br_change absent = {.kind = BR_CHANGE_HOLD};
+  digest_of(99999, absent.digest);
+  CHECK(br_index_apply_changes(idx, &absent, 1, 5000, &err) == 0 && !absent.applied, "absent");
+  br_index_close(idx);
+  if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+}
+
 int main(void) {
   test_encoding();
   test_lmdb();
+  test_changes();
   return unit_summary("index");
 }
