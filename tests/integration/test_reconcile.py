@@ -908,6 +908,65 @@ def test_no_tables_configured_purges_nothing(tmp_path):
         srv.stop()
 
 
+# ---- S3: table files and blobs in buckets ------------------------------------------------------
+
+def test_reconcile_on_s3(rgw, tmp_path):
+    """The table's files in one bucket (read through the s3 store's credentials), the blobs in
+    another (the upload store): reconcile quarantines, then deletes the object from the bucket;
+    a data file missing from the bucket fails the run and changes nothing."""
+    from s3util import content_key, head_size, s3_store_conf
+    s3 = rgw.client()
+    wh = rgw.make_bucket("recon-warehouse")
+    bb = rgw.make_bucket("recon-blobs")
+    t = IceTable(tmp_path / "s3t")
+
+    def sync():
+        for p in t.root.rglob("*"):
+            if p.is_file():
+                s3.upload_file(str(p), wh, "s3t/" + str(p.relative_to(t.root)))
+
+    table = (f"[table s3t]\nlocation = s3://{wh}/s3t\ncolumn = {t.column}\nform = hex\n"
+             f"rewrite = {t.prefix}/ => s3://{wh}/s3t/\nstore = lake\n")
+    srv = start(tmp_path, s3_store_conf(rgw, bb, name="lake"), table, grace="1s",
+                retention="1s")
+    api = Api(srv)
+    try:
+        data = {}
+        R = upload(api, data, "R", 3, size=2000)
+        U = upload(api, data, "U", 2, size=3000)
+        assert all(head_size(s3, bb, content_key(h)) == len(data[h]) for h in R + U)
+        t.write_data({"r.parquet": R})
+        t.append("r.parquet")
+        sync()
+        time.sleep(GRACE + MARGIN)
+        rep = api.run()
+        assert counts(rep) == (len(U), 0, 0), json.dumps(rep)
+        assert rep["tables"][0]["data_files_read"] == 1
+        check(api, data, live=R, quarantined=U)
+        assert all(head_size(s3, bb, content_key(h)) == len(data[h]) for h in U)
+        t1 = time.monotonic()
+        # A new snapshot whose data file is not in the bucket: fail closed.
+        V = upload(api, data, "V", 1)
+        t.write_data({"v.parquet": V})
+        t.append("v.parquet")
+        sync()
+        s3.delete_object(Bucket=wh, Key="s3t/data/v.parquet")
+        wait_until(t1 + 1.0 + MARGIN)
+        rep = api.run(expect_state="failed")
+        assert counts(rep) == (0, 0, 0)
+        assert any(f"s3://{wh}/s3t/data/v.parquet" in e for e in rep["errors"]), rep["errors"]
+        check(api, data, live=R + V, quarantined=U)
+        sync()
+        rep = api.run()
+        assert counts(rep) == (0, 0, len(U)), json.dumps(rep)
+        assert rep["bytes_reclaimed"] == sum(len(data[h]) for h in U)
+        check(api, data, live=R + V, gone=U)
+        assert [head_size(s3, bb, content_key(h)) for h in U] == [None] * len(U)
+        assert all(head_size(s3, bb, content_key(h)) == len(data[h]) for h in R + V)
+    finally:
+        srv.stop()
+
+
 # ---- 10. manifest counts ---------------------------------------------------------------------
 
 def refs(conf_path, name, *args):
