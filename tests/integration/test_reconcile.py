@@ -277,6 +277,19 @@ def test_fail_closed(tmp_path):
                 return lambda: p.write_bytes(raw)
             return damage
 
+        def unreadable(p):  # (root reads any file: a directory in its place cannot be read)
+            def damage():
+                p.rename(p.with_name(p.name + ".away"))
+                p.mkdir()
+                (p / "x").write_bytes(b"not a file")
+
+                def undo():
+                    (p / "x").unlink()
+                    p.rmdir()
+                    p.with_name(p.name + ".away").rename(p)
+                return undo
+            return damage
+
         def all_metadata_away():
             moved = []
             for p in md.glob("*.metadata.json"):
@@ -307,7 +320,9 @@ def test_fail_closed(tmp_path):
             ("Parquet cut in the middle", truncate(t.data_path("f3.parquet"), lambda n: n // 2),
              "f3.parquet"),
             ("garbage Parquet", garbage(t.data_path("f3.parquet")), "f3.parquet"),
+            ("unreadable data file", unreadable(t.data_path("f3.parquet")), "f3.parquet"),
             ("missing manifest", move(m_f2), m_f2.name),
+            ("unreadable manifest", unreadable(m_f2), m_f2.name),
             ("truncated manifest", truncate(m_f2, lambda n: n - 5), m_f2.name),
             ("manifest cut to its header", truncate(m_f2, lambda n: n // 3), m_f2.name),
             ("missing manifest list (retained snapshot)", move(snap2_list), snap2_list.name),
