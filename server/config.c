@@ -85,6 +85,7 @@ static const struct key_spec store_keys[] = {
     {"url", KEY_STRING, STO(url), "", 0, 0},
     {"connect_timeout", KEY_DURATION, STO(connect_timeout_ms), "2s", 100, 600000},
     {"timeout", KEY_DURATION, STO(timeout_ms), "5m", 1000, 86400000},
+    {"stall_timeout", KEY_DURATION, STO(stall_timeout_ms), "10s", 1000, 3600000},
     {"retries", KEY_COUNT, STO(retries), "3", 0, 10},
 };
 #define TAB(field) offsetof(br_table_config, field)

@@ -469,7 +469,7 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
       }
       parts[np++] = (struct proxy_part){framing + offs[n], lens[n], 0, 0};
     }
-    int rc = proxy_start(req, url, parts, np, cacheable, &err);
+    int rc = proxy_start(req, url, parts, np, cacheable, br_store_stall_ms(store), &err);
     free(framing);
     if (rc < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
     return MHD_YES; /* suspended: the origin's answer brings us back here */
