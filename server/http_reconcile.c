@@ -226,14 +226,43 @@ void reconcile_metrics(br_server *srv, void (*emit)(void *ud, const char *line),
 /* ---- routes -----------------------------------------------------------------------------------
  */
 
-static int query_flag(struct request *req, const char *name) {
-  const char *v = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, name);
-  return v && (!strcmp(v, "1") || !strcmp(v, "true") || !*v);
+/* The options of POST /v1/reconcile: only dry_run, force and full, each bare or =, =1, =true,
+ * =0, =false. Anything else is an error: a misspelt option (dryrun=1, dry_run=yes) must never
+ * turn what the caller meant as a dry run into a real one. */
+struct query_opts {
+  br_reconcile_options opt;
+  char msg[200];
+};
+static enum MHD_Result parse_query_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                       const char *value) {
+  (void)kind;
+  struct query_opts *q = cls;
+  int *flag = !strcmp(key, "dry_run") ? &q->opt.dry_run
+              : !strcmp(key, "force") ? &q->opt.force
+              : !strcmp(key, "full")  ? &q->opt.full
+                                      : NULL;
+  if (!flag) {
+    snprintf(q->msg, sizeof q->msg, "unknown parameter '%.60s' (dry_run, force, full)", key);
+    return MHD_NO;
+  }
+  if (!value || !*value || !strcmp(value, "1") || !strcmp(value, "true")) {
+    *flag = 1; /* libmicrohttpd gives a bare "?dry_run" a NULL value */
+  } else if (!strcmp(value, "0") || !strcmp(value, "false")) {
+    *flag = 0;
+  } else {
+    snprintf(q->msg, sizeof q->msg, "%s=%.60s: expected 1, true, 0 or false", key, value);
+    return MHD_NO;
+  }
+  return MHD_YES;
 }
 
 enum MHD_Result reconcile_post(struct request *req) {
   struct reconcile_runner *rr = req->srv->reconcile;
   if (!rr) return reply_error(req, E_NOT_READY, "reconcile is not running");
+  struct query_opts qo;
+  memset(&qo, 0, sizeof qo);
+  MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, parse_query_arg, &qo);
+  if (qo.msg[0]) return reply_error(req, E_BAD_REQUEST, "%s", qo.msg);
   br_err err;
   pthread_mutex_lock(&rr->lock);
   if (rr->requested || rr->running_id) {
@@ -250,9 +279,7 @@ enum MHD_Result reconcile_post(struct request *req) {
     pthread_mutex_unlock(&rr->lock);
     return reply_error(req, E_INTERNAL, "%s", err.msg);
   }
-  rr->opt = (br_reconcile_options){.dry_run = query_flag(req, "dry_run"),
-                                   .force = query_flag(req, "force"),
-                                   .full = query_flag(req, "full")};
+  rr->opt = qo.opt;
   rr->requested = 1;
   rr->running_id = id;
   pthread_cond_signal(&rr->cv);

@@ -80,7 +80,7 @@ static int add_ref(void *ud, const uint8_t d[D]) {
 static int on_data_file(void *ud, const br_iceberg_data_file *f) {
   struct mark *m = ud;
   uint8_t id[D];
-  rstate_file_id(f->path, f->file_size, f->record_count, id);
+  rstate_file_id(f->path, f->file_size, f->record_count, m->tcfg->column, (int)m->tcfg->form, id);
   if (m->nkept == m->kept_cap) {
     size_t ncap = m->kept_cap ? m->kept_cap * 2 : 1024;
     uint8_t *nk = realloc(m->kept, ncap * D);
@@ -391,7 +391,11 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
 
   /* sweep: the decisions, against the index in key order */
   struct sweep s = {.r = r, .sorter = m.sorter, .now = started, .held_list = held};
-  s.grace_cutoff = started > cfg->grace_ms ? started - cfg->grace_ms : 0;
+  /* A dedup hit refreshes last_upload_ms only once it is dedup_touch_interval old, so a blob
+   * deduplicated within grace may carry a last_upload_ms up to that much older: protect it too
+   * (invariant 6), or a grace shorter than the touch interval would not protect dedup hits. */
+  uint64_t protect = cfg->grace_ms + cfg->dedup_touch_interval_ms;
+  s.grace_cutoff = started > protect ? started - protect : 0;
   s.retention_cutoff = started > cfg->retention_ms ? started - cfg->retention_ms : 0;
   uint64_t references = 0;
   if (!failed) {

@@ -32,9 +32,12 @@ typedef struct rstate rstate;
 rstate *rstate_open(const char *dir, br_err *err);
 void rstate_close(rstate *st);
 
-/* The identity of a data file: SHA-256 over its path, size and record count as the manifest
- * records them. Immutable files keep their identity; a rewritten one gets another. */
-void rstate_file_id(const char *path, int64_t size, int64_t count, uint8_t id[BR_SHA256_LEN]);
+/* The identity of a data file read for one column: SHA-256 over its path, size and record count
+ * as the manifest records them, and the column and form its hashes were read as (two [table]
+ * sections over one table, or a changed column, must not share entries). Immutable files keep
+ * their identity; a rewritten one gets another. */
+void rstate_file_id(const char *path, int64_t size, int64_t count, const char *column, int form,
+                    uint8_t id[BR_SHA256_LEN]);
 
 /* Calls fn for every hash cached for the file id. Returns 1 if cached (fn called), 0 if not, -1
  * + err. A non-zero fn result stops with -1 (fn's reason is the caller's). */

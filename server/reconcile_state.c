@@ -84,12 +84,15 @@ void rstate_close(rstate *st) {
   free(st);
 }
 
-void rstate_file_id(const char *path, int64_t size, int64_t count, uint8_t id[D]) {
+void rstate_file_id(const char *path, int64_t size, int64_t count, const char *column, int form,
+                    uint8_t id[D]) {
   EVP_MD_CTX *c = EVP_MD_CTX_new();
   EVP_DigestInit_ex(c, EVP_sha256(), NULL);
   EVP_DigestUpdate(c, path, strlen(path) + 1);
   EVP_DigestUpdate(c, &size, sizeof size);
   EVP_DigestUpdate(c, &count, sizeof count);
+  EVP_DigestUpdate(c, column, strlen(column) + 1);
+  EVP_DigestUpdate(c, &form, sizeof form);
   EVP_DigestFinal_ex(c, id, NULL);
   EVP_MD_CTX_free(c);
 }

@@ -1,14 +1,14 @@
 // Test helper: writes the pieces of an Iceberg table from a JSON job file (argv[2]):
 //   {"parquet": [{path, column, form: "hex"|"binary"|"url", values: [string|null], codec,
-//                 page_version: 1|2}],
+//                 page_version: 1|2, extra_columns: [{column, form, values}]}],
 //    "avro": [{path, kind: "list"|"manifest", version: 1|2, codec: "null"|"deflate",
 //              meta: {key: string}, records: [...]}]}
+// A list record may give manifest_length_of: the local path of a manifest written before it.
 // Parquet through DuckDB, Avro through avsc with the Iceberg spec's schemas (field-ids included).
-import { readFileSync } from 'node:fs';
+import { createWriteStream, readFileSync, statSync } from 'node:fs';
 import { createRequire } from 'node:module';
 const require = createRequire(import.meta.url);
 const avro = require('avsc');
-const { DuckDBInstance } = require('@duckdb/node-api');
 
 const job = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 
@@ -83,9 +83,13 @@ function writeAvro(a) {
   for (const [k, v] of Object.entries(a.meta || {})) metadata[k] = Buffer.from(v);
   if (!('schema' in metadata) && a.kind === 'manifest') metadata.schema = Buffer.from('{}');
   return new Promise((resolve, reject) => {
-    const enc = avro.createFileEncoder(a.path, type, { codec: a.codec || 'null', metadata });
+    // avro.createFileEncoder's 'finish' comes before the file is written: wait for the file
+    const enc = new avro.streams.BlockEncoder(type, { codec: a.codec || 'null', metadata });
+    const out = createWriteStream(a.path, { defaultEncoding: 'binary' });
+    enc.pipe(out);
     enc.on('error', reject);
-    enc.on('finish', resolve);
+    out.on('error', reject);
+    out.on('close', resolve);
     for (const r of a.records) {
       const rec = { ...r };
       if (a.kind === 'manifest') {
@@ -101,6 +105,9 @@ function writeAvro(a) {
         if (a.version === 1 && rec.snapshot_id == null) rec.snapshot_id = 1;
       } else {
         rec.partitions = rec.partitions ?? null;
+        // manifest_length_of: a local manifest written earlier in this job: its real length
+        if (rec.manifest_length_of) rec.manifest_length = statSync(rec.manifest_length_of).size;
+        delete rec.manifest_length_of;
         rec.manifest_length = rec.manifest_length ?? 1000;
         rec.partition_spec_id = rec.partition_spec_id ?? 0;
       }
@@ -111,23 +118,32 @@ function writeAvro(a) {
 }
 
 async function writeParquet(con, p) {
-  const vals = p.values.map((v) => {
-    if (v === null) return 'NULL';
-    if (p.form === 'binary') return `unhex('${v}')::BLOB`;
+  // The hash column, plus optional more: extra_columns: [{column, form, values}] (rows beyond a
+  // column's values are NULL).
+  const cols = [{ column: p.column, form: p.form, values: p.values }, ...(p.extra_columns || [])];
+  const lit = (c, v) => {
+    if (v === null || v === undefined) return 'NULL';
+    if (c.form === 'binary') return `unhex('${v}')::BLOB`;
     return `'${v.replace(/'/g, "''")}'`;
-  });
-  const type = p.form === 'binary' ? 'BLOB' : 'VARCHAR';
-  await con.run(`CREATE OR REPLACE TABLE t (id INTEGER, ${p.column} ${type})`);
-  if (vals.length) {
-    await con.run(`INSERT INTO t VALUES ${vals.map((v, i) => `(${i}, ${v})`).join(', ')}`);
+  };
+  const defs = cols.map((c) => `${c.column} ${c.form === 'binary' ? 'BLOB' : 'VARCHAR'}`);
+  await con.run(`CREATE OR REPLACE TABLE t (id INTEGER, ${defs.join(', ')})`);
+  const rows = Math.max(...cols.map((c) => c.values.length));
+  if (rows) {
+    const tuples = [];
+    for (let i = 0; i < rows; i++) tuples.push(`(${i}, ${cols.map((c) => lit(c, c.values[i])).join(', ')})`);
+    await con.run(`INSERT INTO t VALUES ${tuples.join(', ')}`);
   }
   const pv = p.page_version === 2 ? ", PARQUET_VERSION 'V2'" : '';
   await con.run(`COPY t TO '${p.path}' (FORMAT parquet, COMPRESSION '${p.codec || 'snappy'}'${pv},
                  ROW_GROUP_SIZE ${p.row_group_size || 122880})`);
 }
 
-const db = await DuckDBInstance.create(':memory:', {
-  autoinstall_known_extensions: 'false', autoload_known_extensions: 'false' });
-const con = await db.connect();
-for (const p of job.parquet || []) await writeParquet(con, p);
+if ((job.parquet || []).length) { // DuckDB only when there is Parquet to write (it loads slowly)
+  const { DuckDBInstance } = require('@duckdb/node-api');
+  const db = await DuckDBInstance.create(':memory:', {
+    autoinstall_known_extensions: 'false', autoload_known_extensions: 'false' });
+  const con = await db.connect();
+  for (const p of job.parquet) await writeParquet(con, p);
+}
 for (const a of job.avro || []) await writeAvro(a);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "blobref/config.h"
 #include "reconcile_internal.h"
 #include "unit.h"
 
@@ -74,8 +75,14 @@ static void test_state(const char *dir) {
   CHECK(st != NULL, "open: %s", err.msg);
   if (!st) return;
   uint8_t a[BR_SHA256_LEN], b[BR_SHA256_LEN], d[BR_SHA256_LEN];
-  rstate_file_id("s3://w/t/data/a.parquet", 100, 10, a);
-  rstate_file_id("s3://w/t/data/a.parquet", 101, 10, b);
+  rstate_file_id("s3://w/t/data/a.parquet", 100, 10, "img", BR_FORM_HEX, b);
+  rstate_file_id("s3://w/t/data/a.parquet", 100, 10, "thumb", BR_FORM_HEX, a);
+  CHECK(memcmp(a, b, BR_SHA256_LEN) != 0, "the column is part of a file's identity");
+  rstate_file_id("s3://w/t/data/a.parquet", 100, 10, "img", BR_FORM_URL, a);
+  CHECK(memcmp(a, b, BR_SHA256_LEN) != 0, "the form is part of a file's identity");
+  rstate_file_id("s3://w/t/data/a.parquet", 100, 10, "img", BR_FORM_HEX, a);
+  CHECK(memcmp(a, b, BR_SHA256_LEN) == 0, "the same file, column and form: the same identity");
+  rstate_file_id("s3://w/t/data/a.parquet", 101, 10, "img", BR_FORM_HEX, b);
   CHECK(memcmp(a, b, BR_SHA256_LEN) != 0, "the size is part of a file's identity");
   struct collect c = {0};
   CHECK(rstate_cached(st, a, count_fn, &c, &err) == 0, "absent at first");
