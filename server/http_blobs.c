@@ -225,20 +225,15 @@ static const char *role_name(enum br_role r) {
   return r == BR_ROLE_PRIMARY ? "primary" : r == BR_ROLE_COPY ? "copy" : "draining";
 }
 
-static enum MHD_Result blob_meta(struct request *req) {
-  br_record rec;
-  br_err err;
-  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
-  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
-  if (rc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
+json_t *record_json(const uint8_t digest[BR_SHA256_LEN], const br_record *rec) {
   char hex[BR_HEX_LEN + 1], created[40], uploaded[40], changed[40];
-  br_hex_encode(req->digest, hex);
-  format_time_ms(rec.created_ms, created, sizeof created);
-  format_time_ms(rec.last_upload_ms, uploaded, sizeof uploaded);
-  format_time_ms(rec.state_ms, changed, sizeof changed);
+  br_hex_encode(digest, hex);
+  format_time_ms(rec->created_ms, created, sizeof created);
+  format_time_ms(rec->last_upload_ms, uploaded, sizeof uploaded);
+  format_time_ms(rec->state_ms, changed, sizeof changed);
   json_t *locs = json_array();
-  for (int i = 0; i < rec.nlocations; i++) {
-    const br_location *l = &rec.locations[i];
+  for (int i = 0; i < rec->nlocations; i++) {
+    const br_location *l = &rec->locations[i];
     json_t *v = json_null();
     if (l->verified_at_ms) {
       char t[40];
@@ -248,14 +243,23 @@ static enum MHD_Result blob_meta(struct request *req) {
     json_array_append_new(locs, json_pack("{s:s,s:s,s:s,s:o}", "store", l->store, "key", l->key,
                                           "role", role_name(l->role), "verified_at", v));
   }
-  json_t *body =
-      json_pack("{s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "sha256", hex, "size", (json_int_t)rec.size,
-                "content_type", rec.content_type, "created_at", created, "last_upload_at", uploaded,
-                "state", rec.state == BR_STATE_LIVE ? "live" : "quarantined", "locations", locs);
-  if (body && rec.state == BR_STATE_QUARANTINED)
+  json_t *body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "sha256", hex, "size",
+                           (json_int_t)rec->size, "content_type", rec->content_type, "created_at",
+                           created, "last_upload_at", uploaded, "state",
+                           rec->state == BR_STATE_LIVE ? "live" : "quarantined", "locations", locs);
+  if (body && rec->state == BR_STATE_QUARANTINED)
     json_object_set_new(body, "quarantine",
-                        json_pack("{s:s,s:s}", "reason", rec.reason, "at", changed));
-  return reply_json(req, MHD_HTTP_OK, body);
+                        json_pack("{s:s,s:s}", "reason", rec->reason, "at", changed));
+  return body;
+}
+
+static enum MHD_Result blob_meta(struct request *req) {
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
+  return reply_json(req, MHD_HTTP_OK, record_json(req->digest, &rec));
 }
 
 /* Implemented in http_lookup.c and http_misc.c. */
@@ -264,11 +268,13 @@ int json_body(struct request *req, const char *data, size_t len);
 enum MHD_Result health_get(struct request *req);
 enum MHD_Result ready_get(struct request *req);
 enum MHD_Result metrics_get(struct request *req);
+enum MHD_Result list_get(struct request *req);
 
 const struct route br_routes[] = {
     {"PUT", "/v1/blobs/{hash}", BR_SCOPE_WRITE, put_begin, upload_body, upload_finish},
     {"GET", "/v1/blobs/{hash}", BR_SCOPE_READ, NULL, NULL, blob_get},
     {"POST", "/v1/blobs", BR_SCOPE_WRITE, post_begin, upload_body, upload_finish},
+    {"GET", "/v1/blobs", BR_SCOPE_READ, NULL, NULL, list_get},
     {"GET", "/v1/blobs/{hash}/meta", BR_SCOPE_READ, NULL, NULL, blob_meta},
     {"POST", "/v1/lookup", BR_SCOPE_READ, NULL, json_body, lookup_finish},
     {"GET", "/healthz", 0, NULL, NULL, health_get},
