@@ -16,6 +16,10 @@ static const struct command {
     {"lookup", cmd_lookup, "lookup [HASH...|-]                               which blobs exist"},
     {"refs", cmd_refs,
      "refs TABLE --column NAME [--form hex|binary|url] [--rewrite FROM=TO]... [--count|--files]"},
+    {"extract-parquet", cmd_extract_parquet,
+     "extract-parquet IN OUT --column NAME [--as NEW] [--form hex|binary]   binaries -> SHA-256"},
+    {"export", cmd_export,
+     "export -o FILE.parquet [--state live|quarantined]   the index as Parquet"},
     {"token", cmd_token,
      "token new --scopes read,write,admin [--name NAME]    a bearer token and its [token] section"},
 };

@@ -16,5 +16,7 @@ int cmd_stat(const cli_globals *g, int argc, char **argv);
 int cmd_lookup(const cli_globals *g, int argc, char **argv);
 int cmd_refs(const cli_globals *g, int argc, char **argv);
 int cmd_token(const cli_globals *g, int argc, char **argv);
+int cmd_extract_parquet(const cli_globals *g, int argc, char **argv);
+int cmd_export(const cli_globals *g, int argc, char **argv);
 
 #endif
