@@ -341,9 +341,10 @@ static int extract_row_group(void *ud, const br_parquet_rg_values *rg, br_err *e
   x->st.distinct += (int64_t)nt;
   for (size_t first = 0; first < nt; first += LOOKUP_BATCH) {
     size_t n = nt - first < LOOKUP_BATCH ? nt - first : LOOKUP_BATCH, k = 0;
-    if (lookup_missing(x, t + first, n, &k, err)) {
-      br_fail(err, "row group %u (rows from %lld): %s", rg->row_group, (long long)rg->first_row,
-              err->msg);
+    br_err lerr;
+    if (lookup_missing(x, t + first, n, &k, &lerr)) {
+      br_fail(err, "row %lld: lookup failed: %s",
+              (long long)rg->first_row + (long long)t[first].row, lerr.msg);
       goto out;
     }
     memmove(t + left, t + first, k * sizeof *t);
