@@ -557,10 +557,171 @@ int cmd_extract_parquet(const cli_globals *g, int argc, char **argv) {
   return rc;
 }
 
+/* ---- export ---- */
+
+static const char export_help[] =
+    "usage: blobref export -o FILE.parquet [--state live|quarantined] [--page N]\n"
+    "\n"
+    "Writes the server's index as Parquet, page by page from GET /v1/blobs (memory: one row\n"
+    "group of 65536 rows): sha256 (64 hex), size, content_type, created_at and last_upload_at\n"
+    "(TIMESTAMP, UTC, milliseconds), state (live|quarantined), reason (null unless quarantined),\n"
+    "store and key (the primary location) and locations (how many). FILE is written to a\n"
+    "temporary file and renamed when complete.\n"
+    "\n"
+    "  --page N   blobs per listing request (1..10000, default 10000)\n";
+
+/* "2026-12-01T03:41:19.123Z" -> milliseconds since the epoch. */
+static int parse_time_ms(const char *s, int64_t *ms) {
+  struct tm tm = {0};
+  unsigned frac = 0;
+  int n = 0;
+  if (!s ||
+      sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d.%3uZ%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+             &tm.tm_min, &tm.tm_sec, &frac, &n) != 7 ||
+      s[n] != '\0')
+    return -1;
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  *ms = (int64_t)timegm(&tm) * 1000 + frac;
+  return 0;
+}
+
+static br_parquet_value str_val(const char *s) {
+  br_parquet_value v = {(const uint8_t *)s, s ? strlen(s) : 0, s == NULL};
+  return v;
+}
+
+/* Appends one listed blob to the writer. */
+static int export_row(br_parquet_writer *w, json_t *b, br_err *err) {
+  const char *hex = json_string_value(json_object_get(b, "sha256"));
+  const char *ctype = json_string_value(json_object_get(b, "content_type"));
+  const char *state = json_string_value(json_object_get(b, "state"));
+  json_t *size_j = json_object_get(b, "size"), *locs = json_object_get(b, "locations");
+  json_t *q = json_object_get(b, "quarantine");
+  int64_t created, uploaded, size;
+  if (!hex || strlen(hex) != BR_HEX_LEN || !ctype || !state || !json_is_integer(size_j) ||
+      !json_is_array(locs) ||
+      parse_time_ms(json_string_value(json_object_get(b, "created_at")), &created) ||
+      parse_time_ms(json_string_value(json_object_get(b, "last_upload_at")), &uploaded))
+    return br_fail(err, "the listing has a malformed entry");
+  size = json_integer_value(size_j);
+  const char *store = NULL, *key = NULL;
+  for (size_t i = 0; i < json_array_size(locs); i++) {
+    json_t *l = json_array_get(locs, i);
+    const char *role = json_string_value(json_object_get(l, "role"));
+    if (i == 0 || (role && !strcmp(role, "primary"))) {
+      store = json_string_value(json_object_get(l, "store"));
+      key = json_string_value(json_object_get(l, "key"));
+      if (role && !strcmp(role, "primary")) break;
+    }
+  }
+  int32_t nloc = (int32_t)json_array_size(locs);
+  br_parquet_value v[10] = {
+      str_val(hex),
+      {(const uint8_t *)&size, 8, 0},
+      str_val(ctype),
+      {(const uint8_t *)&created, 8, 0},
+      {(const uint8_t *)&uploaded, 8, 0},
+      str_val(state),
+      str_val(q ? json_string_value(json_object_get(q, "reason")) : NULL),
+      str_val(store),
+      str_val(key),
+      {(const uint8_t *)&nloc, 4, 0},
+  };
+  return br_parquet_writer_row(w, v, err);
+}
+
 int cmd_export(const cli_globals *g, int argc, char **argv) {
-  (void)g;
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "blobref export: not yet\n");
-  return 1;
+  static const struct option longopts[] = {{"output", required_argument, NULL, 'o'},
+                                           {"state", required_argument, NULL, 's'},
+                                           {"page", required_argument, NULL, 'p'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+  static const br_parquet_column_spec cols[] = {
+      {"sha256", BR_PQ_BYTE_ARRAY, 0, 0, 1, 0},       {"size", BR_PQ_INT64, 0, 0, 0, 0},
+      {"content_type", BR_PQ_BYTE_ARRAY, 0, 0, 1, 0}, {"created_at", BR_PQ_INT64, 0, 0, 0, 1},
+      {"last_upload_at", BR_PQ_INT64, 0, 0, 0, 1},    {"state", BR_PQ_BYTE_ARRAY, 0, 0, 1, 0},
+      {"reason", BR_PQ_BYTE_ARRAY, 0, 1, 1, 0},       {"store", BR_PQ_BYTE_ARRAY, 0, 1, 1, 0},
+      {"key", BR_PQ_BYTE_ARRAY, 0, 1, 1, 0},          {"locations", BR_PQ_INT32, 0, 0, 0, 0},
+  };
+  const char *out = NULL, *state = NULL;
+  int opt, rc = 1;
+  long page = EXPORT_PAGE;
+  optind = 0;
+  opterr = 0;
+  while ((opt = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+    switch (opt) {
+      case 'o':
+        out = optarg;
+        break;
+      case 's':
+        if (strcmp(optarg, "live") && strcmp(optarg, "quarantined"))
+          return usage_error("export", "--state must be live or quarantined");
+        state = optarg;
+        break;
+      case 'p': {
+        char *end;
+        page = strtol(optarg, &end, 10);
+        if (*end || page < 1 || page > EXPORT_PAGE)
+          return usage_error("export", "--page must be 1 to %d", EXPORT_PAGE);
+        break;
+      }
+      case 'h':
+        fputs(export_help, stdout);
+        return 0;
+      default:
+        return usage_error("export", "unknown option or missing argument: '%s'",
+                           optind > 0 ? argv[optind - 1] : "?");
+    }
+  }
+  if (!out || !*out) return usage_error("export", "-o FILE.parquet is required");
+  if (argc != optind) return usage_error("export", "unexpected argument '%s'", argv[optind]);
+  br_err err = {{0}};
+  char tmp[PATH_MAX + 64] = "";
+  br_parquet_writer *w = NULL;
+  json_t *reply = NULL;
+  char after[BR_HEX_LEN + 1] = "";
+  int64_t rows = 0;
+  FILE *f = open_temp_next_to(out, tmp, sizeof tmp, &err);
+  if (!f) goto fail;
+  br_parquet_write_options wo = {BR_PQ_ZSTD, EXPORT_ROW_GROUP, 0};
+  w = br_parquet_writer_new(cols, sizeof cols / sizeof cols[0], &wo, write_file, f, &err);
+  if (!w) goto fail;
+  for (;;) {
+    char path[256];
+    long status = 0;
+    snprintf(path, sizeof path, "/v1/blobs?limit=%ld%s%s%s%s", page, after[0] ? "&after=" : "",
+             after, state ? "&state=" : "", state ? state : "");
+    if (br_http_json(g->server, g->token, "GET", path, NULL, &status, &reply, &err)) goto fail;
+    json_t *blobs = json_object_get(reply, "blobs"), *next = json_object_get(reply, "next");
+    if (!json_is_array(blobs) || (!json_is_null(next) && !json_is_string(next))) {
+      br_fail(&err, "the listing reply is not {\"blobs\": [...], \"next\": ...}");
+      goto fail;
+    }
+    for (size_t i = 0; i < json_array_size(blobs); i++, rows++)
+      if (export_row(w, json_array_get(blobs, i), &err)) goto fail;
+    if (json_is_null(next)) break;
+    const char *n = json_string_value(next);
+    if (strlen(n) != BR_HEX_LEN || strcmp(n, after) <= 0) {
+      br_fail(&err, "the listing's next key does not move forward");
+      goto fail;
+    }
+    memcpy(after, n, BR_HEX_LEN + 1);
+    json_decref(reply);
+    reply = NULL;
+  }
+  if (br_parquet_writer_finish(w, &err)) goto fail;
+  FILE *done = f;
+  f = NULL;
+  if (commit_temp(done, tmp, out, &err)) goto fail;
+  tmp[0] = '\0';
+  fprintf(stderr, "exported %lld blobs to %s\n", (long long)rows, out);
+  rc = 0;
+fail:
+  if (rc) fprintf(stderr, "blobref: export: %s\n", err.msg);
+  json_decref(reply);
+  br_parquet_writer_free(w);
+  if (f) fclose(f);
+  if (tmp[0]) unlink(tmp);
+  return rc;
 }

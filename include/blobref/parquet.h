@@ -83,6 +83,7 @@ typedef struct br_parquet_column_spec {
   int32_t type_length;       /* FIXED_LEN_BYTE_ARRAY width (1..65536) */
   int optional;              /* 1: nulls allowed */
   int utf8;                  /* BYTE_ARRAY annotated as a UTF-8 string */
+  int timestamp_ms;          /* INT64 annotated as TIMESTAMP(MILLIS, UTC): ms since the epoch */
 } br_parquet_column_spec;
 
 typedef struct br_parquet_write_options {
