@@ -275,11 +275,13 @@ enum MHD_Result reconcile_runs_get(struct request *req);
 enum MHD_Result reconcile_run_get(struct request *req);
 enum MHD_Result blob_hold(struct request *req);
 enum MHD_Result blob_release(struct request *req);
+enum MHD_Result list_get(struct request *req);
 
 const struct route br_routes[] = {
     {"PUT", "/v1/blobs/{hash}", BR_SCOPE_WRITE, put_begin, upload_body, upload_finish},
     {"GET", "/v1/blobs/{hash}", BR_SCOPE_READ, NULL, NULL, blob_get},
     {"POST", "/v1/blobs", BR_SCOPE_WRITE, post_begin, upload_body, upload_finish},
+    {"GET", "/v1/blobs", BR_SCOPE_READ, NULL, NULL, list_get},
     {"GET", "/v1/blobs/{hash}/meta", BR_SCOPE_READ, NULL, NULL, blob_meta},
     {"DELETE", "/v1/blobs/{hash}", BR_SCOPE_ADMIN, NULL, NULL, blob_hold},
     {"POST", "/v1/blobs/{hash}/restore", BR_SCOPE_ADMIN, NULL, NULL, blob_release},

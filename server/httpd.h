@@ -222,6 +222,8 @@ enum MHD_Result reply_redirect(struct request *req, const char *url, uint64_t va
 json_t *blob_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size);
 /* The JSON view of an upload result: blob_json plus "dedup". */
 json_t *upload_result_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size, int dedup);
+/* The JSON view of an index record (GET /v1/blobs/{hash}/meta, one entry of GET /v1/blobs). */
+json_t *blob_record_json(const uint8_t digest[BR_SHA256_LEN], const br_record *rec);
 /* Formats milliseconds since the epoch as RFC 3339 UTC. */
 void format_time_ms(uint64_t ms, char *out, size_t outlen);
 

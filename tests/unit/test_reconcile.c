@@ -108,7 +108,7 @@ static void test_state(const char *dir) {
   CHECK(!memcmp(c.last, d, BR_SHA256_LEN), "in the order written");
   /* a file with over 16 chunks of hashes leaves the batch and writes chunk by chunk */
   uint8_t big[BR_SHA256_LEN];
-  rstate_file_id("s3://w/t/data/big.parquet", 1, 1, big);
+  rstate_file_id("s3://w/t/data/big.parquet", 1, 1, "img", BR_FORM_HEX, big);
   e = rstate_entry_begin(st, big, &err);
   added = 1;
   for (uint32_t i = 0; i < 17 * 65536 + 5; i++) {
