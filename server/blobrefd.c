@@ -296,6 +296,17 @@ static int run_rebuild(br_server *srv) {
   return rb.fatal ? 2 : rb.problems ? 1 : 0;
 }
 
+/* SIGHUP: reads the config again (with the same command-line overrides) and applies what can
+ * change while serving; a config that does not load changes nothing. */
+static void reload(const struct options *o, br_server *srv) {
+  br_config fresh;
+  br_err err;
+  br_info("SIGHUP: reloading %s", o->config ? o->config : "(built-in defaults)");
+  if (load_config(o, &fresh, &err) < 0 || ops_reload(srv, &fresh, &err) < 0)
+    br_error("reload failed, nothing changed: %s", err.msg);
+  br_config_free(&fresh);
+}
+
 int main(int argc, char **argv) {
   struct options o = {0};
   if (parse_args(argc, argv, &o) < 0) return 2;
@@ -319,6 +330,7 @@ int main(int argc, char **argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
   signal(SIGPIPE, SIG_IGN);
 
@@ -341,7 +353,11 @@ int main(int argc, char **argv) {
   br_info("index %s, upload store %s, %d store(s)%s", dir, cfg.upload_store, cfg.nstores,
           cfg.ntokens ? "" : ", no tokens configured: every client may write");
   int sig = 0;
-  sigwait(&stop_signals, &sig);
+  for (;;) {
+    sigwait(&stop_signals, &sig);
+    if (sig != SIGHUP) break;
+    reload(&o, &srv);
+  }
   br_info("signal %d: stopping", sig);
   br_server_stop(&srv);
   rc = 0;

@@ -53,6 +53,12 @@ static const struct key_spec server_keys[] = {
     {"cache_max_age", KEY_DURATION, SRV(cache_max_age_ms), "60s", 0, 86400000ull * 365},
     {"shutdown_timeout", KEY_DURATION, SRV(shutdown_timeout_ms), "10s", 0, 3600000},
     {"dedup_touch_interval", KEY_DURATION, SRV(dedup_touch_interval_ms), "60s", 0, 86400000},
+    {"access_log", KEY_STRING, SRV(access_log), "off", 0, 0},
+    {"trusted_proxies", KEY_STRING, SRV(trusted_proxies), "", 0, 0},
+    {"max_connections_per_ip", KEY_COUNT, SRV(max_connections_per_ip), "0", 0, 1000000},
+    {"max_json_inflight", KEY_SIZE, SRV(max_json_inflight), "256MiB", 1 << 20, 1ull << 40},
+    {"request_header_timeout", KEY_DURATION, SRV(request_header_timeout_ms), "10s", 1000, 86400000},
+    {"min_body_rate", KEY_SIZE, SRV(min_body_rate), "1KiB", 0, 1ull << 40},
 };
 static const struct key_spec reconcile_keys[] = {
     {"interval", KEY_DURATION, SRV(reconcile_interval_ms), "6h", 0, UINT64_MAX / 2},

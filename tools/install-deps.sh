@@ -6,6 +6,7 @@ level=${1:-build}
 build_pkgs=(gcc make pkg-config libmicrohttpd-dev liblmdb-dev libssl-dev libcurl4-openssl-dev
   libjansson-dev libinih-dev libavro-dev zlib1g-dev libsnappy-dev libzstd-dev liblz4-dev libbrotli-dev)
 test_pkgs=(clang libclang-rt-14-dev curl lmdb-utils strace python3-requests python3-pytest nodejs npm
+  prometheus systemd   # promtool check metrics; systemd-analyze verify
   radosgw ceph-mon ceph-osd python3-boto3)   # a real S3 for the tests: tests/s3/start-rgw.sh
 bench_pkgs=(nginx-light wrk docker-registry)
 want=("${build_pkgs[@]}")
