@@ -59,6 +59,9 @@ static const struct key_spec server_keys[] = {
     {"max_json_inflight", KEY_SIZE, SRV(max_json_inflight), "256MiB", 1 << 20, 1ull << 40},
     {"request_header_timeout", KEY_DURATION, SRV(request_header_timeout_ms), "10s", 1000, 86400000},
     {"min_body_rate", KEY_SIZE, SRV(min_body_rate), "1KiB", 0, 1ull << 40},
+    {"tls_cert", KEY_STRING, SRV(tls_cert), "", 0, 0},
+    {"tls_key", KEY_STRING, SRV(tls_key), "", 0, 0},
+    {"listen_plain", KEY_STRING, SRV(listen_plain), "", 0, 0},
 };
 static const struct key_spec reconcile_keys[] = {
     {"interval", KEY_DURATION, SRV(reconcile_interval_ms), "6h", 0, UINT64_MAX / 2},
@@ -479,6 +482,8 @@ int br_config_finish(br_config *cfg, br_err *err) {
       if (br_config_set_string(&s->spool_dir, spool) < 0) return br_fail(err, "out of memory");
     }
   }
+  if (!*cfg->tls_cert != !*cfg->tls_key)
+    return br_fail(err, "%s: [server] tls_cert and tls_key go together", where);
   if (!*cfg->upload_store) br_config_set_string(&cfg->upload_store, cfg->stores[0].name);
   if (!br_config_store(cfg, cfg->upload_store))
     return br_fail(err, "%s: [server] upload_store: no [store %s]", where, cfg->upload_store);

@@ -578,11 +578,50 @@ static int parse_listen(const char *listen, struct sockaddr_storage *ss, socklen
   return 0;
 }
 
+/* One libmicrohttpd daemon on listen (HTTPS when tls), with every handler. NULL with err. */
+static struct MHD_Daemon *start_daemon(br_server *srv, const char *listen, int tls,
+                                       unsigned threads, br_err *err) {
+  const br_config *cfg = srv->cfg;
+  struct sockaddr_storage ss;
+  socklen_t sslen;
+  if (parse_listen(listen, &ss, &sslen, err) < 0) return NULL;
+  /* TURBO: opportunistic reads and writes, no shutdown() before close; it more than doubled
+   * new connections per second here (every dedup answered before its body is one) */
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                   MHD_USE_ITC | MHD_USE_ERROR_LOG | MHD_USE_TURBO |
+                   (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0) | (tls ? MHD_USE_TLS : 0);
+  struct MHD_OptionItem tls_opts[] = {
+      {tls ? MHD_OPTION_HTTPS_CERT_CALLBACK : MHD_OPTION_END, 0, tls_cert_callback()},
+      {MHD_OPTION_END, 0, NULL}};
+  struct MHD_Daemon *d = MHD_start_daemon(
+      flags, 0, accept_policy, srv, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+      MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE, threads,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+      (unsigned)(cfg->connection_timeout_ms / 1000), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+      (size_t)cfg->connection_memory, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+      MHD_OPTION_UNESCAPE_CALLBACK, unescape_path, NULL, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
+      MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, MHD_OPTION_NOTIFY_CONNECTION, ops_notify_connection,
+      srv, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
+      MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
+  if (!d) {
+    br_fail(err, "cannot listen on %s%s: %s", listen, tls ? " (HTTPS)" : "", strerror(errno));
+    return NULL;
+  }
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+  char host[128];
+  snprintf(host, sizeof host, "%.*s", (int)(strrchr(listen, ':') - listen), listen);
+  br_info("listening on %s://%s:%u (%u network threads)", tls ? "https" : "http",
+          *host ? host : "0.0.0.0", info ? info->port : 0, threads);
+  return d;
+}
+
 int br_server_start(br_server *srv, br_err *err) {
   const br_config *cfg = srv->cfg;
   struct sockaddr_storage ss;
   socklen_t sslen;
   if (parse_listen(cfg->listen, &ss, &sslen, err) < 0) return -1;
+  if (*cfg->listen_plain && parse_listen(cfg->listen_plain, &ss, &sslen, err) < 0) return -1;
+  if (*cfg->tls_cert && tls_load(cfg->tls_cert, cfg->tls_key, err) < 0) return -1;
   srv->started_ms = br_now_ms();
   if (ops_start(srv, err) < 0) return -1;
   pthread_mutex_init(&srv->job_lock, NULL);
@@ -604,27 +643,12 @@ int br_server_start(br_server *srv, br_err *err) {
       return br_fail(err, "cannot start finisher threads");
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   unsigned threads = cfg->threads ? (unsigned)cfg->threads : (unsigned)(cores > 0 ? cores : 1);
-  /* TURBO: opportunistic reads and writes, no shutdown() before close; it more than doubled
-   * new connections per second here (every dedup answered before its body is one) */
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                   MHD_USE_ITC | MHD_USE_ERROR_LOG | MHD_USE_TURBO |
-                   (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-  srv->daemon = MHD_start_daemon(
-      flags, 0, accept_policy, srv, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
-      MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE, threads,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned)(cfg->connection_timeout_ms / 1000), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-      (size_t)cfg->connection_memory, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-      MHD_OPTION_UNESCAPE_CALLBACK, unescape_path, NULL, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
-      MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, MHD_OPTION_NOTIFY_CONNECTION, ops_notify_connection,
-      srv, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
-      MHD_OPTION_END);
-  if (!srv->daemon) return br_fail(err, "cannot listen on %s: %s", cfg->listen, strerror(errno));
-  const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
-  char host[128];
-  snprintf(host, sizeof host, "%.*s", (int)(strrchr(cfg->listen, ':') - cfg->listen), cfg->listen);
-  br_info("listening on http://%s:%u (%u network threads)", *host ? host : "0.0.0.0",
-          info ? info->port : 0, threads);
+  srv->daemon = start_daemon(srv, cfg->listen, *cfg->tls_cert != '\0', threads, err);
+  if (!srv->daemon) return -1;
+  if (*cfg->listen_plain) {
+    srv->daemon_plain = start_daemon(srv, cfg->listen_plain, 0, threads, err);
+    if (!srv->daemon_plain) return -1;
+  }
   atomic_store(&srv->ready, 1);
   return 0;
 }
@@ -665,6 +689,8 @@ void br_server_stop(br_server *srv) {
     proxy_engine_stop(srv);
     MHD_stop_daemon(srv->daemon);
     srv->daemon = NULL;
+    if (srv->daemon_plain) MHD_stop_daemon(srv->daemon_plain);
+    srv->daemon_plain = NULL;
   }
   pthread_mutex_lock(&srv->job_lock);
   srv->jobs_stopping = 1;
@@ -683,4 +709,5 @@ void br_server_stop(br_server *srv) {
   srv->finishers = NULL;
   srv->nfinishers = 0;
   ops_stop(srv);
+  tls_unload();
 }

@@ -101,8 +101,13 @@ enum MHD_Result metrics_get(struct request *req) {
     for (int o = 0; o < STORE_OPS; o++)
       appendf(&t, "blobref_store_errors_total{store=\"%s\",op=\"%s\"} %" PRIu64 "\n",
               br_store_name(srv->stores[i]), ops[o], atomic_load(&srv->store_errors[i][o]));
-  const union MHD_DaemonInfo *di =
-      srv->daemon ? MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
+  unsigned conns = 0;
+  struct MHD_Daemon *daemons[2] = {srv->daemon, srv->daemon_plain};
+  for (int d = 0; d < 2; d++) {
+    const union MHD_DaemonInfo *di =
+        daemons[d] ? MHD_get_daemon_info(daemons[d], MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
+    if (di) conns += di->num_connections;
+  }
   br_index_stats is;
   br_index_get_stats(srv->index, &is);
   appendf(&t,
@@ -132,10 +137,9 @@ enum MHD_Result metrics_get(struct request *req) {
           "\n"
           "blobref_slow_clients_cut_total{phase=\"body\"} %" PRIu64 "\n",
           atomic_load(&srv->uploads_created), atomic_load(&srv->uploads_dedup),
-          atomic_load(&srv->cache_hits), atomic_load(&srv->cache_misses),
-          di ? di->num_connections : 0u, atomic_load(&srv->json_inflight),
-          atomic_load(&srv->json_refused), atomic_load(&srv->slow_cut[0]),
-          atomic_load(&srv->slow_cut[1]));
+          atomic_load(&srv->cache_hits), atomic_load(&srv->cache_misses), conns,
+          atomic_load(&srv->json_inflight), atomic_load(&srv->json_refused),
+          atomic_load(&srv->slow_cut[0]), atomic_load(&srv->slow_cut[1]));
   appendf(&t,
           "# HELP blobref_received_bytes_total Upload body bytes received.\n"
           "# TYPE blobref_received_bytes_total counter\nblobref_received_bytes_total %" PRIu64

@@ -536,8 +536,11 @@ int ops_reload(br_server *srv, const br_config *fresh, br_err *err) {
     return br_fail(err, "out of memory");
   }
   pthread_mutex_lock(&o->lock);
-  /* the log first: a path that cannot be opened fails the reload before anything changed */
-  if (open_log(o, fresh->access_log, err) < 0) {
+  /* the certificate first, then the log: either failing fails the reload before anything else
+   * changed (a certificate taken before a log that cannot be opened stays taken) */
+  int tls = *cfg->tls_cert && *fresh->tls_cert;
+  if ((tls && tls_load(fresh->tls_cert, fresh->tls_key, err) < 0) ||
+      open_log(o, fresh->access_log, err) < 0) {
     pthread_mutex_unlock(&o->lock);
     free(pt);
     free(a);
@@ -546,8 +549,9 @@ int ops_reload(br_server *srv, const br_config *fresh, br_err *err) {
   retire(o, atomic_exchange(&o->auth, a));
   retire(o, atomic_exchange(&o->proxies, pt));
   pthread_mutex_unlock(&o->lock);
-  br_info("reload: %d token(s), anonymous scopes %u, access log %s, %d trusted proxy entr%s", a->n,
-          a->anonymous, fresh->access_log, pt->n, pt->n == 1 ? "y" : "ies");
+  br_info("reload: %d token(s), anonymous scopes %u, access log %s, %d trusted proxy entr%s%s",
+          a->n, a->anonymous, fresh->access_log, pt->n, pt->n == 1 ? "y" : "ies",
+          tls ? ", TLS certificate reloaded" : "");
   RELOAD_LIMIT(max_blob_size);
   RELOAD_LIMIT(max_url_length);
   RELOAD_LIMIT(max_header_size);
@@ -560,6 +564,8 @@ int ops_reload(br_server *srv, const br_config *fresh, br_err *err) {
   RELOAD_LIMIT(shutdown_timeout_ms);
   RELOAD_LIMIT(dedup_touch_interval_ms);
   note_fixed("listen", strcmp(cfg->listen, fresh->listen) != 0);
+  note_fixed("listen_plain", strcmp(cfg->listen_plain, fresh->listen_plain) != 0);
+  note_fixed("tls_cert (HTTPS on or off)", !*cfg->tls_cert != !*fresh->tls_cert);
   note_fixed("data_dir", strcmp(cfg->data_dir, fresh->data_dir) != 0);
   note_fixed("upload_store", strcmp(cfg->upload_store, fresh->upload_store) != 0);
   note_fixed("threads", cfg->threads != fresh->threads);

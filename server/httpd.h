@@ -159,7 +159,8 @@ struct br_server {
   pthread_t health_thread;
   int health_running;
   pthread_cond_t health_cv;
-  struct MHD_Daemon *daemon;
+  struct MHD_Daemon *daemon;       /* listen: HTTPS when tls_cert is set */
+  struct MHD_Daemon *daemon_plain; /* listen_plain, when set: plain HTTP, same handlers */
   atomic_int ready;
   atomic_int refuse_connections; /* stopping: new connections are closed at once */
   /* upload finishers: fsync + rename + index commit off the network threads */
@@ -220,6 +221,14 @@ void ops_track(struct request *req, int state);
 void ops_track_body(struct request *req);
 /* Counts a failure of store (by pointer) for blobref_store_errors_total. */
 void ops_store_error(br_server *srv, const br_store *store, enum store_op op);
+
+/* http_tls.c: the certificate for HTTPS handshakes. */
+/* Loads and checks (key matches, not expired) a PEM pair and makes it the one new handshakes
+ * use. Returns -1 with err (the previous pair, if any, stays). Not thread-safe against itself. */
+int tls_load(const char *cert_path, const char *key_path, br_err *err);
+/* The gnutls_certificate_retrieve_function2 for MHD_OPTION_HTTPS_CERT_CALLBACK. */
+void *tls_cert_callback(void);
+void tls_unload(void);
 
 /* http.c */
 int br_server_start(br_server *srv, br_err *err);
