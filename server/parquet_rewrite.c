@@ -540,7 +540,11 @@ int br_parquet_replace_column(br_parquet_file *f, const br_parquet_replace_optio
       goto out;
     }
     for (size_t i = 0; i < cells.n; i++) {
-      vals[i].data = cells.cells[i].is_null ? NULL : cells.bytes.p + cells.cells[i].off;
+      static const uint8_t empty[1];
+      if (cells.cells[i].is_null)
+        vals[i].data = NULL;
+      else /* only empty values so far: no bytes buffer yet */
+        vals[i].data = cells.bytes.p ? cells.bytes.p + cells.cells[i].off : empty;
       vals[i].len = cells.cells[i].len;
       vals[i].is_null = cells.cells[i].is_null;
       if (!vals[i].is_null && !EVP_Digest(vals[i].data ? (const void *)vals[i].data : "",

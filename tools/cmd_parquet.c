@@ -279,8 +279,11 @@ static void *upload_worker(void *arg) {
       curl_easy_setopt(req.curl, CURLOPT_CUSTOMREQUEST, "PUT");
       curl_easy_setopt(req.curl, CURLOPT_WRITEFUNCTION, br_http_buf_write);
       curl_easy_setopt(req.curl, CURLOPT_WRITEDATA, &body);
-    } else if (br_http_url(x->g->server, path, req.url, sizeof req.url, &err) == 0) {
-      curl_easy_setopt(req.curl, CURLOPT_URL, req.url);
+    } else if (br_http_url(x->g->server, path, req.url, sizeof req.url, &err) != 0) {
+      set_error(x, "row %lld: %s", (long long)row, err.msg);
+      break;
+    } else {
+      curl_easy_setopt(req.curl, CURLOPT_URL, req.url); /* same handle: the connection is kept */
     }
     body.len = 0;
     body.toobig = 0;
