@@ -386,10 +386,10 @@ class Client:
             if fp is not None:
                 fp.close()
             conn.close()
+        self.last_put_bytes_sent = sent
         if ans.status not in (200, 201):
             self._raise(ans, f"PUT /v1/blobs/{hexd}")
         self.last_put = ans.json()
-        self.last_put_bytes_sent = sent
         if self.last_put.get("sha256") != hexd:
             raise DigestMismatch("digest_mismatch", ans.status,
                                  f"server stored {self.last_put.get('sha256')}, expected {hexd}")
@@ -654,6 +654,8 @@ class _RangeReader(io.RawIOBase):
                                    f"{end - pos} bytes at {pos}, got {len(data)}")
         k = len(data)
         b[:k] = data
+        if pos == 0 and self._hashed and not self.verified:   # reading again from the start
+            self._hasher, self._hashed = hashlib.sha256(), 0
         if pos == self._hashed:
             self._hasher.update(data)
             self._hashed += k
