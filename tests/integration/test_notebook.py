@@ -2,7 +2,6 @@
 nbclient and ipykernel, the kernel being Debian's /usr/bin/python3): no cell may fail, and the
 thumbnails are in its outputs."""
 import json
-import os
 import random
 import subprocess
 

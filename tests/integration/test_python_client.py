@@ -6,7 +6,6 @@ import io
 import os
 import random
 import re
-import socket
 import sys
 
 import pytest
@@ -107,7 +106,7 @@ def test_put_bytes_path_and_files(server, tmp_path):
 
 
 def test_100_continue_skips_the_body_of_a_known_blob(server, wire):
-    c = blobref.Client(server.url)
+    c = blobref.Client(server.url, expect_timeout=10)   # a loaded test machine: wait long
     data = os.urandom(3 << 20)
     received0 = metric(server, "blobref_received_bytes_total")
     h = c.put(data)
@@ -291,6 +290,53 @@ def test_iter_blobs(server):
     requests.delete(f"{server.url}/v1/blobs/{hashes[3]}", timeout=T)
     assert [b["sha256"] for b in c.iter_blobs(state="quarantined")] == [hashes[3]]
     assert hashes[3] not in [b["sha256"] for b in c.iter_blobs(state="live")]
+
+
+def test_iter_blobs_follows_the_listing_contract():
+    """The paging logic against a stand-in for GET /v1/blobs (the contract: `{"blobs": [...],
+    "next": hex or null}`, `after`, `limit`, `state`), while the real endpoint is not here."""
+    import http.server
+    import json
+    import threading
+    import urllib.parse
+    keys = sorted(sha(str(i).encode()) for i in range(23))
+    seen = []
+
+    class Listing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            u = urllib.parse.urlsplit(self.path)
+            q = dict(urllib.parse.parse_qsl(u.query))
+            seen.append(q)
+            after, limit = q.get("after", ""), int(q["limit"])
+            rest = [k for k in keys if k > after]
+            page = rest[:limit]
+            body = json.dumps({"blobs": [{"sha256": k, "size": 1, "state": q.get("state", "live")}
+                                         for k in page],
+                               "next": page[-1] if len(rest) > limit else None}).encode()
+            self.send_response(200 if u.path == "/v1/blobs" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Listing)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        c = blobref.Client(f"http://127.0.0.1:{httpd.server_address[1]}")
+        assert [b["sha256"] for b in c.iter_blobs(limit=5)] == keys
+        assert [q.get("after") for q in seen] == [None] + [keys[i] for i in (4, 9, 14, 19)]
+        assert all(q["limit"] == "5" for q in seen) and c.requests == 5
+        seen.clear()
+        got = list(c.iter_blobs(state="quarantined", after="sha256:" + keys[19], limit=100))
+        assert [b["sha256"] for b in got] == keys[20:] and got[0]["state"] == "quarantined"
+        assert seen == [{"limit": "100", "after": keys[19], "state": "quarantined"}]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_error_codes(tmp_path):

@@ -41,7 +41,7 @@ class Varnish:
         text = VCL.read_text()
         backend = re.search(r"backend blobrefd \{.*?\n\}", text, re.S)
         assert backend, "conf/varnish/blobref.vcl has no `backend blobrefd { ... }`"
-        b = re.sub(r'\.host = "[^"]*";', f'.host = "127.0.0.1";', backend.group(0))
+        b = re.sub(r'\.host = "[^"]*";', '.host = "127.0.0.1";', backend.group(0))
         b = re.sub(r'\.port = "[^"]*";', f'.port = "{self.origin.port}";', b)
         return text[:backend.start()] + b + text[backend.end():]
 

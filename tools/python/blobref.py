@@ -527,27 +527,36 @@ class Client:
         out = {}
         if not todo:
             return out
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futs = {pool.submit(self._get_in_worker, h): h for h in todo}
-            try:
-                for fut in concurrent.futures.as_completed(futs):
-                    h = futs[fut]
-                    try:
-                        out[h] = fut.result()
-                    except (NotFound, Quarantined):
-                        if not skip_missing:
-                            raise
-            except BaseException:
-                for f in futs:
-                    f.cancel()
-                raise
+        pools = []   # each worker's connections (kept alive across its GETs), closed at the end
+
+        def init():
+            self._local.pool = {}
+            pools.append(self._local.pool)
+
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers),
+                                                       initializer=init) as pool:
+                self._fetch_all(pool, todo, out, skip_missing)
+        finally:
+            for p in pools:
+                for c in list(p.values()):
+                    c.close()
         return out
 
-    def _get_in_worker(self, h):
+    def _fetch_all(self, pool, todo, out, skip_missing):
+        futs = {pool.submit(self.get, h): h for h in todo}
         try:
-            return self.get(h)
-        finally:
-            self.close()   # the worker thread goes away with the pool: so do its connections
+            for fut in concurrent.futures.as_completed(futs):
+                h = futs[fut]
+                try:
+                    out[h] = fut.result()
+                except (NotFound, Quarantined):
+                    if not skip_missing:
+                        raise
+        except BaseException:
+            for f in futs:
+                f.cancel()
+            raise
 
 
 class _RangeReader(io.RawIOBase):
