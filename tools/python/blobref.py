@@ -351,7 +351,9 @@ class Client:
             conn.connect()
             conn.putrequest("PUT", target, skip_accept_encoding=True)
             hdrs = self._headers({"Content-Type": content_type or "application/octet-stream",
-                                  "Content-Length": str(size), "Expect": "100-continue"})
+                                  "Content-Length": str(size)})
+            if size:   # nothing to save on an empty body: no waiting for a 100 either
+                hdrs["Expect"] = "100-continue"
             for k, v in hdrs.items():
                 conn.putheader(k, v)
             conn.endheaders()   # headers only: the body waits for the server's word
@@ -359,7 +361,8 @@ class Client:
             fp = conn.sock.makefile("rb")
             sent = 0
             interim = b""
-            ready, _, _ = select.select([conn.sock], [], [], self.expect_timeout)
+            wait = self.expect_timeout if size else 0
+            ready, _, _ = select.select([conn.sock], [], [], wait)
             if ready or getattr(conn.sock, "pending", lambda: 0)():
                 line = fp.readline(65537)
                 if not line:
