@@ -383,3 +383,41 @@ def test_python_client_reads_through_the_edge(cdn):
     expect_origin_gets(srv, base + 1)
     with pytest.raises(blobref.NotFound):
         c.get(sha(b"not there"))
+
+
+def test_quarantine_purges_the_edge_by_itself(tmp_path):
+    """[cdn edge] purge_url points at Varnish: a blob cached at the edge answers 410 there right
+    after an admin quarantines it (the server sends the PURGE), and reads again after restore."""
+    need_varnish()
+    srv = Server(tmp_path / "data")
+    edge = Varnish(tmp_path / "varnish", srv)
+    srv.config_text = (f"[cdn edge]\npurge_url = http://127.0.0.1:{edge.port}/v1/blobs/{{hash}}\n"
+                       "method = PURGE\n[reconcile]\ninterval = 0\n")
+    srv.start()
+    try:
+        edge.start()
+        data = os.urandom(7000)
+        h = upload(srv, data)
+        path = f"/v1/blobs/{h}"
+        assert requests.get(edge.url + path, timeout=T).status_code == 200
+        assert requests.get(edge.url + path, timeout=T).status_code == 200   # from the cache
+        r = requests.delete(f"{srv.url}{path}?reason=test", timeout=T)
+        assert r.status_code == 200, r.text
+        codes = []
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            codes.append(requests.get(edge.url + path, timeout=T).status_code)
+            if codes[-1] == 410:
+                break
+            time.sleep(0.05)
+        assert codes[-1] == 410, codes
+        print(f"edge answers after the quarantine: {codes}")
+        m = requests.get(srv.url + "/metrics", timeout=T).text
+        assert 'blobref_cdn_purges_total{result="sent"} 1' in m, m
+        assert "blobref_cdn_purges_pending 0" in m, m
+        assert requests.post(f"{srv.url}{path}/restore", timeout=T).status_code == 200
+        r = requests.get(edge.url + path, timeout=T)
+        assert r.status_code == 200 and r.content == data
+    finally:
+        edge.stop()
+        assert srv.stop() == 0, srv.read_log()
