@@ -2,7 +2,7 @@
 # sanitizer variant and runs every test; `make fuzz` builds and briefly runs the libFuzzer targets.
 
 PKGS := libmicrohttpd lmdb libcrypto libcurl jansson inih avro-c zlib snappy libzstd liblz4 \
-        libbrotlidec libbrotlienc
+        libbrotlidec libbrotlienc gnutls
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -41,7 +41,7 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD_ROOT)/$(MODE)/tests/%)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD_ROOT)/fuzz/bin/%)
 
-.PHONY: all deps run test unit-bins fuzz-bins fuzz bench clean format
+.PHONY: all deps run test unit-bins fuzz-bins fuzz bench bench-reconcile clean format
 all: $(BIN)/blobrefd $(BIN)/blobref
 
 deps:
@@ -103,6 +103,12 @@ bench:
 	@$(MAKE) --no-print-directory all
 	tests/bench/run.sh
 	tests/bench/s3-bench.sh
+
+# Reconcile at scale: 1M indexed blobs, 100 snapshots, 1,000 data files (about 3 minutes).
+bench-reconcile:
+	@tools/install-deps.sh test
+	@$(MAKE) --no-print-directory all
+	BENCH_CFLAGS="$(PKG_CFLAGS)" BENCH_LDLIBS="$(LDLIBS)" tests/bench/reconcile-bench.sh $(LIB)
 
 format:
 	clang-format -i $(wildcard server/*.c server/*.h include/blobref/*.h tools/*.c tools/*.h \

@@ -5,10 +5,14 @@
 #include <inttypes.h>
 #include <openssl/evp.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "blobcache.h"
@@ -296,6 +300,38 @@ static int run_rebuild(br_server *srv) {
   return rb.fatal ? 2 : rb.problems ? 1 : 0;
 }
 
+/* systemd's readiness protocol (Type=notify), without libsystemd: one datagram of "KEY=VALUE"
+ * lines to the AF_UNIX socket named by $NOTIFY_SOCKET ("@name": the abstract namespace). Nothing
+ * when the variable is not set. */
+static void sd_notify_text(const char *text) {
+  const char *path = getenv("NOTIFY_SOCKET");
+  if (!path || (path[0] != '/' && path[0] != '@')) return;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  size_t len = strlen(path);
+  if (len >= sizeof sa.sun_path) return;
+  memcpy(sa.sun_path, path, len);
+  if (path[0] == '@') sa.sun_path[0] = '\0';
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  if (sendto(fd, text, strlen(text), MSG_NOSIGNAL, (struct sockaddr *)&sa,
+             (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)) < 0)
+    br_warn("sd_notify: %s: %s", path, strerror(errno));
+  close(fd);
+}
+
+/* SIGHUP: reads the config again (with the same command-line overrides) and applies what can
+ * change while serving; a config that does not load changes nothing. */
+static void reload(const struct options *o, br_server *srv) {
+  br_config fresh;
+  br_err err;
+  br_info("SIGHUP: reloading %s", o->config ? o->config : "(built-in defaults)");
+  sd_notify_text("RELOADING=1");
+  if (load_config(o, &fresh, &err) < 0 || ops_reload(srv, &fresh, &err) < 0)
+    br_error("reload failed, nothing changed: %s", err.msg);
+  br_config_free(&fresh);
+  sd_notify_text("READY=1\nSTATUS=serving");
+}
+
 int main(int argc, char **argv) {
   struct options o = {0};
   if (parse_args(argc, argv, &o) < 0) return 2;
@@ -319,6 +355,7 @@ int main(int argc, char **argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
   signal(SIGPIPE, SIG_IGN);
 
@@ -340,9 +377,15 @@ int main(int argc, char **argv) {
   }
   br_info("index %s, upload store %s, %d store(s)%s", dir, cfg.upload_store, cfg.nstores,
           cfg.ntokens ? "" : ", no tokens configured: every client may write");
+  sd_notify_text("READY=1\nSTATUS=serving");
   int sig = 0;
-  sigwait(&stop_signals, &sig);
+  for (;;) {
+    sigwait(&stop_signals, &sig);
+    if (sig != SIGHUP) break;
+    reload(&o, &srv);
+  }
   br_info("signal %d: stopping", sig);
+  sd_notify_text("STOPPING=1");
   br_server_stop(&srv);
   rc = 0;
 out:

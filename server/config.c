@@ -54,6 +54,15 @@ static const struct key_spec server_keys[] = {
     {"cache_max_age", KEY_DURATION, SRV(cache_max_age_ms), "60s", 0, 86400000ull * 365},
     {"shutdown_timeout", KEY_DURATION, SRV(shutdown_timeout_ms), "10s", 0, 3600000},
     {"dedup_touch_interval", KEY_DURATION, SRV(dedup_touch_interval_ms), "60s", 0, 86400000},
+    {"access_log", KEY_STRING, SRV(access_log), "off", 0, 0},
+    {"trusted_proxies", KEY_STRING, SRV(trusted_proxies), "", 0, 0},
+    {"max_connections_per_ip", KEY_COUNT, SRV(max_connections_per_ip), "0", 0, 1000000},
+    {"max_json_inflight", KEY_SIZE, SRV(max_json_inflight), "256MiB", 1 << 20, 1ull << 40},
+    {"request_header_timeout", KEY_DURATION, SRV(request_header_timeout_ms), "10s", 1000, 86400000},
+    {"min_body_rate", KEY_SIZE, SRV(min_body_rate), "1KiB", 0, 1ull << 40},
+    {"tls_cert", KEY_STRING, SRV(tls_cert), "", 0, 0},
+    {"tls_key", KEY_STRING, SRV(tls_key), "", 0, 0},
+    {"listen_plain", KEY_STRING, SRV(listen_plain), "", 0, 0},
 };
 static const struct key_spec reconcile_keys[] = {
     {"interval", KEY_DURATION, SRV(reconcile_interval_ms), "6h", 0, UINT64_MAX / 2},
@@ -85,6 +94,7 @@ static const struct key_spec store_keys[] = {
     {"url", KEY_STRING, STO(url), "", 0, 0},
     {"connect_timeout", KEY_DURATION, STO(connect_timeout_ms), "2s", 100, 600000},
     {"timeout", KEY_DURATION, STO(timeout_ms), "5m", 1000, 86400000},
+    {"stall_timeout", KEY_DURATION, STO(stall_timeout_ms), "10s", 1000, 3600000},
     {"retries", KEY_COUNT, STO(retries), "3", 0, 10},
 };
 #define TAB(field) offsetof(br_table_config, field)
@@ -509,6 +519,8 @@ int br_config_finish(br_config *cfg, br_err *err) {
       if (br_config_set_string(&s->spool_dir, spool) < 0) return br_fail(err, "out of memory");
     }
   }
+  if (!*cfg->tls_cert != !*cfg->tls_key)
+    return br_fail(err, "%s: [server] tls_cert and tls_key go together", where);
   if (!*cfg->upload_store) br_config_set_string(&cfg->upload_store, cfg->stores[0].name);
   if (!br_config_store(cfg, cfg->upload_store))
     return br_fail(err, "%s: [server] upload_store: no [store %s]", where, cfg->upload_store);

@@ -4,8 +4,6 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <netinet/in.h>
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,37 +168,6 @@ static const char *origin_path(const char *url) {
   return slash ? slash : "/";
 }
 
-/* Scopes granted to this request: all when no tokens are configured; else the anonymous scopes
- * (a floor every client has) plus, for a bearer token, that token's (matched by SHA-256 digest).
- * Scopes are independent: write does not imply read. Returns -1 for a token that is not known. */
-static int granted_scopes(struct request *req, unsigned *scopes) {
-  const br_config *cfg = req->srv->cfg;
-  if (cfg->ntokens == 0) {
-    *scopes = BR_SCOPE_READ | BR_SCOPE_WRITE | BR_SCOPE_ADMIN;
-    return 0;
-  }
-  *scopes = cfg->anonymous_scopes;
-  const char *auth =
-      MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-  if (!auth) return 0;
-  if (strncasecmp(auth, "Bearer ", 7) != 0) return -1;
-  const char *token = auth + 7;
-  while (*token == ' ') token++;
-  uint8_t digest[BR_SHA256_LEN];
-  SHA256((const unsigned char *)token, strlen(token), digest);
-  /* Every configured digest is compared and the match selected without a branch, so that the
-   * time taken says neither which token matched nor whether one did. */
-  unsigned found = 0, granted = 0;
-  for (int i = 0; i < cfg->ntokens; i++) {
-    unsigned same = (unsigned)(CRYPTO_memcmp(digest, cfg->tokens[i].sha256, BR_SHA256_LEN) == 0);
-    granted |= cfg->tokens[i].scopes & (0u - same);
-    found |= same;
-  }
-  if (!found) return -1;
-  *scopes |= granted;
-  return 0;
-}
-
 void request_fail(struct request *req, enum br_api_error e, const char *fmt, ...) {
   if (req->has_pending) return; /* the first error is the one that counts */
   va_list ap;
@@ -284,7 +251,7 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
   }
   unsigned scopes = 0;
   if (req->route->scope) {
-    if (granted_scopes(req, &scopes) < 0)
+    if (ops_granted_scopes(req, &scopes) < 0)
       return early_error(req, has_body, E_UNAUTHORIZED, "unknown bearer token");
     if ((scopes & req->route->scope) != req->route->scope) {
       int anonymous =
@@ -295,6 +262,14 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
   }
   if (!req->route->body && has_body)
     return reply_error(req, E_BAD_REQUEST, "this endpoint takes no request body");
+  if (req->route->body == json_body && hs.lengths) {
+    /* the whole declared body is taken from the budget of buffered JSON now, so that a request
+     * that does not fit is refused before it is read (json_body takes more for chunked ones) */
+    uint64_t want = strtoull(hs.length, NULL, 10);
+    if (want > cfg->max_json_size) want = cfg->max_json_size;
+    if (want && ops_json_reserve(req, want) < 0)
+      return reply_error(req, E_TRY_AGAIN, "too many JSON request bodies in flight; retry");
+  }
   req->phase = PHASE_BODY;
   if (req->route->begin) return req->route->begin(req);
   return MHD_YES;
@@ -335,9 +310,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     req->method = method;
     req->is_head = !strcmp(method, MHD_HTTP_METHOD_HEAD);
     req->query_cut = cut;
+    req->path = url;
     atomic_fetch_add(&srv->requests_in_progress, 1);
     *con_cls = req;
+    ops_request_begin(req);
+    ops_track(req, TRACK_BODY);
     return start_request(req, url, version);
+  }
+  if (*upload_data_size) {
+    req->bytes_in += *upload_data_size;
+    if (!req->body_start_ns) req->body_start_ns = br_mono_ns();
+    ops_track_body(req);
+  } else if (req->phase != PHASE_SUSPENDED) {
+    ops_track(req, TRACK_BUSY);
+    if (req->body_start_ns && req->route && req->route->scope == BR_SCOPE_WRITE) {
+      atomic_fetch_add(&srv->upload_step_ns[STEP_RECEIVE], br_mono_ns() - req->body_start_ns);
+      req->body_start_ns = 0;
+    }
   }
   if (req->phase == PHASE_ANSWERED) { /* answered early: drop whatever body still arrives */
     *upload_data_size = 0;
@@ -370,6 +359,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   if (!req || (void *)req == &query_cut) return;
   if (req->route_index >= 0 && req->route_index < 16 && req->status >= 100 && req->status < 600)
     atomic_fetch_add(&srv->requests[req->route_index][req->status / 100], 1);
+  ops_request_end(req);
+  ops_track(req, TRACK_HEAD);
   if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && req->writer)
     br_info("%s %s: client went away after %llu bytes; nothing kept", req->method,
             req->route ? req->route->pattern : "-", (unsigned long long)req->received);
@@ -421,7 +412,12 @@ static void finish_upload_locked(struct request *req) {
     snprintf(req->finish_message, sizeof req->finish_message, "object key too long");
     return;
   }
-  if (br_store_write_commit(w, key, &err) < 0) {
+  uint64_t t0 = br_mono_ns();
+  int committed = br_store_write_commit(w, key, &err);
+  uint64_t t1 = br_mono_ns();
+  atomic_fetch_add(&srv->upload_step_ns[STEP_STORE_COMMIT], t1 - t0);
+  if (committed < 0) {
+    ops_store_error(srv, req->store, STORE_OP_WRITE);
     req->finish_error = store_error_code(errno);
     snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
     return;
@@ -440,6 +436,7 @@ static void finish_upload_locked(struct request *req) {
   loc->role = BR_ROLE_PRIMARY;
   loc->verified_at_ms = now;
   int rc = br_index_record_upload(srv->index, req->digest, &rec, &req->created, NULL, &err);
+  atomic_fetch_add(&srv->upload_step_ns[STEP_INDEX_COMMIT], br_mono_ns() - t1);
   if (rc < 0) {
     req->finish_error = index_error(rc);
     snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
@@ -519,6 +516,7 @@ static void *health_main(void *arg) {
       pthread_mutex_lock(&srv->health_lock);
       int was = atomic_load(&srv->store_ok[i]);
       if (rc < 0) {
+        ops_store_error(srv, srv->stores[i], STORE_OP_CHECK);
         snprintf(srv->store_error[i], sizeof srv->store_error[i], "%s", err.msg);
         if (was != 0) br_warn("not ready: %s", err.msg);
         all_ok = 0;
@@ -610,12 +608,52 @@ static int parse_listen(const char *listen, struct sockaddr_storage *ss, socklen
   return 0;
 }
 
+/* One libmicrohttpd daemon on listen (HTTPS when tls), with every handler. NULL with err. */
+static struct MHD_Daemon *start_daemon(br_server *srv, const char *listen, int tls,
+                                       unsigned threads, br_err *err) {
+  const br_config *cfg = srv->cfg;
+  struct sockaddr_storage ss;
+  socklen_t sslen;
+  if (parse_listen(listen, &ss, &sslen, err) < 0) return NULL;
+  /* TURBO: opportunistic reads and writes, no shutdown() before close; it more than doubled
+   * new connections per second here (every dedup answered before its body is one) */
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                   MHD_USE_ITC | MHD_USE_ERROR_LOG | MHD_USE_TURBO |
+                   (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0) | (tls ? MHD_USE_TLS : 0);
+  struct MHD_OptionItem tls_opts[] = {
+      {tls ? MHD_OPTION_HTTPS_CERT_CALLBACK : MHD_OPTION_END, 0, tls_cert_callback()},
+      {MHD_OPTION_END, 0, NULL}};
+  struct MHD_Daemon *d = MHD_start_daemon(
+      flags, 0, accept_policy, srv, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+      MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE, threads,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+      (unsigned)(cfg->connection_timeout_ms / 1000), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+      (size_t)cfg->connection_memory, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+      MHD_OPTION_UNESCAPE_CALLBACK, unescape_path, NULL, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
+      MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, MHD_OPTION_NOTIFY_CONNECTION, ops_notify_connection,
+      srv, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
+      MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
+  if (!d) {
+    br_fail(err, "cannot listen on %s%s: %s", listen, tls ? " (HTTPS)" : "", strerror(errno));
+    return NULL;
+  }
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+  char host[128];
+  snprintf(host, sizeof host, "%.*s", (int)(strrchr(listen, ':') - listen), listen);
+  br_info("listening on %s://%s:%u (%u network threads)", tls ? "https" : "http",
+          *host ? host : "0.0.0.0", info ? info->port : 0, threads);
+  return d;
+}
+
 int br_server_start(br_server *srv, br_err *err) {
   const br_config *cfg = srv->cfg;
   struct sockaddr_storage ss;
   socklen_t sslen;
   if (parse_listen(cfg->listen, &ss, &sslen, err) < 0) return -1;
+  if (*cfg->listen_plain && parse_listen(cfg->listen_plain, &ss, &sslen, err) < 0) return -1;
+  if (*cfg->tls_cert && tls_load(cfg->tls_cert, cfg->tls_key, err) < 0) return -1;
   srv->started_ms = br_now_ms();
+  if (ops_start(srv, err) < 0) return -1;
   pthread_mutex_init(&srv->job_lock, NULL);
   pthread_mutex_init(&srv->health_lock, NULL);
   for (int i = 0; i < BLOB_LOCKS; i++) pthread_mutex_init(&srv->blob_locks[i], NULL);
@@ -637,25 +675,12 @@ int br_server_start(br_server *srv, br_err *err) {
       return br_fail(err, "cannot start finisher threads");
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   unsigned threads = cfg->threads ? (unsigned)cfg->threads : (unsigned)(cores > 0 ? cores : 1);
-  /* TURBO: opportunistic reads and writes, no shutdown() before close; it more than doubled
-   * new connections per second here (every dedup answered before its body is one) */
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                   MHD_USE_ITC | MHD_USE_ERROR_LOG | MHD_USE_TURBO |
-                   (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-  srv->daemon = MHD_start_daemon(
-      flags, 0, accept_policy, srv, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
-      MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE, threads,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned)(cfg->connection_timeout_ms / 1000), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-      (size_t)cfg->connection_memory, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-      MHD_OPTION_UNESCAPE_CALLBACK, unescape_path, NULL, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
-      MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, MHD_OPTION_END);
-  if (!srv->daemon) return br_fail(err, "cannot listen on %s: %s", cfg->listen, strerror(errno));
-  const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
-  char host[128];
-  snprintf(host, sizeof host, "%.*s", (int)(strrchr(cfg->listen, ':') - cfg->listen), cfg->listen);
-  br_info("listening on http://%s:%u (%u network threads)", *host ? host : "0.0.0.0",
-          info ? info->port : 0, threads);
+  srv->daemon = start_daemon(srv, cfg->listen, *cfg->tls_cert != '\0', threads, err);
+  if (!srv->daemon) return -1;
+  if (*cfg->listen_plain) {
+    srv->daemon_plain = start_daemon(srv, cfg->listen_plain, 0, threads, err);
+    if (!srv->daemon_plain) return -1;
+  }
   atomic_store(&srv->ready, 1);
   return 0;
 }
@@ -696,6 +721,8 @@ void br_server_stop(br_server *srv) {
     proxy_engine_stop(srv);
     MHD_stop_daemon(srv->daemon);
     srv->daemon = NULL;
+    if (srv->daemon_plain) MHD_stop_daemon(srv->daemon_plain);
+    srv->daemon_plain = NULL;
   }
   pthread_mutex_lock(&srv->job_lock);
   srv->jobs_stopping = 1;
@@ -714,4 +741,6 @@ void br_server_stop(br_server *srv) {
   free(srv->finishers);
   srv->finishers = NULL;
   srv->nfinishers = 0;
+  ops_stop(srv);
+  tls_unload();
 }

@@ -88,7 +88,10 @@ static enum MHD_Result open_writer(struct request *req) {
   req->store = req->srv->upload_store;
   errno = 0;
   req->writer = br_store_write_begin(req->store, &err);
-  if (!req->writer) return reply_error(req, store_error_code(errno), "%s", err.msg);
+  if (!req->writer) {
+    ops_store_error(req->srv, req->store, STORE_OP_WRITE);
+    return reply_error(req, store_error_code(errno), "%s", err.msg);
+  }
   if (req->has_digest) { /* PUT: the key is known before the body */
     char key[BR_MAX_KEY + 1];
     if (br_store_default_key(req->store, req->digest, key, sizeof key))
@@ -131,10 +134,16 @@ static int upload_body(struct request *req, const char *data, size_t len) {
     request_free_upload(req);
     return -1;
   }
+  uint64_t t0 = br_mono_ns();
   EVP_DigestUpdate(req->sha, data, len);
+  uint64_t t1 = br_mono_ns();
+  atomic_fetch_add(&req->srv->upload_step_ns[STEP_HASH], t1 - t0);
   if (req->writer) {
     br_err err;
-    if (br_store_write(req->writer, data, len, &err) < 0) {
+    int rc = br_store_write(req->writer, data, len, &err);
+    atomic_fetch_add(&req->srv->upload_step_ns[STEP_STORE_WRITE], br_mono_ns() - t1);
+    if (rc < 0) {
+      ops_store_error(req->srv, req->store, STORE_OP_WRITE);
       request_fail(req, store_error_code(br_store_writer_errno(req->writer)), "%s", err.msg);
       request_free_upload(req);
       return -1;
@@ -219,7 +228,10 @@ static enum MHD_Result blob_get(struct request *req) {
     if (u == 0) return reply_redirect(req, url, valid_ms);
     if (u < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
   }
-  return reply_blob(req, &rec, store, loc->key);
+  enum MHD_Result r = reply_blob(req, &rec, store, loc->key);
+  if (req->phase == PHASE_ANSWERED && req->status >= 500) /* the store failed us */
+    ops_store_error(req->srv, store, STORE_OP_READ);
+  return r;
 }
 
 static const char *role_name(enum br_role r) {
@@ -266,7 +278,6 @@ static enum MHD_Result blob_meta(struct request *req) {
 
 /* Implemented in http_lookup.c and http_misc.c. */
 enum MHD_Result lookup_finish(struct request *req);
-int json_body(struct request *req, const char *data, size_t len);
 enum MHD_Result health_get(struct request *req);
 enum MHD_Result ready_get(struct request *req);
 enum MHD_Result metrics_get(struct request *req);
@@ -275,11 +286,13 @@ enum MHD_Result reconcile_runs_get(struct request *req);
 enum MHD_Result reconcile_run_get(struct request *req);
 enum MHD_Result blob_hold(struct request *req);
 enum MHD_Result blob_release(struct request *req);
+enum MHD_Result list_get(struct request *req);
 
 const struct route br_routes[] = {
     {"PUT", "/v1/blobs/{hash}", BR_SCOPE_WRITE, put_begin, upload_body, upload_finish},
     {"GET", "/v1/blobs/{hash}", BR_SCOPE_READ, NULL, NULL, blob_get},
     {"POST", "/v1/blobs", BR_SCOPE_WRITE, post_begin, upload_body, upload_finish},
+    {"GET", "/v1/blobs", BR_SCOPE_READ, NULL, NULL, list_get},
     {"GET", "/v1/blobs/{hash}/meta", BR_SCOPE_READ, NULL, NULL, blob_meta},
     {"DELETE", "/v1/blobs/{hash}", BR_SCOPE_ADMIN, NULL, NULL, blob_hold},
     {"POST", "/v1/blobs/{hash}/restore", BR_SCOPE_ADMIN, NULL, NULL, blob_release},

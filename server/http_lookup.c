@@ -19,6 +19,12 @@ int json_body(struct request *req, const char *data, size_t len) {
   if (req->body_len + len + 1 > req->body_cap) {
     size_t cap = req->body_cap ? req->body_cap : 4096;
     while (cap < req->body_len + len + 1) cap *= 2;
+    if (cap > max + 1) cap = (size_t)max + 1;
+    /* the buffer counts against max_json_inflight, the bound on all JSON bodies together */
+    if (cap > req->json_reserved && ops_json_reserve(req, cap - req->json_reserved) < 0) {
+      request_fail(req, E_TRY_AGAIN, "too many JSON request bodies in flight; retry");
+      return -1;
+    }
     char *grown = realloc(req->body, cap);
     if (!grown) {
       request_fail(req, E_INTERNAL, "out of memory");
@@ -33,9 +39,12 @@ int json_body(struct request *req, const char *data, size_t len) {
 }
 
 /* Nesting depth of JSON text (brackets outside strings), so that hostile nesting is refused
- * before the recursive parser sees it. */
-static int json_depth(const char *s, size_t len) {
+ * before the recursive parser sees it; *commas: the commas outside strings (one less than the
+ * values in arrays and objects), so that a body of millions of tiny values ("{},{},...", each a
+ * parsed object of ~100 bytes) is refused before it is parsed. */
+static int json_depth(const char *s, size_t len, uint64_t *commas) {
   int depth = 0, max = 0, in_string = 0;
+  *commas = 0;
   for (size_t i = 0; i < len; i++) {
     char c = s[i];
     if (in_string) {
@@ -49,6 +58,8 @@ static int json_depth(const char *s, size_t len) {
       if (++depth > max) max = depth;
     } else if (c == ']' || c == '}') {
       depth--;
+    } else if (c == ',') {
+      (*commas)++;
     }
   }
   return max;
@@ -58,9 +69,16 @@ int lookup_parse(const char *body, size_t len, uint64_t max_hashes, uint8_t **di
                  enum br_api_error *e, char *msg, size_t msglen) {
   *digests = NULL;
   *n = 0;
-  if (json_depth(body, len) > MAX_JSON_DEPTH) {
+  uint64_t commas = 0;
+  if (json_depth(body, len, &commas) > MAX_JSON_DEPTH) {
     *e = E_BAD_JSON;
     snprintf(msg, msglen, "JSON nested deeper than %d levels", MAX_JSON_DEPTH);
+    return -1;
+  }
+  if (commas > max_hashes + 16) { /* a few for other members of the object */
+    *e = E_TOO_MANY_HASHES;
+    snprintf(msg, msglen, "over %" PRIu64 " values; at most %" PRIu64 " hashes per call", commas,
+             max_hashes);
     return -1;
   }
   json_error_t jerr;

@@ -47,6 +47,8 @@ static void appendf(struct text *t, const char *fmt, ...) {
 
 static void emit_line(void *ud, const char *line) { appendf(ud, "%s", line); }
 
+/* Prometheus text format 0.0.4; every family has HELP and TYPE, so that `promtool check metrics`
+ * (tests/integration/test_metrics.py) finds nothing to say. */
 enum MHD_Result metrics_get(struct request *req) {
   br_server *srv = req->srv;
   struct text t = {0};
@@ -62,34 +64,114 @@ enum MHD_Result metrics_get(struct request *req) {
                 "\n",
                 br_routes[r].pattern, br_routes[r].method, c, v);
     }
+  appendf(&t,
+          "# HELP blobref_http_request_duration_seconds Time from a request's complete head to "
+          "its completion, by route.\n"
+          "# TYPE blobref_http_request_duration_seconds histogram\n");
+  for (size_t r = 0; r < br_nroutes && r < 16; r++) {
+    uint64_t cum = 0;
+    const char *pat = br_routes[r].pattern, *m = br_routes[r].method;
+    for (int b = 0; b <= LATENCY_BUCKETS; b++) {
+      cum += atomic_load(&srv->latency[r][b]);
+      if (b < LATENCY_BUCKETS)
+        appendf(&t,
+                "blobref_http_request_duration_seconds_bucket{route=\"%s\",method=\"%s\","
+                "le=\"%g\"} %" PRIu64 "\n",
+                pat, m, br_latency_bounds[b], cum);
+      else
+        appendf(&t,
+                "blobref_http_request_duration_seconds_bucket{route=\"%s\",method=\"%s\","
+                "le=\"+Inf\"} %" PRIu64 "\n",
+                pat, m, cum);
+    }
+    appendf(&t,
+            "blobref_http_request_duration_seconds_sum{route=\"%s\",method=\"%s\"} %.9f\n"
+            "blobref_http_request_duration_seconds_count{route=\"%s\",method=\"%s\"} %" PRIu64 "\n",
+            pat, m, (double)atomic_load(&srv->latency_sum_ns[r]) / 1e9, pat, m, cum);
+  }
+  appendf(&t,
+          "# HELP blobref_upload_step_seconds_total Time uploads spent in each step, summed "
+          "over all uploads.\n# TYPE blobref_upload_step_seconds_total counter\n");
+  for (int s = 0; s < UPLOAD_STEPS; s++)
+    appendf(&t, "blobref_upload_step_seconds_total{step=\"%s\"} %.9f\n", br_upload_step_names[s],
+            (double)atomic_load(&srv->upload_step_ns[s]) / 1e9);
+  appendf(&t,
+          "# HELP blobref_store_errors_total Failed store operations, by store and operation.\n"
+          "# TYPE blobref_store_errors_total counter\n");
+  static const char *const ops[STORE_OPS] = {"read", "write", "check"};
+  for (int i = 0; i < srv->nstores; i++)
+    for (int o = 0; o < STORE_OPS; o++)
+      appendf(&t, "blobref_store_errors_total{store=\"%s\",op=\"%s\"} %" PRIu64 "\n",
+              br_store_name(srv->stores[i]), ops[o], atomic_load(&srv->store_errors[i][o]));
+  unsigned conns = 0;
+  struct MHD_Daemon *daemons[2] = {srv->daemon, srv->daemon_plain};
+  for (int d = 0; d < 2; d++) {
+    const union MHD_DaemonInfo *di =
+        daemons[d] ? MHD_get_daemon_info(daemons[d], MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
+    if (di) conns += di->num_connections;
+  }
   br_index_stats is;
   br_index_get_stats(srv->index, &is);
   appendf(&t,
+          "# HELP blobref_uploads_total Uploads acknowledged, by result.\n"
           "# TYPE blobref_uploads_total counter\n"
           "blobref_uploads_total{result=\"created\"} %" PRIu64
           "\n"
           "blobref_uploads_total{result=\"dedup\"} %" PRIu64
           "\n"
+          "# HELP blobref_cache_requests_total Lookups in the small-blob cache, by result.\n"
+          "# TYPE blobref_cache_requests_total counter\n"
+          "blobref_cache_requests_total{result=\"hit\"} %" PRIu64
+          "\n"
+          "blobref_cache_requests_total{result=\"miss\"} %" PRIu64
+          "\n"
+          "# HELP blobref_connections_open Client connections open now.\n"
+          "# TYPE blobref_connections_open gauge\nblobref_connections_open %u\n"
+          "# HELP blobref_json_inflight_bytes Bytes of JSON request bodies buffered now.\n"
+          "# TYPE blobref_json_inflight_bytes gauge\nblobref_json_inflight_bytes %" PRIu64
+          "\n"
+          "# HELP blobref_json_refused_total JSON bodies refused: max_json_inflight was reached.\n"
+          "# TYPE blobref_json_refused_total counter\nblobref_json_refused_total %" PRIu64
+          "\n"
+          "# HELP blobref_slow_clients_cut_total Connections cut for a slow request head or "
+          "body.\n# TYPE blobref_slow_clients_cut_total counter\n"
+          "blobref_slow_clients_cut_total{phase=\"head\"} %" PRIu64
+          "\n"
+          "blobref_slow_clients_cut_total{phase=\"body\"} %" PRIu64 "\n",
+          atomic_load(&srv->uploads_created), atomic_load(&srv->uploads_dedup),
+          atomic_load(&srv->cache_hits), atomic_load(&srv->cache_misses), conns,
+          atomic_load(&srv->json_inflight), atomic_load(&srv->json_refused),
+          atomic_load(&srv->slow_cut[0]), atomic_load(&srv->slow_cut[1]));
+  appendf(&t,
+          "# HELP blobref_received_bytes_total Upload body bytes received.\n"
           "# TYPE blobref_received_bytes_total counter\nblobref_received_bytes_total %" PRIu64
           "\n"
+          "# HELP blobref_served_bytes_total Blob body bytes served.\n"
           "# TYPE blobref_served_bytes_total counter\nblobref_served_bytes_total %" PRIu64
           "\n"
+          "# HELP blobref_index_commits_total LMDB write transactions committed.\n"
           "# TYPE blobref_index_commits_total counter\nblobref_index_commits_total %" PRIu64
           "\n"
+          "# HELP blobref_index_operations_total Index writes batched into those commits.\n"
           "# TYPE blobref_index_operations_total counter\nblobref_index_operations_total %" PRIu64
           "\n"
+          "# HELP blobref_index_entries Blobs in the index.\n"
           "# TYPE blobref_index_entries gauge\nblobref_index_entries %" PRIu64
           "\n"
+          "# HELP blobref_index_map_bytes Size of the index's memory map.\n"
           "# TYPE blobref_index_map_bytes gauge\nblobref_index_map_bytes %" PRIu64
           "\n"
+          "# HELP blobref_index_used_bytes Bytes of the map in use.\n"
           "# TYPE blobref_index_used_bytes gauge\nblobref_index_used_bytes %" PRIu64
           "\n"
+          "# HELP blobref_start_time_seconds When the server started, in seconds since the "
+          "epoch.\n"
           "# TYPE blobref_start_time_seconds gauge\nblobref_start_time_seconds %" PRIu64 "\n",
-          atomic_load(&srv->uploads_created), atomic_load(&srv->uploads_dedup),
           atomic_load(&srv->bytes_in), atomic_load(&srv->bytes_out), is.commits, is.ops, is.entries,
           is.map_size, is.map_used, srv->started_ms / 1000);
   reconcile_metrics(srv, emit_line, &t);
   if (!t.buf) return reply_error(req, E_INTERNAL, "out of memory");
+  req->bytes_out = t.len;
   struct MHD_Response *resp = MHD_create_response_from_buffer(t.len, t.buf, MHD_RESPMEM_MUST_FREE);
   if (!resp) {
     free(t.buf);

@@ -35,6 +35,7 @@ struct proxy_job {
   char *ring;
   size_t cap, head, len;
   int collect;      /* resume the handler only when everything arrived */
+  long stall_s; /* an origin moving no byte this long fails the read */
   int headers_seen; /* the first remote answer's headers arrived */
   long status;      /* of the current remote answer */
   int failed, done;
@@ -213,9 +214,10 @@ static void pump(struct proxy_engine *e, struct proxy_job *j) {
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, j->headers);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
-    /* a stalled origin (under 1 byte/s for 30 s) fails the read instead of holding it forever */
+    /* a stalled origin (no byte for stall_s) fails the read instead of holding it: a frozen S3
+     * accepts connections and never answers */
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 30L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, j->stall_s);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_origin_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, j);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_origin_body);
@@ -384,7 +386,7 @@ void proxy_engine_stop(br_server *srv) {
  */
 
 int proxy_start(struct request *req, const char *url, const struct proxy_part *parts, size_t n,
-                int collect, br_err *err) {
+                int collect, uint64_t stall_ms, br_err *err) {
   struct proxy_engine *e = req->srv->proxy;
   if (!e) return br_fail(err, "proxying is not running");
   struct proxy_job *j = calloc(1, sizeof *j);
@@ -418,6 +420,7 @@ int proxy_start(struct request *req, const char *url, const struct proxy_part *p
   }
   j->conn = req->conn;
   j->collect = collect;
+  j->stall_s = stall_ms ? (long)((stall_ms + 999) / 1000) : 30;
   j->engine = e;
   j->refs = j->mhd_refs = 1; /* the request's */
   j->engine_active = 1;

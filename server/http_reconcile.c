@@ -326,8 +326,6 @@ enum MHD_Result reconcile_run_get(struct request *req) {
   return reply_json(req, MHD_HTTP_OK, j);
 }
 
-/* Implemented in http_blobs.c: the /meta view of a record. */
-json_t *blob_record_json(const uint8_t digest[BR_SHA256_LEN], const br_record *rec);
 
 /* DELETE /v1/blobs/{hash} (HOLD) and POST /v1/blobs/{hash}/restore (RELEASE), under the blob's
  * lock so that they cannot interleave with reconcile's final delete. */

@@ -7,6 +7,7 @@
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include "blobref/config.h"
 #include "blobref/index.h"
@@ -47,6 +48,28 @@ unsigned br_api_error_status(enum br_api_error e);
 
 typedef struct br_server br_server;
 struct request;
+
+/* Latency histogram buckets (upper bounds in seconds) and the upload steps timed. */
+#define LATENCY_BUCKETS 14
+extern const double br_latency_bounds[LATENCY_BUCKETS];
+enum upload_step {
+  STEP_RECEIVE,      /* first body byte to the last */
+  STEP_HASH,         /* SHA-256 of the body */
+  STEP_STORE_WRITE,  /* handing bytes to the store (write(2), a multipart part) */
+  STEP_STORE_COMMIT, /* fsync and rename (fs), the last part and completion (s3) */
+  STEP_INDEX_COMMIT, /* the LMDB commit of the record */
+  UPLOAD_STEPS
+};
+extern const char *const br_upload_step_names[UPLOAD_STEPS];
+/* Store errors counted by operation. */
+enum store_op { STORE_OP_READ, STORE_OP_WRITE, STORE_OP_CHECK, STORE_OPS };
+
+/* Monotonic nanoseconds, for step timings. */
+static inline uint64_t br_mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 /* What a route's handler returns: the usual MHD result. Handlers queue exactly one response on
  * their final call, through the reply_* functions. */
@@ -110,6 +133,17 @@ struct request {
   uint64_t run_id;         /* the {id} of /v1/reconcile/runs/{id} */
   enum job_kind { JOB_UPLOAD, JOB_TOUCH } job;
   struct request *next_job; /* finisher queue link */
+  /* observability (http_ops.c): the access log line, the latency histogram, step timings */
+  const char *path;             /* libmicrohttpd's copy of the path: valid until completion */
+  uint64_t start_ns;            /* first handler call (headers complete), monotonic */
+  uint64_t body_start_ns;       /* first body byte seen */
+  uint64_t bytes_in, bytes_out; /* body bytes received; body bytes answered */
+  enum request_outcome { OUTCOME_NONE, OUTCOME_CACHE_HIT, OUTCOME_CACHE_MISS } outcome;
+  char request_id[65];
+  char remote[48];
+  char token_name[128];     /* the matched [token NAME], never the token */
+  uint64_t json_reserved;   /* bytes of max_json_inflight this request holds */
+  struct conn_track *track; /* the connection's slow-client record */
 };
 
 #define BLOB_LOCKS 256
@@ -132,7 +166,8 @@ struct br_server {
   pthread_t health_thread;
   int health_running;
   pthread_cond_t health_cv;
-  struct MHD_Daemon *daemon;
+  struct MHD_Daemon *daemon;       /* listen: HTTPS when tls_cert is set */
+  struct MHD_Daemon *daemon_plain; /* listen_plain, when set: plain HTTP, same handlers */
   atomic_int ready;
   atomic_int refuse_connections; /* stopping: new connections are closed at once */
   /* upload finishers: fsync + rename + index commit off the network threads */
@@ -149,9 +184,58 @@ struct br_server {
   atomic_int draining; /* SIGTERM seen: every answer closes its connection */
   /* metrics */
   atomic_uint_fast64_t requests[16][6]; /* [route index][status class 0, 1xx..5xx] */
+  atomic_uint_fast64_t latency[16][LATENCY_BUCKETS + 1]; /* [route][bucket], not cumulative */
+  atomic_uint_fast64_t latency_sum_ns[16];
+  atomic_uint_fast64_t upload_step_ns[UPLOAD_STEPS];
+  atomic_uint_fast64_t cache_hits, cache_misses;
+  atomic_uint_fast64_t store_errors[BR_MAX_STORES][STORE_OPS];
+  atomic_uint_fast64_t json_inflight; /* bytes reserved by buffered JSON bodies */
+  atomic_uint_fast64_t json_refused;  /* JSON bodies refused for want of budget */
+  atomic_uint_fast64_t slow_cut[2];   /* connections cut: [0] slow head, [1] slow body */
+  struct ops *ops;                    /* access log, request ids, auth table, slow clients */
   atomic_uint_fast64_t bytes_in, bytes_out, uploads_created, uploads_dedup;
   uint64_t started_ms;
 };
+
+/* http_ops.c: the operator's side of requests. */
+/* Sets up the access log, request ids, trusted proxies, the auth table and the slow-client
+ * sweeper from srv->cfg. Returns -1 with err (a bad trusted_proxies, an access log that cannot be
+ * opened). */
+int ops_start(br_server *srv, br_err *err);
+void ops_stop(br_server *srv);
+/* SIGHUP: takes what can change safely from a freshly loaded config (tokens, anonymous scopes,
+ * access log path, trusted proxies, request limits) and reopens the access log; logs each setting
+ * that differs but needs a restart. Returns -1 with err when nothing was applied. */
+int ops_reload(br_server *srv, const br_config *fresh, br_err *err);
+/* First handler call: request id, remote address, start time. */
+void ops_request_begin(struct request *req);
+/* Completion: latency histogram, access log line. */
+void ops_request_end(struct request *req);
+/* Scopes of the request (see http.c); fills req->token_name. -1: an unknown bearer token. */
+int ops_granted_scopes(struct request *req, unsigned *scopes);
+/* Takes n more bytes of the global JSON budget for req. -1 when it would go over. */
+int ops_json_reserve(struct request *req, uint64_t n);
+void ops_json_release(struct request *req);
+/* libmicrohttpd's connection notifications (slow-client tracking). */
+void ops_notify_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                           enum MHD_ConnectionNotificationCode toe);
+/* Where the connection's request is, for the slow-client sweeper: waiting for a head
+ * (TRACK_HEAD: after it opened or its previous request ended), reading a body (TRACK_BODY: the
+ * head is complete), or neither (TRACK_BUSY: body complete, being answered). */
+enum { TRACK_HEAD, TRACK_BODY, TRACK_BUSY, TRACK_CUT };
+void ops_track(struct request *req, int state);
+/* req->bytes_in changed (TRACK_BODY). */
+void ops_track_body(struct request *req);
+/* Counts a failure of store (by pointer) for blobref_store_errors_total. */
+void ops_store_error(br_server *srv, const br_store *store, enum store_op op);
+
+/* http_tls.c: the certificate for HTTPS handshakes. */
+/* Loads and checks (key matches, not expired) a PEM pair and makes it the one new handshakes
+ * use. Returns -1 with err (the previous pair, if any, stays). Not thread-safe against itself. */
+int tls_load(const char *cert_path, const char *key_path, br_err *err);
+/* The gnutls_certificate_retrieve_function2 for MHD_OPTION_HTTPS_CERT_CALLBACK. */
+void *tls_cert_callback(void);
+void tls_unload(void);
 
 /* http.c */
 int br_server_start(br_server *srv, br_err *err);
@@ -192,7 +276,7 @@ struct proxy_part {
  * (PHASE_RESUMED, req->proxy set) once the origin answered (collect = 0) or the whole body is
  * in memory (collect = 1). Returns 0, or -1 with err (nothing started, not suspended). */
 int proxy_start(struct request *req, const char *url, const struct proxy_part *parts, size_t n,
-                int collect, br_err *err);
+                int collect, uint64_t stall_ms, br_err *err);
 /* After the resume: 0, or -1 with the failure in msg (*status: the origin's HTTP status, 0 when
  * it could not be reached). */
 int proxy_result(struct request *req, long *status, char *msg, size_t msglen);
@@ -222,6 +306,8 @@ enum MHD_Result reply_redirect(struct request *req, const char *url, uint64_t va
 json_t *blob_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size);
 /* The JSON view of an upload result: blob_json plus "dedup". */
 json_t *upload_result_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size, int dedup);
+/* The JSON view of an index record (GET /v1/blobs/{hash}/meta, one entry of GET /v1/blobs). */
+json_t *blob_record_json(const uint8_t digest[BR_SHA256_LEN], const br_record *rec);
 /* Formats milliseconds since the epoch as RFC 3339 UTC. */
 void format_time_ms(uint64_t ms, char *out, size_t outlen);
 
@@ -233,6 +319,8 @@ int lookup_parse(const char *body, size_t len, uint64_t max_hashes, uint8_t **di
 /* http_blobs.c, http_lookup.c, http_misc.c: the route handlers. */
 extern const struct route br_routes[];
 extern const size_t br_nroutes;
+/* The bounded JSON body reader (http_lookup.c) that routes taking JSON use as their body. */
+int json_body(struct request *req, const char *data, size_t len);
 void request_free_upload(struct request *req);
 /* The API error for a store errno (br_store_writer_errno). */
 enum br_api_error store_error_code(int e);

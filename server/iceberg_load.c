@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "iceberg_internal.h"
@@ -188,6 +189,23 @@ int ice_load_table(const br_iceberg_table_config *cfg, ice_meta *m, char **table
       free(data);
       data = NULL;
       if (bad) return br_fail(err, "%s: version hint is not a number", hint_path);
+      /* A hint lags behind when a writer stopped between vN+1.metadata.json and the hint: follow
+       * the consecutive newer versions that exist, as the Hadoop catalog (and a local folder)
+       * does. A failure other than "no such object" fails the load: never an older version
+       * because of a transient error. */
+      br_iceberg_open_fn open = cfg->open ? cfg->open : br_iceberg_open_local;
+      for (int step = 0; step < 1000; step++) {
+        char next[PATH_MAX + 64];
+        snprintf(next, sizeof next, "%s%smetadata/v%lld.metadata.json", loc, slash, v + 1);
+        br_err oerr = {{0}};
+        br_source *probe = open(cfg->open_ud, next, &oerr);
+        if (!probe) {
+          if (strcasestr(oerr.msg, "no such")) break;
+          return br_fail(err, "%s: %s", next, oerr.msg);
+        }
+        br_source_close(probe);
+        v++;
+      }
       if ((size_t)snprintf(path, sizeof path, "%s%smetadata/v%lld.metadata.json", loc, slash, v) >=
           sizeof path)
         return br_fail(err, "path too long");

@@ -296,6 +296,65 @@ int br_index_foreach(br_index *idx, br_index_each_fn fn, void *ud, br_err *err) 
   return out;
 }
 
+int br_index_list_after(br_index *idx, const uint8_t *after, size_t limit, int state,
+                        br_index_each_fn fn, void *ud, uint8_t next[BR_SHA256_LEN], int *has_next,
+                        br_err *err) {
+  *has_next = 0;
+  MDB_txn *txn = reader_begin(idx, err);
+  if (!txn) return -1;
+  MDB_cursor *cur = NULL;
+  int rc = mdb_cursor_open(txn, idx->dbi, &cur);
+  if (rc) {
+    reader_end(idx, txn);
+    return lmdb_fail(err, "open cursor", rc);
+  }
+  MDB_val k, v;
+  int out = 0;
+  size_t listed = 0, scanned = 0;
+  br_record *rec = malloc(sizeof *rec);
+  if (!rec) out = br_fail(err, "out of memory");
+  if (after) {
+    k.mv_size = BR_SHA256_LEN;
+    k.mv_data = (void *)after;
+    rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+    if (rc == 0 && k.mv_size == BR_SHA256_LEN && memcmp(k.mv_data, after, BR_SHA256_LEN) == 0)
+      rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+  } else {
+    rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+  }
+  for (; out == 0 && rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (k.mv_size != BR_SHA256_LEN) {
+      out = br_fail(err, "index: key of %zu bytes", k.mv_size);
+      break;
+    }
+    if (listed == limit || scanned == BR_INDEX_LIST_MAX_SCAN) {
+      /* more follow: the caller goes on after the last key it has seen */
+      *has_next = 1;
+      break;
+    }
+    scanned++;
+    if (br_record_decode(v.mv_data, v.mv_size, rec, err) < 0) {
+      char hex[BR_HEX_LEN + 1];
+      br_hex_encode(k.mv_data, hex);
+      out = br_fail(err, "%s: %s", hex, err->msg);
+      break;
+    }
+    memcpy(next, k.mv_data, BR_SHA256_LEN);
+    if (state >= 0 && (int)rec->state != state) continue;
+    listed++;
+    if (fn(ud, k.mv_data, rec)) {
+      out = br_fail(err, "index: listing stopped by its caller");
+      break;
+    }
+  }
+  if (out == 0 && rc && rc != MDB_NOTFOUND) out = lmdb_fail(err, "cursor", rc);
+  if (out) *has_next = 0;
+  free(rec);
+  mdb_cursor_close(cur);
+  reader_end(idx, txn);
+  return out;
+}
+
 /* ---- the writer: queued operations, group commit ------------------------------------------- */
 
 struct op {

@@ -73,6 +73,7 @@ typedef struct pq_chunk {
   int32_t type, codec;
   int64_t num_values;
   int64_t total_compressed_size;
+  int64_t total_uncompressed_size; /* 0 when absent */
   int64_t data_page_offset;
   int64_t dictionary_page_offset; /* -1 when absent */
 } pq_chunk;
@@ -196,5 +197,24 @@ void pq_scratch_free(pq_scratch *s);
 int pq_decode_chunk(const pq_leaf *col, int codec, const uint8_t *buf, size_t len,
                     int64_t num_values, pq_scratch *s, br_parquet_value_fn fn, void *ud,
                     int64_t *rows, br_err *err);
+
+/* ---- Opened files ---- */
+
+struct br_parquet_file {
+  br_source *src;
+  pq_meta m;
+  uint64_t data_end; /* first byte of the footer */
+  uint8_t *chunk;    /* reused column-chunk buffer */
+  size_t chunk_cap;
+};
+
+/* Where the bytes of row group g's chunk of leaf i lie (dictionary page included), checked to be
+ * inside the data area. 0, or -1 with err. */
+int pq_chunk_range(const br_parquet_file *f, uint32_t g, size_t i, uint64_t *start, uint64_t *len,
+                   br_err *err);
+/* Reads and decodes row group g's chunk of leaf i, calling fn per value (see
+ * br_parquet_read_column); checks the row count. 0, the callback's value, or -1 with err. */
+int pq_read_chunk(br_parquet_file *f, uint32_t g, size_t i, pq_scratch *s, br_parquet_value_fn fn,
+                  void *ud, br_err *err);
 
 #endif

@@ -20,14 +20,6 @@ enum { PAGE_DATA = 0, PAGE_INDEX = 1, PAGE_DICT = 2, PAGE_DATA_V2 = 3 };
 
 #define BATCH 1024
 
-struct br_parquet_file {
-  br_source *src;
-  pq_meta m;
-  uint64_t data_end; /* first byte of the footer */
-  uint8_t *chunk;    /* reused column-chunk buffer */
-  size_t chunk_cap;
-};
-
 static int grow(uint8_t **buf, size_t *cap, size_t need, br_err *err) {
   if (need <= *cap) return 0;
   size_t nc = *cap ? *cap : 4096;
@@ -608,47 +600,56 @@ int br_parquet_find_column(const br_parquet_file *f, const char *path) {
   return -1;
 }
 
+int pq_chunk_range(const br_parquet_file *f, uint32_t g, size_t i, uint64_t *start, uint64_t *len,
+                   br_err *err) {
+  const pq_chunk *ch = &f->m.chunks[(size_t)g * f->m.nleaves + i];
+  int64_t s = ch->data_page_offset, dict = ch->dictionary_page_offset;
+  if (dict >= 4 && (dict < s || s < 4)) s = dict;
+  if (s < 4 || (uint64_t)s > f->data_end ||
+      (uint64_t)ch->total_compressed_size > f->data_end - (uint64_t)s)
+    return br_fail(err, "parquet: column %s: chunk at %lld+%lld lies outside the data",
+                   f->m.leaves[i].path, (long long)s, (long long)ch->total_compressed_size);
+  *start = (uint64_t)s;
+  *len = (uint64_t)ch->total_compressed_size;
+  return 0;
+}
+
+int pq_read_chunk(br_parquet_file *f, uint32_t g, size_t i, pq_scratch *s, br_parquet_value_fn fn,
+                  void *ud, br_err *err) {
+  const pq_leaf *col = &f->m.leaves[i];
+  const pq_chunk *ch = &f->m.chunks[(size_t)g * f->m.nleaves + i];
+  int64_t rows = 0;
+  uint64_t start, clen64;
+  int rc;
+  if (ch->num_values == 0) {
+    if (f->m.rg_rows[g] != 0 && col->max_rep == 0)
+      return br_fail(err, "parquet: column %s: chunk has no values but the row group has %lld rows",
+                     col->path, (long long)f->m.rg_rows[g]);
+    return 0;
+  }
+  if (pq_chunk_range(f, g, i, &start, &clen64, err)) return -1;
+  if (clen64 > BR_PQ_MAX_CHUNK)
+    return br_fail(err, "parquet: column %s: chunk of %llu bytes is over the limit", col->path,
+                   (unsigned long long)clen64);
+  size_t clen = (size_t)clen64;
+  if (grow(&f->chunk, &f->chunk_cap, clen ? clen : 1, err) ||
+      f->src->pread(f->src, f->chunk, clen, start, err))
+    return -1;
+  rc = pq_decode_chunk(col, ch->codec, f->chunk, clen, ch->num_values, s, fn, ud, &rows, err);
+  if (rc == 0 && rows != f->m.rg_rows[g])
+    rc = br_fail(err, "parquet: column %s: row group %u has %lld rows, the column %lld", col->path,
+                 g, (long long)f->m.rg_rows[g], (long long)rows);
+  return rc;
+}
+
 int br_parquet_read_column_at(br_parquet_file *f, size_t i, br_parquet_value_fn fn, void *ud,
                               br_err *err) {
   pq_scratch s;
   int rc = 0;
   memset(&s, 0, sizeof s);
   if (i >= f->m.nleaves) return br_fail(err, "parquet: no column %zu", i);
-  const pq_leaf *col = &f->m.leaves[i];
-  for (uint32_t g = 0; g < f->m.nrow_groups && rc == 0; g++) {
-    const pq_chunk *ch = &f->m.chunks[(size_t)g * f->m.nleaves + i];
-    int64_t rows = 0;
-    if (ch->num_values == 0) {
-      if (f->m.rg_rows[g] != 0 && col->max_rep == 0) {
-        rc = br_fail(err, "parquet: column %s: chunk has no values but the row group has %lld rows",
-                     col->path, (long long)f->m.rg_rows[g]);
-      }
-      continue;
-    }
-    int64_t start = ch->data_page_offset, dict = ch->dictionary_page_offset;
-    if (dict >= 4 && (dict < start || start < 4)) start = dict;
-    if (start < 4 || (uint64_t)start > f->data_end ||
-        (uint64_t)ch->total_compressed_size > f->data_end - (uint64_t)start) {
-      rc = br_fail(err, "parquet: column %s: chunk at %lld+%lld lies outside the data", col->path,
-                   (long long)start, (long long)ch->total_compressed_size);
-      break;
-    }
-    if ((uint64_t)ch->total_compressed_size > BR_PQ_MAX_CHUNK) {
-      rc = br_fail(err, "parquet: column %s: chunk of %lld bytes is over the limit", col->path,
-                   (long long)ch->total_compressed_size);
-      break;
-    }
-    size_t clen = (size_t)ch->total_compressed_size;
-    if (grow(&f->chunk, &f->chunk_cap, clen ? clen : 1, err) ||
-        f->src->pread(f->src, f->chunk, clen, (uint64_t)start, err)) {
-      rc = -1;
-      break;
-    }
-    rc = pq_decode_chunk(col, ch->codec, f->chunk, clen, ch->num_values, &s, fn, ud, &rows, err);
-    if (rc == 0 && rows != f->m.rg_rows[g])
-      rc = br_fail(err, "parquet: column %s: row group %u has %lld rows, the column %lld",
-                   col->path, g, (long long)f->m.rg_rows[g], (long long)rows);
-  }
+  for (uint32_t g = 0; g < f->m.nrow_groups && rc == 0; g++)
+    rc = pq_read_chunk(f, g, i, &s, fn, ud, err);
   pq_scratch_free(&s);
   return rc;
 }

@@ -355,6 +355,8 @@ static int decode_column_meta(tc_reader *r, pq_chunk *c) {
       rc = int32_field(r, t, &c->codec), seen |= 2;
     else if (id == 5)
       rc = tc_int_field(r, t, &c->num_values), seen |= 4;
+    else if (id == 6)
+      rc = tc_int_field(r, t, &c->total_uncompressed_size);
     else if (id == 7)
       rc = tc_int_field(r, t, &c->total_compressed_size), seen |= 8;
     else if (id == 9)

@@ -315,6 +315,19 @@ int br_parquet_writer_finish(br_parquet_writer *w, br_err *err) {
     tc_put_i32_field(&f, &ls, 3, c->optional ? 1 : 0);
     tc_put_binary_field(&f, &ls, 4, c->name, strlen(c->name));
     if (c->type == BR_PQ_BYTE_ARRAY && c->utf8) tc_put_i32_field(&f, &ls, 6, 0); /* UTF8 */
+    if (c->type == BR_PQ_INT64 && c->timestamp_ms) {
+      int16_t lt = 0, lu = 0, lm = 0;
+      tc_put_i32_field(&f, &ls, 6, 9);      /* ConvertedType TIMESTAMP_MILLIS */
+      tc_put_field(&f, &ls, 10, TC_STRUCT); /* LogicalType */
+      tc_put_field(&f, &lt, 8, TC_STRUCT);  /* TIMESTAMP */
+      tc_put_field(&f, &lu, 1, TC_TRUE);    /* isAdjustedToUTC */
+      tc_put_field(&f, &lu, 2, TC_STRUCT);  /* unit: TimeUnit */
+      tc_put_field(&f, &lm, 1, TC_STRUCT);  /* MILLIS */
+      tc_put_stop(&f);                      /* MilliSeconds */
+      tc_put_stop(&f);                      /* TimeUnit */
+      tc_put_stop(&f);                      /* TimestampType */
+      tc_put_stop(&f);                      /* LogicalType */
+    }
     tc_put_stop(&f);
   }
   tc_put_i64_field(&f, &last, 3, w->total_rows);

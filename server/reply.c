@@ -54,6 +54,7 @@ enum MHD_Result reply_response(struct request *req, unsigned status, struct MHD_
   if (!resp) return MHD_NO;
   if (req->close_after || atomic_load(&req->srv->draining))
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+  if (req->request_id[0]) MHD_add_response_header(resp, "X-Request-Id", req->request_id);
   req->status = status;
   req->phase = PHASE_ANSWERED;
   enum MHD_Result r = MHD_queue_response(req->conn, status, resp);
@@ -61,13 +62,15 @@ enum MHD_Result reply_response(struct request *req, unsigned status, struct MHD_
   return r;
 }
 
-/* A response whose body is body as compact JSON plus a newline; steals body. NULL on failure. */
-static struct MHD_Response *json_response(json_t *body) {
+/* A response whose body is body as compact JSON plus a newline; steals body. NULL on failure.
+ * *size: the body's length (for the access log). */
+static struct MHD_Response *json_response(json_t *body, uint64_t *size) {
   char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
   json_decref(body);
   if (!text) return NULL;
   size_t len = strlen(text);
   text[len] = '\n'; /* replaces the NUL: the body is len + 1 bytes, not a C string any more */
+  *size = len + 1;
   struct MHD_Response *resp = MHD_create_response_from_buffer(len + 1, text, MHD_RESPMEM_MUST_FREE);
   if (!resp) {
     free(text);
@@ -78,12 +81,13 @@ static struct MHD_Response *json_response(json_t *body) {
   return resp;
 }
 
-static struct MHD_Response *error_response(enum br_api_error e, const char *msg) {
-  return json_response(json_pack("{s:{s:s,s:s}}", "error", "code", errors[e].code, "message", msg));
+static struct MHD_Response *error_response(enum br_api_error e, const char *msg, uint64_t *size) {
+  return json_response(json_pack("{s:{s:s,s:s}}", "error", "code", errors[e].code, "message", msg),
+                       size);
 }
 
 enum MHD_Result reply_json(struct request *req, unsigned status, json_t *body) {
-  return reply_response(req, status, json_response(body));
+  return reply_response(req, status, json_response(body, &req->bytes_out));
 }
 
 enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char *fmt, ...) {
@@ -99,7 +103,7 @@ enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char
   else if (e != E_NOT_FOUND)
     br_info("%s %s: %u %s: %s", req->method, req->route ? req->route->pattern : "-", status,
             errors[e].code, msg);
-  struct MHD_Response *resp = error_response(e, msg);
+  struct MHD_Response *resp = error_response(e, msg, &req->bytes_out);
   if (!resp) return MHD_NO;
   if (e == E_METHOD_NOT_ALLOWED && req->route) {
     char allow[128] = "";
@@ -335,6 +339,12 @@ static struct MHD_Response *multipart_response(br_store_reader *r, const br_reco
   return resp;
 }
 
+/* Counts a small-blob cache lookup (/metrics) and notes it for the access log. */
+static void cache_outcome(struct request *req, int hit) {
+  req->outcome = hit ? OUTCOME_CACHE_HIT : OUTCOME_CACHE_MISS;
+  atomic_fetch_add(hit ? &req->srv->cache_hits : &req->srv->cache_misses, 1);
+}
+
 /* The blob's bytes from the small-blob cache, read (and checked against the hash) into it on a
  * miss. Returns an entry to release, or NULL with *e set (E__COUNT: caching not possible, serve
  * from the store instead). */
@@ -344,6 +354,7 @@ static cached_blob *cached_bytes(struct request *req, const br_record *rec, br_s
   *e = E__COUNT;
   if (rec->size > blobcache_max_blob(cache)) return NULL;
   cached_blob *hit = blobcache_get(cache, req->digest);
+  if (cache) cache_outcome(req, hit != NULL);
   if (hit) return hit;
   br_store_reader r;
   br_err err;
@@ -392,6 +403,7 @@ static enum MHD_Result finish_blob_reply(struct request *req, const br_record *r
   else
     for (size_t i = 0; i < n; i++) body_bytes += ranges[i].last - ranges[i].first + 1;
   if (!req->is_head) atomic_fetch_add(&req->srv->bytes_out, body_bytes);
+  req->bytes_out = body_bytes;
   return reply_response(req, status, resp);
 }
 
@@ -446,6 +458,7 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
   int cacheable = n <= 1 && rec->size <= blobcache_max_blob(cache) && rec->size > 0;
   if (cacheable) {
     cached_blob *hit = blobcache_get(cache, req->digest);
+    if (!req->proxy) cache_outcome(req, hit != NULL); /* counted once, not again on the resume */
     if (hit) return reply_cached(req, rec, hit, status, ranges, n, etag, repr);
   }
   br_err err;
@@ -469,7 +482,7 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
       }
       parts[np++] = (struct proxy_part){framing + offs[n], lens[n], 0, 0};
     }
-    int rc = proxy_start(req, url, parts, np, cacheable, &err);
+    int rc = proxy_start(req, url, parts, np, cacheable, br_store_stall_ms(store), &err);
     free(framing);
     if (rc < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
     return MHD_YES; /* suspended: the origin's answer brings us back here */
@@ -560,9 +573,11 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     snprintf(cr, sizeof cr, "bytes */%" PRIu64, rec->size);
     enum br_api_error e = rr == BR_RANGE_UNSATISFIABLE ? E_RANGE_NOT_SATISFIABLE : E_BAD_RANGE;
     struct MHD_Response *resp =
-        error_response(e, rr == BR_RANGE_UNSATISFIABLE ? "no requested range is satisfiable"
-                          : rr == BR_RANGE_TOO_MANY    ? "too many ranges (at most 64)"
-                                                       : "malformed Range header");
+        error_response(e,
+                       rr == BR_RANGE_UNSATISFIABLE ? "no requested range is satisfiable"
+                       : rr == BR_RANGE_TOO_MANY    ? "too many ranges (at most 64)"
+                                                    : "malformed Range header",
+                       &req->bytes_out);
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
     return reply_response(req, MHD_HTTP_RANGE_NOT_SATISFIABLE, resp);

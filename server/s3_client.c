@@ -87,6 +87,7 @@ int s3_target_init(s3_target *t, const s3_target_options *o, br_err *err) {
     return br_fail(err, "store %s: %s", t->name, e2.msg);
   t->connect_timeout_ms = (long)(o->connect_timeout_ms ? o->connect_timeout_ms : 2000);
   t->timeout_ms = (long)(o->timeout_ms ? o->timeout_ms : 60000);
+  t->stall_ms = (long)(o->stall_ms ? o->stall_ms : 10000);
   t->max_retries = o->max_retries;
   return 0;
 }

@@ -16,6 +16,7 @@ typedef struct s3_target {
   int path_style;  /* /bucket/key on the endpoint, else bucket.host/key */
   br_sigv4 signer; /* credentials and region */
   long connect_timeout_ms, timeout_ms;
+  long stall_ms; /* an answer that moves no byte for this long is a failure (a frozen S3) */
   unsigned max_retries;
   /* circuit breaker: until this time (ms) requests fail at once with the last transport error */
   atomic_uint_fast64_t down_until_ms;
@@ -27,7 +28,7 @@ typedef struct s3_target_options {
   const char *name, *endpoint, *region, *bucket;
   const char *access_key, *secret_key, *session_token;
   int path_style;
-  uint64_t connect_timeout_ms, timeout_ms;
+  uint64_t connect_timeout_ms, timeout_ms, stall_ms;
   unsigned max_retries;
 } s3_target_options;
 

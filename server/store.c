@@ -40,6 +40,7 @@ void br_store_close(br_store *st) {
 const char *br_store_name(const br_store *st) { return st->cfg.name; }
 const char *br_store_kind(const br_store *st) { return st->ops->kind; }
 enum br_serve_mode br_store_serve_mode(const br_store *st) { return st->cfg.serve; }
+uint64_t br_store_stall_ms(const br_store *st) { return st->cfg.stall_timeout_ms; }
 
 size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_LEN], char *out,
                             size_t outlen) {

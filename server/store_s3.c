@@ -43,6 +43,12 @@ struct s3_store {
   pthread_cond_t cv;
   struct s3_writer *queue_head, *queue_tail; /* writers with a part to send, or to abort */
   int stopping;
+  /* multipart uploads whose abort failed (S3 down): retried by the health check */
+  struct failed_abort {
+    char key[1200];
+    char upload_id[512];
+  } * aborts;
+  size_t naborts;
 };
 
 struct part {
@@ -164,21 +170,71 @@ static int upload_part(struct s3_store *s3, struct s3_writer *w, size_t index, u
   return rc;
 }
 
-static void abort_multipart(struct s3_store *s3, struct s3_writer *w) {
-  if (!w->upload_id[0]) return;
+#define MAX_FAILED_ABORTS 4096
+
+/* AbortMultipartUpload of upload_id under key. Returns 0 when S3 no longer has it. */
+static int abort_upload(struct s3_store *s3, const char *key, const char *upload_id,
+                        br_err *err) {
   char query[1700], idenc[1600];
-  const char *key = w->mp_key;
-  if (!br_sigv4_uri_encode(w->upload_id, 0, idenc, sizeof idenc)) return;
+  if (!br_sigv4_uri_encode(upload_id, 0, idenc, sizeof idenc))
+    return br_fail(err, "upload id too long");
   snprintf(query, sizeof query, "uploadId=%s", idenc);
   s3_request rq = {.method = "DELETE", .key = key, .query = query};
   s3_response rs;
-  br_err err;
-  if (s3_perform(&s3->t, &rq, &rs, &err) < 0)
-    br_warn("%s (an incomplete multipart upload is left for the bucket's lifecycle rule)", err.msg);
-  else if (rs.status != 204 && rs.status != 200 && rs.status != 404)
-    br_warn("store %s: AbortMultipartUpload: S3 %ld %s", s3->t.name, rs.status, rs.code);
+  int rc = s3_perform(&s3->t, &rq, &rs, err);
+  if (rc == 0 && rs.status != 204 && rs.status != 200 && rs.status != 404)
+    rc = s3_fail_status(err, &s3->t, "AbortMultipartUpload", &rs);
   s3_response_free(&rs);
+  return rc;
+}
+
+/* Aborts w's multipart upload; one that cannot be aborted now (S3 down) is remembered and
+ * retried by the health check, so that no incomplete upload is left behind. */
+static void abort_multipart(struct s3_store *s3, struct s3_writer *w) {
+  if (!w->upload_id[0]) return;
+  br_err err;
+  if (abort_upload(s3, w->mp_key, w->upload_id, &err) < 0) {
+    pthread_mutex_lock(&s3->lock);
+    if (s3->naborts < MAX_FAILED_ABORTS) {
+      struct failed_abort *fa = &s3->aborts[s3->naborts++];
+      snprintf(fa->key, sizeof fa->key, "%s", w->mp_key);
+      snprintf(fa->upload_id, sizeof fa->upload_id, "%s", w->upload_id);
+      br_warn("%s (will retry)", err.msg);
+    } else {
+      br_warn("%s (an incomplete multipart upload is left for the bucket's lifecycle rule)",
+              err.msg);
+    }
+    pthread_mutex_unlock(&s3->lock);
+  }
   w->upload_id[0] = '\0';
+}
+
+/* Retries the aborts that failed (health thread). */
+static void retry_failed_aborts(struct s3_store *s3) {
+  pthread_mutex_lock(&s3->lock);
+  size_t n = s3->naborts;
+  pthread_mutex_unlock(&s3->lock);
+  for (size_t i = 0; i < n; i++) {
+    struct failed_abort fa;
+    pthread_mutex_lock(&s3->lock);
+    if (i >= s3->naborts) {
+      pthread_mutex_unlock(&s3->lock);
+      break;
+    }
+    fa = s3->aborts[i];
+    pthread_mutex_unlock(&s3->lock);
+    br_err err;
+    if (abort_upload(s3, fa.key, fa.upload_id, &err) < 0) continue;
+    pthread_mutex_lock(&s3->lock);
+    for (size_t j = 0; j < s3->naborts; j++)
+      if (!strcmp(s3->aborts[j].upload_id, fa.upload_id)) {
+        s3->aborts[j] = s3->aborts[--s3->naborts];
+        break;
+      }
+    pthread_mutex_unlock(&s3->lock);
+    i--; /* the slot now holds another entry */
+    n--;
+  }
 }
 
 static void writer_free(struct s3_writer *w) {
@@ -303,12 +359,19 @@ static int s3_open(br_store *st, br_err *err) {
                          .path_style = c->path_style,
                          .connect_timeout_ms = c->connect_timeout_ms,
                          .timeout_ms = c->timeout_ms,
+                         .stall_ms = c->stall_timeout_ms,
                          .max_retries = (unsigned)c->retries};
   if (s3_target_init(&s3->t, &o, err) < 0) {
     free(s3);
     return -1;
   }
   s3->part_size = c->part_size ? c->part_size : 16u << 20;
+  s3->aborts = calloc(MAX_FAILED_ABORTS, sizeof *s3->aborts);
+  if (!s3->aborts) {
+    s3_target_destroy(&s3->t);
+    free(s3);
+    return br_fail(err, "out of memory");
+  }
   snprintf(s3->spool_dir, sizeof s3->spool_dir, "%s", c->spool_dir ? c->spool_dir : "");
   pthread_mutex_init(&s3->lock, NULL);
   pthread_cond_init(&s3->cv, NULL);
@@ -318,6 +381,7 @@ static int s3_open(br_store *st, br_err *err) {
     br_fail(err, "store %s: cannot create spool_dir %s: %s", c->name, s3->spool_dir,
             strerror(errno));
     s3_target_destroy(&s3->t);
+    free(s3->aborts);
     free(s3);
     return -1;
   }
@@ -335,6 +399,7 @@ static void s3_close(br_store *st) {
   pthread_mutex_unlock(&s3->lock);
   for (int i = 0; i < s3->nworkers; i++) pthread_join(s3->workers[i], NULL);
   s3_target_destroy(&s3->t);
+  free(s3->aborts);
   free(s3);
 }
 
@@ -866,6 +931,7 @@ static int s3_check(br_store *st, br_err *err) {
       rc = s3_fail_status(err, &s3->t, "HeadBucket", &rs);
   }
   s3_response_free(&rs);
+  if (rc == 0) retry_failed_aborts(s3);
   return rc;
 }
 

@@ -20,6 +20,10 @@ static const struct command {
      "reconcile [--dry-run] [--force] [--full] [--wait]  start a reconcile run (admin)"},
     {"restore", cmd_restore,
      "restore HASH                                     un-quarantine a blob (admin)"},
+    {"extract-parquet", cmd_extract_parquet,
+     "extract-parquet IN OUT --column NAME [--as NEW] [--form hex|binary]   binaries -> SHA-256"},
+    {"export", cmd_export,
+     "export -o FILE.parquet [--state live|quarantined]   the index as Parquet"},
     {"token", cmd_token,
      "token new --scopes read,write,admin [--name NAME]    a bearer token and its [token] section"},
 };

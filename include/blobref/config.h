@@ -68,6 +68,15 @@ typedef struct br_config {
   uint64_t cache_max_blob;   /* largest blob it holds */
   uint64_t shutdown_timeout_ms;
   uint64_t dedup_touch_interval_ms; /* a dedup hit refreshes last_upload when it is this old */
+  char *access_log;                 /* "off", "stderr" or a file path (reopened on SIGHUP) */
+  char *trusted_proxies;            /* IPs / CIDRs whose X-Request-Id is taken ("" = none) */
+  uint64_t max_connections_per_ip;  /* 0 = no per-IP limit */
+  uint64_t max_json_inflight; /* bytes of JSON request bodies buffered at once, all requests */
+  uint64_t request_header_timeout_ms; /* an incomplete request head (or idle connection) is cut */
+  uint64_t min_body_rate;             /* bytes/s a body must average after the header timeout */
+  char *tls_cert;     /* PEM certificate chain: listen serves HTTPS ("" = plain HTTP) */
+  char *tls_key;      /* PEM private key of tls_cert */
+  char *listen_plain; /* an extra plain-HTTP listener ("" = none) */
   /* [reconcile] */
   uint64_t reconcile_interval_ms;
   uint64_t grace_ms;

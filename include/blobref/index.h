@@ -118,6 +118,20 @@ typedef int (*br_index_each_fn)(void *ud, const uint8_t digest[BR_SHA256_LEN],
                                 const br_record *rec);
 int br_index_foreach(br_index *idx, br_index_each_fn fn, void *ud, br_err *err);
 
+/* Most records one br_index_list_after call looks at (a state filter may skip many). */
+#define BR_INDEX_LIST_MAX_SCAN 100000
+
+/* One page of the index in key order: calls fn for at most limit records whose key is greater
+ * than after (NULL: from the first key) and whose state is `state` (-1: any), all inside one read
+ * transaction (a consistent snapshot of the page). At most BR_INDEX_LIST_MAX_SCAN records are
+ * looked at, so a filtered page may hold fewer than limit records. When records remain after the
+ * page, *has_next = 1 and next holds the last key looked at: the next page starts after it.
+ * The digest and record passed to fn are valid only during the call; fn returning non-zero is an
+ * error. Returns 0, or -1 with err (*has_next = 0). */
+int br_index_list_after(br_index *idx, const uint8_t *after, size_t limit, int state,
+                        br_index_each_fn fn, void *ud, uint8_t next[BR_SHA256_LEN], int *has_next,
+                        br_err *err);
+
 /* Counters for /metrics and the benchmark. */
 typedef struct br_index_stats {
   uint64_t commits;  /* write transactions committed */

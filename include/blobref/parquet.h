@@ -83,6 +83,7 @@ typedef struct br_parquet_column_spec {
   int32_t type_length;       /* FIXED_LEN_BYTE_ARRAY width (1..65536) */
   int optional;              /* 1: nulls allowed */
   int utf8;                  /* BYTE_ARRAY annotated as a UTF-8 string */
+  int timestamp_ms;          /* INT64 annotated as TIMESTAMP(MILLIS, UTC): ms since the epoch */
 } br_parquet_column_spec;
 
 typedef struct br_parquet_write_options {
@@ -116,5 +117,43 @@ void br_parquet_writer_free(br_parquet_writer *w);
 
 /* A br_parquet_write_fn over a stdio FILE * passed as ud. */
 int br_parquet_write_stdio(void *ud, const void *buf, size_t len, br_err *err);
+
+/* ---- Column replacement: a copy of a file with one column's values replaced by their SHA-256,
+ * every other column chunk copied byte for byte (blobref extract-parquet). ---- */
+
+#define BR_PQ_SHA256_LEN 32
+
+/* One row group's values of the replaced column, handed over before its new chunk is written. */
+typedef struct br_parquet_rg_values {
+  uint32_t row_group;
+  int64_t first_row;            /* row number in the file of vals[0] */
+  size_t n;                     /* rows in the row group */
+  const br_parquet_value *vals; /* [n] in row order, nulls included; borrowed during the call */
+  const uint8_t (*digests)[BR_PQ_SHA256_LEN]; /* [n]: SHA-256 of vals[i] (zero for a null) */
+} br_parquet_rg_values;
+
+/* Returns 0 to go on; any other value stops the rewrite (nothing more is written) and is returned
+ * by br_parquet_replace_column. */
+typedef int (*br_parquet_rg_fn)(void *ud, const br_parquet_rg_values *rg, br_err *err);
+
+typedef struct br_parquet_replace_options {
+  size_t column;        /* leaf index of a top-level, non-repeated BYTE_ARRAY column */
+  const char *new_name; /* name of the new column; NULL keeps the old one */
+  int binary;           /* 1: FIXED_LEN_BYTE_ARRAY(32); 0: 64 lowercase hex digits as a string */
+  br_parquet_rg_fn fn;  /* called once per row group, in order */
+  void *ud;
+} br_parquet_replace_options;
+
+/* Writes through out a copy of f in which column o->column holds the SHA-256 of each value (nulls
+ * stay null, definition levels kept; PLAIN, data page v1, the chunk's own codec, LZ4 written as
+ * LZ4_RAW). Every other column chunk is copied as it is (compressed pages, any type, codec or
+ * nesting); the footer is re-encoded with the new offsets, the new column's schema element and
+ * chunk metadata. Row groups, row order, key/value metadata and column orders are kept; dropped:
+ * page indexes and bloom filters (their offsets would be wrong; both are optional), statistics of
+ * the replaced column, and the ARROW:schema key (it would describe the old column). Memory: one
+ * row group's values of the replaced column. Returns 0, the callback's non-zero value, or -1 with
+ * err. */
+int br_parquet_replace_column(br_parquet_file *f, const br_parquet_replace_options *o,
+                              br_parquet_write_fn out, void *out_ud, br_err *err);
 
 #endif

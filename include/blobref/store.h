@@ -34,6 +34,7 @@ typedef struct br_store_config {
   /* s3 and http */
   char *url; /* http: the origin's base URL */
   uint64_t connect_timeout_ms, timeout_ms;
+  uint64_t stall_timeout_ms; /* s3: no byte moving for this long fails the request */
   uint64_t retries;
   int line;      /* where the section starts in the config file, for messages */
   int read_only; /* set by tools that only look (fsck): no directories made, no clean-up */
@@ -58,6 +59,8 @@ void br_store_close(br_store *st);
 const char *br_store_name(const br_store *st);
 const char *br_store_kind(const br_store *st);
 enum br_serve_mode br_store_serve_mode(const br_store *st);
+/* How long a read from this store may move no byte before it fails (s3, http); 0 = no limit. */
+uint64_t br_store_stall_ms(const br_store *st);
 
 /* Default object key of a blob: "<prefix>sha256/<h[0:2]>/<h[2:4]>/<hex>". out must hold
  * strlen(prefix) + 80 bytes; returns the length written, or 0 if it does not fit. */

@@ -1,5 +1,7 @@
 // Test helper: writes the pieces of an Iceberg table from a JSON job file (argv[2]):
 //   {"parquet": [{path, column, form: "hex"|"binary"|"url", values: [string|null], codec,
+//                 payload_bytes (optional: a VARCHAR column `payload` of about that many bytes
+//                 per row),
 //                 page_version: 1|2, extra_columns: [{column, form, values}]}],
 //    "avro": [{path, kind: "list"|"manifest", version: 1|2, codec: "null"|"deflate",
 //              meta: {key: string}, records: [...]}]}
@@ -133,6 +135,11 @@ async function writeParquet(con, p) {
     const tuples = [];
     for (let i = 0; i < rows; i++) tuples.push(`(${i}, ${cols.map((c) => lit(c, c.values[i])).join(', ')})`);
     await con.run(`INSERT INTO t VALUES ${tuples.join(', ')}`);
+  }
+  if (p.payload_bytes) { // a bulky second column (a reader of the hash column should skip it)
+    await con.run('ALTER TABLE t ADD COLUMN payload VARCHAR');
+    await con.run(`UPDATE t SET payload = repeat(md5(id::VARCHAR || random()::VARCHAR),
+                   ${Math.ceil(p.payload_bytes / 32)})`);
   }
   const pv = p.page_version === 2 ? ", PARQUET_VERSION 'V2'" : '';
   await con.run(`COPY t TO '${p.path}' (FORMAT parquet, COMPRESSION '${p.codec || 'snappy'}'${pv},

@@ -35,6 +35,13 @@ static const struct {
     {"[token t]\nsha256 = abc\n", "64-hex SHA-256"},
     {"[auth]\nanonymous = everything\n", "must list read, write, admin"},
     {"[reconcile]\nmax_fraction = 1.5\n", "fraction between 0 and 1"},
+    {"[server]\naccess_log = /var/log/blobref/access.log\ntrusted_proxies = 10.0.0.0/8, ::1\n"
+     "max_connections_per_ip = 64\nmax_json_inflight = 1GiB\nrequest_header_timeout = 20s\n"
+     "min_body_rate = 0\ntls_cert = /c.pem\ntls_key = /k.pem\nlisten_plain = 127.0.0.1:8081\n",
+     NULL},
+    {"[server]\nrequest_header_timeout = 500ms\n", "request_header_timeout: 500ms is out of range"},
+    {"[server]\nmax_json_inflight = 1KiB\n", "max_json_inflight: 1KiB is out of range"},
+    {"[server]\nmin_body_rate = fast\n", "min_body_rate: 'fast' is not a size"},
 };
 
 static const struct {
@@ -46,6 +53,8 @@ static const struct {
     {"[server]\nupload_store = b\n[store a]\nroot = /x\n", "no [store b]"},
     {"[table t]\ncolumn = h\n", "location and column are required"},
     {"[token t]\nscopes = read\n", "sha256 is required"},
+    {"[server]\ntls_cert = /c.pem\n", "f.conf: [server] tls_cert and tls_key go together"},
+    {"[server]\ntls_key = /k.pem\n", "tls_cert and tls_key go together"},
     {"[store a]\nroot = /x\n[table t]\nlocation = /t\ncolumn = h\nstore = zzz\n",
      "f.conf:3: [table t] no [store zzz]"},
 };
@@ -80,6 +89,11 @@ int main(void) {
   br_err err;
   CHECK(!strcmp(cfg.listen, "127.0.0.1:8080") && !strcmp(cfg.data_dir, "./var"), "defaults");
   CHECK(cfg.max_blob_size == 5ull << 30 && cfg.grace_ms == 72ull * 3600000, "size/grace defaults");
+  CHECK(!strcmp(cfg.access_log, "off") && !*cfg.trusted_proxies && !*cfg.tls_cert &&
+            !*cfg.tls_key && !*cfg.listen_plain && cfg.max_connections_per_ip == 0 &&
+            cfg.max_json_inflight == 256ull << 20 && cfg.request_header_timeout_ms == 10000 &&
+            cfg.min_body_rate == 1024,
+        "operations defaults");
   CHECK(br_config_load_string(&cfg, cases[3].text, "t", &err) == 0, "table loads");
   CHECK(cfg.ntables == 1 && cfg.tables[0].nrewrites == 2 &&
             !strcmp(cfg.tables[0].rewrite_from[0], "s3://w/") &&

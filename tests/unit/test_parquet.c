@@ -1,4 +1,6 @@
 /* Table tests of the Parquet building blocks: Thrift compact, RLE hybrid, delta, codecs, pages. */
+#include <openssl/evp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -260,6 +262,171 @@ static void test_pages(void) {
   free(lv.p);
 }
 
+/* ---- writer: logical types; column replacement ---- */
+
+static int to_buf(void *ud, const void *p, size_t len, br_err *err) {
+  tc_buf_put(ud, p, len);
+  return ((tc_buf *)ud)->failed ? br_fail(err, "out of memory") : 0;
+}
+
+typedef struct collected {
+  uint8_t vals[64][64];
+  size_t lens[64];
+  int nulls[64];
+  int n;
+} collected;
+
+static int collect_cb(void *ud, const uint8_t *data, size_t len, int is_null) {
+  collected *c = ud;
+  if (c->n == 64 || len > 64) return 1;
+  c->nulls[c->n] = is_null;
+  c->lens[c->n] = len;
+  if (len) memcpy(c->vals[c->n], data, len);
+  c->n++;
+  return 0;
+}
+
+static int rg_calls;
+static int count_rgs(void *ud, const br_parquet_rg_values *rg, br_err *err) {
+  (void)ud;
+  (void)err;
+  CHECK(rg->first_row == (int64_t)rg->row_group * 4, "first_row %lld of row group %u",
+        (long long)rg->first_row, rg->row_group);
+  rg_calls++;
+  return 0;
+}
+
+static void test_writer_and_replace(void) {
+  br_parquet_column_spec cols[3] = {{"id", BR_PQ_INT64, 0, 0, 0, 0},
+                                    {"at", BR_PQ_INT64, 0, 1, 0, 1},
+                                    {"img", BR_PQ_BYTE_ARRAY, 0, 1, 0, 0}};
+  br_parquet_write_options wo = {BR_PQ_ZSTD, 4, 0};
+  tc_buf file = {0}, out = {0};
+  br_err err;
+  br_parquet_writer *w = br_parquet_writer_new(cols, 3, &wo, to_buf, &file, &err);
+  CHECK(w != NULL, "writer: %s", err.msg);
+  if (!w) return;
+  for (int i = 0; i < 10; i++) {
+    int64_t id = i, at = 1700000000000 + i;
+    char img[16];
+    int l = snprintf(img, sizeof img, "img%d", i % 3);
+    br_parquet_value v[3] = {{(const uint8_t *)&id, 8, 0},
+                             {(const uint8_t *)&at, 8, 0},
+                             {(const uint8_t *)img, (size_t)l, i == 4}};
+    CHECK(br_parquet_writer_row(w, v, &err) == 0, "row %d: %s", i, err.msg);
+  }
+  CHECK(br_parquet_writer_finish(w, &err) == 0, "finish: %s", err.msg);
+  br_parquet_writer_free(w);
+  /* the footer decodes, with TIMESTAMP_MILLIS on the timestamp column */
+  uint32_t flen = (uint32_t)file.p[file.len - 8] | (uint32_t)file.p[file.len - 7] << 8 |
+                  (uint32_t)file.p[file.len - 6] << 16 | (uint32_t)file.p[file.len - 5] << 24;
+  pq_meta m;
+  CHECK(pq_meta_decode(file.p + file.len - 8 - flen, flen, &m, &err) == 0, "footer: %s", err.msg);
+  CHECK(m.nleaves == 3 && m.leaves[1].converted_type == 9 && m.leaves[0].converted_type == -1,
+        "timestamp column annotated (converted type %d)", m.leaves[1].converted_type);
+  CHECK(m.nrow_groups == 3, "3 row groups, got %u", m.nrow_groups);
+  pq_meta_free(&m);
+
+  for (int binary = 0; binary <= 1; binary++) {
+    br_source *src = br_source_from_memory(file.p, file.len, &err);
+    br_parquet_file *f = src ? br_parquet_open(src, &err) : NULL;
+    CHECK(f != NULL, "open: %s", err.msg);
+    if (!f) return;
+    out.len = 0;
+    rg_calls = 0;
+    br_parquet_replace_options ro = {2, "img_sha", binary, count_rgs, NULL};
+    CHECK(br_parquet_replace_column(f, &ro, to_buf, &out, &err) == 0, "replace: %s", err.msg);
+    CHECK(rg_calls == 3, "callback once per row group: %d", rg_calls);
+    /* refusals: a non-BYTE_ARRAY column, a name that is taken */
+    br_parquet_replace_options bad = {0, NULL, binary, NULL, NULL};
+    tc_buf junk = {0};
+    CHECK(br_parquet_replace_column(f, &bad, to_buf, &junk, &err) == -1 &&
+              strstr(err.msg, "not BYTE_ARRAY"),
+          "INT64 column refused: %s", err.msg);
+    bad.column = 2;
+    bad.new_name = "id";
+    CHECK(br_parquet_replace_column(f, &bad, to_buf, &junk, &err) == -1 &&
+              strstr(err.msg, "already has"),
+          "taken name refused: %s", err.msg);
+    free(junk.p);
+    br_parquet_close(f);
+    br_source_close(src);
+
+    src = br_source_from_memory(out.p, out.len, &err);
+    f = src ? br_parquet_open(src, &err) : NULL;
+    CHECK(f != NULL, "open the rewritten file: %s", err.msg);
+    if (!f) return;
+    br_parquet_column_info ci;
+    CHECK(br_parquet_find_column(f, "img_sha") == 2 && br_parquet_column(f, 2, &ci) == 0 &&
+              ci.type == (binary ? BR_PQ_FIXED_LEN_BYTE_ARRAY : BR_PQ_BYTE_ARRAY) &&
+              ci.max_def == 1 && ci.converted_type == (binary ? -1 : 0),
+          "new column's schema (binary %d)", binary);
+    collected ids = {0}, ats = {0}, h = {0};
+    CHECK(br_parquet_read_column_at(f, 0, collect_cb, &ids, &err) == 0 &&
+              br_parquet_read_column_at(f, 1, collect_cb, &ats, &err) == 0 &&
+              br_parquet_read_column_at(f, 2, collect_cb, &h, &err) == 0,
+          "read back: %s", err.msg);
+    CHECK(ids.n == 10 && ats.n == 10 && h.n == 10, "10 rows each");
+    for (int i = 0; i < 10 && h.n == 10; i++) {
+      int64_t id;
+      memcpy(&id, ids.vals[i], 8);
+      CHECK(id == i, "id %d", i);
+      char img[16];
+      int l = snprintf(img, sizeof img, "img%d", i % 3);
+      uint8_t d[32];
+      unsigned dl = 0;
+      EVP_Digest(img, (size_t)l, d, &dl, EVP_sha256(), NULL);
+      if (i == 4) {
+        CHECK(h.nulls[i], "null stays null");
+      } else if (binary) {
+        CHECK(h.lens[i] == 32 && !memcmp(h.vals[i], d, 32), "binary digest of row %d", i);
+      } else {
+        char hex[65];
+        for (int j = 0; j < 32; j++) snprintf(hex + 2 * j, 3, "%02x", d[j]);
+        CHECK(h.lens[i] == 64 && !memcmp(h.vals[i], hex, 64), "hex digest of row %d", i);
+      }
+    }
+    br_parquet_close(f);
+    br_source_close(src);
+  }
+  free(file.p);
+  free(out.p);
+
+  /* only empty values and nulls (found by fuzz_parquet_rewrite): digests of "" */
+  br_parquet_column_spec one = {"b", BR_PQ_BYTE_ARRAY, 0, 1, 0, 0};
+  tc_buf ef = {0}, eo = {0};
+  w = br_parquet_writer_new(&one, 1, &wo, to_buf, &ef, &err);
+  for (int i = 0; w && i < 6; i++) {
+    br_parquet_value v = {(const uint8_t *)"", 0, i == 2};
+    br_parquet_writer_row(w, &v, &err);
+  }
+  CHECK(w && br_parquet_writer_finish(w, &err) == 0, "empty values file: %s", err.msg);
+  br_parquet_writer_free(w);
+  br_source *src = br_source_from_memory(ef.p, ef.len, &err);
+  br_parquet_file *f = src ? br_parquet_open(src, &err) : NULL;
+  br_parquet_replace_options ro = {0, NULL, 1, NULL, NULL};
+  CHECK(f && br_parquet_replace_column(f, &ro, to_buf, &eo, &err) == 0, "replace empties: %s",
+        err.msg);
+  br_parquet_close(f);
+  br_source_close(src);
+  src = br_source_from_memory(eo.p, eo.len, &err);
+  f = src ? br_parquet_open(src, &err) : NULL;
+  collected c = {0};
+  CHECK(f && br_parquet_read_column_at(f, 0, collect_cb, &c, &err) == 0 && c.n == 6,
+        "read back the empties: %s", err.msg);
+  static const uint8_t empty_sha[32] = {0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14,
+                                        0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24,
+                                        0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c,
+                                        0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55};
+  for (int i = 0; i < c.n; i++)
+    CHECK(i == 2 ? c.nulls[i] : (c.lens[i] == 32 && !memcmp(c.vals[i], empty_sha, 32)),
+          "row %d of the empties", i);
+  br_parquet_close(f);
+  br_source_close(src);
+  free(ef.p);
+  free(eo.p);
+}
+
 int main(void) {
   test_varints();
   test_fields();
@@ -267,5 +434,6 @@ int main(void) {
   test_delta();
   test_codecs();
   test_pages();
+  test_writer_and_replace();
   return unit_summary("test_parquet");
 }

@@ -113,8 +113,8 @@ static int unhex(const char *s, size_t n, uint8_t *out) {
   return 0;
 }
 
-/* --write OUT CODEC ROWS_PER_GROUP SPEC...: SPEC is name:type[:len][:opt][:utf8] with type one of
- * ba, flba, i32, i64. Rows come on stdin, one per line, cells tab-separated: "N" or v<hex>. */
+/* --write OUT CODEC ROWS_PER_GROUP SPEC...: SPEC is name:type[:len][:opt][:utf8][:ts] with type one
+ * of ba, flba, i32, i64. Rows come on stdin, one per line, cells tab-separated: "N" or v<hex>. */
 static int cmd_write(int argc, char **argv) {
   br_err err = {""};
   br_parquet_column_spec cols[16];
@@ -147,6 +147,8 @@ static int cmd_write(int argc, char **argv) {
         c->optional = 1;
       else if (!strcmp(tok, "utf8"))
         c->utf8 = 1;
+      else if (!strcmp(tok, "ts"))
+        c->timestamp_ms = 1;
       else
         c->type_length = atoi(tok);
     }
@@ -239,8 +241,8 @@ static void self_test(void) {
   static const int codecs[] = {BR_PQ_UNCOMPRESSED, BR_PQ_SNAPPY,  BR_PQ_GZIP,
                                BR_PQ_ZSTD,         BR_PQ_LZ4_RAW, BR_PQ_BROTLI};
   for (size_t ci = 0; ci < sizeof codecs / sizeof codecs[0]; ci++) {
-    br_parquet_column_spec cols[2] = {{"a.b", BR_PQ_INT64, 0, 1, 0},
-                                      {"h", BR_PQ_BYTE_ARRAY, 0, 0, 1}};
+    br_parquet_column_spec cols[2] = {{"a.b", BR_PQ_INT64, 0, 1, 0, 0},
+                                      {"h", BR_PQ_BYTE_ARRAY, 0, 0, 1, 0}};
     br_parquet_write_options o = {(enum br_parquet_codec)codecs[ci], 1000, 2000};
     struct membuf m = {NULL, 0, 0};
     br_err err = {""};

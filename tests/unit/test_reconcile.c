@@ -106,6 +106,19 @@ static void test_state(const char *dir) {
   CHECK(rstate_cached(st, a, count_fn, &c, &err) == 1 && c.n == 70000, "cached: %zu", c.n);
   make_digest(69999, d);
   CHECK(!memcmp(c.last, d, BR_SHA256_LEN), "in the order written");
+  /* a file with over 16 chunks of hashes leaves the batch and writes chunk by chunk */
+  uint8_t big[BR_SHA256_LEN];
+  rstate_file_id("s3://w/t/data/big.parquet", 1, 1, "img", BR_FORM_HEX, big);
+  e = rstate_entry_begin(st, big, &err);
+  added = 1;
+  for (uint32_t i = 0; i < 17 * 65536 + 5; i++) {
+    make_digest(i, d);
+    added &= rstate_entry_add(e, d, &err) == 0;
+  }
+  CHECK(added && rstate_entry_commit(e, &err) == 0, "large entry: %s", err.msg);
+  c.n = 0;
+  CHECK(rstate_cached(st, big, count_fn, &c, &err) == 1 && c.n == 17 * 65536 + 5, "large: %zu",
+        c.n);
   /* an empty file is cached too */
   e = rstate_entry_begin(st, b, &err);
   CHECK(rstate_entry_commit(e, &err) == 0, "empty commit");
@@ -113,6 +126,7 @@ static void test_state(const char *dir) {
   CHECK(rstate_cached(st, b, count_fn, &c, &err) == 1 && c.n == 0, "empty cached");
   /* pruning keeps only the ids given */
   CHECK(rstate_prune(st, b, 1, &err) == 0, "prune: %s", err.msg);
+  CHECK(rstate_cached(st, big, count_fn, &c, &err) == 0, "large pruned");
   CHECK(rstate_cached(st, a, count_fn, &c, &err) == 0, "pruned");
   CHECK(rstate_cached(st, b, count_fn, &c, &err) == 1, "kept");
   /* reports */

@@ -1,0 +1,137 @@
+"""The auth matrix (issue 9): every route of br_routes x (no token, unknown token, read, write,
+admin token) with `[auth] anonymous = read` and `= none`, asserting 2xx / 401 / 403 exactly; and
+with no [token] configured, every client may do everything.
+
+Scopes are independent bits (README "Security"): a token has exactly the scopes it lists, plus
+the anonymous scopes, which every client has as a floor. The admin token here lists only admin."""
+import hashlib
+import os
+import pathlib
+import re
+
+import pytest
+import requests
+
+from conftest import ROOT, Server
+from util_http import TIMEOUT, sha
+
+# (method, pattern, scope) for every entry of br_routes in server/http_blobs.c
+ROUTES = [
+    ("PUT", "/v1/blobs/{hash}", "write"),
+    ("GET", "/v1/blobs/{hash}", "read"),
+    ("POST", "/v1/blobs", "write"),
+    ("GET", "/v1/blobs/{hash}/meta", "read"),
+    ("POST", "/v1/lookup", "read"),
+    ("GET", "/healthz", None),
+    ("GET", "/readyz", None),
+    ("GET", "/metrics", None),
+]
+SCOPE_C = {"BR_SCOPE_WRITE": "write", "BR_SCOPE_READ": "read", "BR_SCOPE_ADMIN": "admin",
+           "0": None}
+
+TOKENS = {"read": "read", "write": "write", "admin": "admin"}
+CALLERS = ["none", "unknown", "read", "write", "admin"]
+
+
+def test_routes_list_matches_the_route_table():
+    src = (ROOT / "server" / "http_blobs.c").read_text()
+    table = src[src.index("const struct route br_routes[]"):]
+    table = table[:table.index("};")]
+    entries = re.findall(r'\{"(\w+)",\s*"([^"]+)",\s*(\w+),', table)
+    assert [(m, p, SCOPE_C[s]) for m, p, s in entries] == ROUTES
+
+
+def conf(anonymous):
+    text = f"[auth]\nanonymous = {anonymous}\n"
+    for name, scopes in TOKENS.items():
+        digest = hashlib.sha256(f"secret-{name}".encode()).hexdigest()
+        text += f"[token {name}]\nsha256 = {digest}\nscopes = {scopes}\n"
+    return text
+
+
+def headers_for(caller):
+    if caller == "none":
+        return {}
+    if caller == "unknown":
+        return {"Authorization": "Bearer not-a-configured-token"}
+    return {"Authorization": f"Bearer secret-{caller}"}
+
+
+def send(srv, method, pattern, caller, known):
+    """One request on the route that succeeds when authorized."""
+    h = headers_for(caller)
+    if pattern == "/v1/blobs/{hash}" and method == "PUT":
+        data = os.urandom(64)
+        return requests.put(f"{srv.url}/v1/blobs/{sha(data)}", data=data, headers=h,
+                            timeout=TIMEOUT)
+    if pattern == "/v1/blobs":
+        return requests.post(f"{srv.url}/v1/blobs", data=os.urandom(64), headers=h,
+                             timeout=TIMEOUT)
+    if pattern == "/v1/lookup":
+        return requests.post(f"{srv.url}/v1/lookup", json={"hashes": [known, "0" * 64]},
+                             headers=h, timeout=TIMEOUT)
+    path = pattern.replace("{hash}", known)
+    return requests.request(method, srv.url + path, headers=h, timeout=TIMEOUT)
+
+
+def expected(scope, caller, anonymous):
+    if scope is None:
+        return "2xx"  # public: no token is looked at
+    if caller == "unknown":
+        return 401
+    granted = {"read"} if anonymous == "read" else set()
+    if caller in TOKENS:
+        granted |= {TOKENS[caller]}
+    if scope in granted:
+        return "2xx"
+    return 401 if caller == "none" else 403
+
+
+@pytest.fixture(scope="module", params=["read", "none"])
+def authsrv(request, tmp_path_factory):
+    anonymous = request.param
+    srv = Server(tmp_path_factory.mktemp(f"auth-{anonymous}") / "data",
+                 config_text=conf(anonymous)).start()
+    known = os.urandom(500)
+    r = requests.put(f"{srv.url}/v1/blobs/{sha(known)}", data=known,
+                     headers=headers_for("write"), timeout=TIMEOUT)
+    assert r.status_code == 201
+    yield srv, anonymous, sha(known)
+    alive = srv.alive()
+    assert srv.stop() == 0 and alive, srv.read_log()
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("method,pattern,scope", ROUTES + [("HEAD", "/v1/blobs/{hash}", "read")])
+def test_auth_matrix(authsrv, method, pattern, scope, caller):
+    srv, anonymous, known = authsrv
+    r = send(srv, method, pattern, caller, known)
+    want = expected(scope, caller, anonymous)
+    if want == "2xx":
+        assert 200 <= r.status_code < 300, (r.status_code, r.text)
+    else:
+        assert r.status_code == want, (r.status_code, r.text)
+        if method != "HEAD":
+            code = "unauthorized" if want == 401 else "forbidden"
+            assert r.json()["error"]["code"] == code
+        if want == 401:
+            assert r.headers.get("WWW-Authenticate") == "Bearer"
+
+
+@pytest.fixture(scope="module")
+def opensrv(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("auth-open") / "data").start()
+    known = os.urandom(500)
+    assert requests.put(f"{srv.url}/v1/blobs/{sha(known)}", data=known,
+                        timeout=TIMEOUT).status_code == 201
+    yield srv, sha(known)
+    alive = srv.alive()
+    assert srv.stop() == 0 and alive, srv.read_log()
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("method,pattern,scope", ROUTES + [("HEAD", "/v1/blobs/{hash}", "read")])
+def test_no_tokens_configured_everyone_may_do_everything(opensrv, method, pattern, scope, caller):
+    srv, known = opensrv
+    r = send(srv, method, pattern, caller, known)
+    assert 200 <= r.status_code < 300, (r.status_code, r.text)
