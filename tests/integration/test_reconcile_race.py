@@ -7,7 +7,7 @@ Checked all along: a blob whose last acknowledged upload (200/201) is less than 
 back byte-identical; an upload answered 2xx reads back at once; a 200 read always has the right
 bytes; the blobs the table references are never touched; every run completes. At the end: the
 same for every blob acknowledged within grace, and `blobrefd --fsck --verify` finds every index
-entry's bytes. Each test runs for a bounded time (about 25 s)."""
+entry's bytes. Each test runs for a bounded time (about 25 s with its setup)."""
 import heapq
 import json
 import random
@@ -228,7 +228,7 @@ def test_dedup_hits_and_uploads_vs_back_to_back_runs(tmp_path):
     """Three uploaders (PUT, POST, PUT with Expect: 100-continue) over 80 blobs, most requests on
     a hot group that moves every 2 s (so the others go cold, get quarantined, deleted, and come
     back), a reader checking every blob all the time, and reconcile runs back to back."""
-    duration = 25.0
+    duration = 22.0
     srv, api, data, referenced = start_pool(tmp_path, 80, "dedup", [100, 3000, 20000, 70000, 150000])
     pool = [h for h in data if h not in referenced]
     tr = Tracker(data)
@@ -273,7 +273,7 @@ def test_dedup_hits_and_uploads_vs_back_to_back_runs(tmp_path):
 def test_reuploads_vs_deletes(tmp_path):
     """200 blobs each re-uploaded every 2.5-5 s (random): the re-uploads land while the blob is
     live, quarantined, being deleted or gone. Every 2xx upload must leave the blob readable."""
-    duration = 25.0
+    duration = 22.0
     srv, api, data, referenced = start_pool(tmp_path, 200, "reup", [10, 500, 4000, 90000])
     pool = [h for h in data if h not in referenced]
     tr = Tracker(data)
