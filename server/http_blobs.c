@@ -100,6 +100,14 @@ static enum MHD_Result open_writer(struct request *req) {
   return MHD_YES;
 }
 
+/* An upload of a blob an admin quarantined is refused, not acknowledged: the client could not read
+ * what it was told is stored (a blob reconcile quarantined is restored by an upload instead). */
+static enum MHD_Result refuse_held(struct request *req) {
+  return reply_error(req, E_QUARANTINED,
+                     "the blob is quarantined by an admin: uploads are refused until it is "
+                     "restored (POST /v1/blobs/{hash}/restore)");
+}
+
 static enum MHD_Result put_begin(struct request *req) {
   enum MHD_Result r = upload_begin_common(req);
   if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
@@ -107,6 +115,7 @@ static enum MHD_Result put_begin(struct request *req) {
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
   if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc == 0 && rec.state == BR_STATE_HELD) return refuse_held(req);
   if (rc == 0 && rec.state == BR_STATE_LIVE) {
     const char *expect = header(req, MHD_HTTP_HEADER_EXPECT);
     if (expect && !strcasecmp(expect, "100-continue")) {
@@ -193,6 +202,10 @@ static enum MHD_Result upload_finish(struct request *req) {
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
   if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc == 0 && rec.state == BR_STATE_HELD) {
+    request_free_upload(req);
+    return refuse_held(req);
+  }
   if (rc == 0 && rec.state == BR_STATE_LIVE) {
     request_free_upload(req);
     return answer_dedup(req, &rec);

@@ -548,11 +548,11 @@ def test_admin_delete_and_restore(tmp_path):
         assert api.delete(unknown).status_code == 404
         assert api.restore(unknown).status_code == 404
         assert api.delete("nothex").status_code == 400
-        # A re-upload of a held blob leaves it held.
+        # A re-upload of a held blob is refused (410) and leaves it held.
         r = api.s.put(f"{api.url}/v1/blobs/{R[0]}", data=data[R[0]], timeout=30)
-        assert r.status_code < 500, r.text
+        assert r.status_code == 410 and r.json()["error"]["code"] == "quarantined", r.text
         r = api.post(data[R[0]])
-        assert r.status_code < 500, r.text
+        assert r.status_code == 410 and "by an admin" in r.json()["error"]["message"], r.text
         check(api, data, quarantined=[R[0]])
         assert api.meta(R[0]).json()["quarantine"]["by"] == "admin"
         t0 = time.monotonic()
