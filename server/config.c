@@ -54,6 +54,7 @@ static const struct key_spec server_keys[] = {
     {"cache_max_age", KEY_DURATION, SRV(cache_max_age_ms), "60s", 0, 86400000ull * 365},
     {"shutdown_timeout", KEY_DURATION, SRV(shutdown_timeout_ms), "10s", 0, 3600000},
     {"dedup_touch_interval", KEY_DURATION, SRV(dedup_touch_interval_ms), "60s", 0, 86400000},
+    {"drain_grace", KEY_DURATION, SRV(drain_grace_ms), "24h", 0, UINT64_MAX / 2},
 };
 static const struct key_spec reconcile_keys[] = {
     {"interval", KEY_DURATION, SRV(reconcile_interval_ms), "6h", 0, UINT64_MAX / 2},

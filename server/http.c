@@ -377,6 +377,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   request_free_upload(req);
   proxy_request_done(req);
   free(req->body);
+  free(req->job_data);
   free(req);
   *con_cls = NULL;
 }
@@ -460,6 +461,8 @@ static void *finisher_main(void *arg) {
     pthread_mutex_unlock(&srv->job_lock);
     if (req->job == JOB_UPLOAD) {
       finish_upload(req);
+    } else if (req->job == JOB_CALL) {
+      req->job_fn(req);
     } else {
       br_err err;
       int rc = br_index_touch(srv->index, req->digest, br_now_ms(), &err);
@@ -629,6 +632,7 @@ int br_server_start(br_server *srv, br_err *err) {
   }
   if (proxy_engine_start(srv, err) < 0) return -1;
   if (reconcile_start(srv, err) < 0) return -1;
+  if (move_start(srv, err) < 0) return -1;
   pthread_cond_init(&srv->job_cv, NULL);
   srv->finishers = calloc(FINISHER_THREADS, sizeof *srv->finishers);
   if (!srv->finishers) return br_fail(err, "out of memory");
@@ -703,7 +707,8 @@ void br_server_stop(br_server *srv) {
   pthread_mutex_unlock(&srv->job_lock);
   for (int i = 0; i < srv->nfinishers; i++) pthread_join(srv->finishers[i], NULL);
   proxy_engine_stop(srv); /* when the daemon never started */
-  reconcile_stop(srv);    /* a run in progress completes first */
+  move_stop(srv);
+  reconcile_stop(srv); /* a run in progress completes first */
   if (srv->health_running) {
     pthread_mutex_lock(&srv->health_lock);
     srv->health_running = 0;

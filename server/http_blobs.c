@@ -275,6 +275,9 @@ enum MHD_Result reconcile_runs_get(struct request *req);
 enum MHD_Result reconcile_run_get(struct request *req);
 enum MHD_Result blob_hold(struct request *req);
 enum MHD_Result blob_release(struct request *req);
+enum MHD_Result blob_location_put(struct request *req);
+enum MHD_Result blob_list(struct request *req);
+enum MHD_Result import_post(struct request *req);
 
 const struct route br_routes[] = {
     {"PUT", "/v1/blobs/{hash}", BR_SCOPE_WRITE, put_begin, upload_body, upload_finish},
@@ -283,6 +286,9 @@ const struct route br_routes[] = {
     {"GET", "/v1/blobs/{hash}/meta", BR_SCOPE_READ, NULL, NULL, blob_meta},
     {"DELETE", "/v1/blobs/{hash}", BR_SCOPE_ADMIN, NULL, NULL, blob_hold},
     {"POST", "/v1/blobs/{hash}/restore", BR_SCOPE_ADMIN, NULL, NULL, blob_release},
+    {"PUT", "/v1/blobs/{hash}/location", BR_SCOPE_ADMIN, NULL, json_body, blob_location_put},
+    {"GET", "/v1/blobs", BR_SCOPE_READ, NULL, NULL, blob_list},
+    {"POST", "/v1/import", BR_SCOPE_ADMIN, NULL, json_body, import_post},
     {"POST", "/v1/reconcile", BR_SCOPE_ADMIN, NULL, NULL, reconcile_post},
     {"GET", "/v1/reconcile/runs", BR_SCOPE_READ, NULL, NULL, reconcile_runs_get},
     {"GET", "/v1/reconcile/runs/{id}", BR_SCOPE_READ, NULL, NULL, reconcile_run_get},

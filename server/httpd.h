@@ -108,8 +108,10 @@ struct request {
   struct proxy_job *proxy; /* a proxied read from an S3/http store (http_proxy.c) */
   char boundary[64];       /* multipart/byteranges boundary, kept across a suspension */
   uint64_t run_id;         /* the {id} of /v1/reconcile/runs/{id} */
-  enum job_kind { JOB_UPLOAD, JOB_TOUCH } job;
-  struct request *next_job; /* finisher queue link */
+  enum job_kind { JOB_UPLOAD, JOB_TOUCH, JOB_CALL } job;
+  void (*job_fn)(struct request *req); /* JOB_CALL: run on a finisher thread */
+  void *job_data;                      /* owned by the route; freed (free()) on completion */
+  struct request *next_job;            /* finisher queue link */
 };
 
 #define BLOB_LOCKS 256
@@ -129,6 +131,7 @@ struct br_server {
   pthread_mutex_t blob_locks[BLOB_LOCKS]; /* uploads vs reconcile's deletes, by hash */
   struct reconcile_runner *reconcile;     /* http_reconcile.c */
   struct cdn_purger *purger;              /* cdn_purge.c: purges when blobs go */
+  struct mover *mover;                    /* http_move.c: deletes draining copies */
   pthread_t health_thread;
   int health_running;
   pthread_cond_t health_cv;
@@ -169,6 +172,10 @@ void reconcile_stop(br_server *srv);
 /* Appends reconcile's Prometheus lines. */
 struct text;
 void reconcile_metrics(br_server *srv, void (*emit)(void *ud, const char *line), void *ud);
+
+/* http_move.c: the drain thread (deletes moved blobs' old copies after drain_grace). */
+int move_start(br_server *srv, br_err *err);
+void move_stop(br_server *srv);
 
 /* 0 when every store passed its last health check, else -1 with the first problem in msg. */
 int br_server_store_health(br_server *srv, char *msg, size_t msglen);

@@ -68,6 +68,7 @@ typedef struct br_config {
   uint64_t cache_max_blob;   /* largest blob it holds */
   uint64_t shutdown_timeout_ms;
   uint64_t dedup_touch_interval_ms; /* a dedup hit refreshes last_upload when it is this old */
+  uint64_t drain_grace_ms;          /* a moved blob's old copy is deleted after this long */
   /* [reconcile] */
   uint64_t reconcile_interval_ms;
   uint64_t grace_ms;
