@@ -511,14 +511,17 @@ static int drain_cb(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_reco
   return 0;
 }
 
-/* Deletes one draining copy: under the blob's lock, re-read (still draining since the same
- * time?), delete the bytes, then drop the location in the writer's transaction. A crash between
- * the two leaves the location in the record and the next pass deletes (nothing) and drops it. */
-static void drain_one(br_server *srv, const struct drain_item *it, uint64_t cutoff) {
+/* Deletes one draining copy's bytes: under the blob's lock, re-read (still draining since the
+ * same time?), delete. Returns 1 when its location is to be dropped from the record. The drop
+ * itself is batched afterwards (drain_batch): it is conditional on the location still draining
+ * since that time, so a move back onto the same key meanwhile (which needs the bytes there again,
+ * checked under the lock) wins, and a crash before it leaves the location for the next pass. */
+static int drain_one(br_server *srv, const struct drain_item *it) {
   char hex[BR_HEX_LEN + 1];
   hex_of(it->digest, hex);
   br_err err;
   br_record rec;
+  int drop = 0;
   br_server_lock_blob(srv, it->digest, 1);
   int rc = br_index_get(srv->index, it->digest, &rec, &err);
   int still = 0, shared = 0;
@@ -547,14 +550,35 @@ static void drain_one(br_server *srv, const struct drain_item *it, uint64_t cuto
       goto out;
     }
   }
-  br_loc_change ch = {.kind = BR_LOC_DROP, .expect = it->loc, .cutoff_ms = cutoff};
-  memcpy(ch.digest, it->digest, BR_SHA256_LEN);
-  if (br_index_apply_locations(srv->index, &ch, 1, br_now_ms(), &err) < 0)
-    br_warn("blob %s: dropping draining copy %s:%s: %s", hex, it->loc.store, it->loc.key, err.msg);
-  else if (ch.outcome == BR_LOC_APPLIED)
-    br_info("blob %s: draining copy %s:%s deleted", hex, it->loc.store, it->loc.key);
+  drop = 1;
 out:
   br_server_lock_blob(srv, it->digest, 0);
+  return drop;
+}
+
+/* Drops the locations of items[0..n) whose bytes are gone, in one batch of index changes. */
+static void drain_drop(br_server *srv, const struct drain_item *items, size_t n, uint64_t cutoff) {
+  if (!n) return;
+  br_loc_change *ch = calloc(n, sizeof *ch);
+  if (!ch) return; /* the next pass */
+  for (size_t i = 0; i < n; i++) {
+    ch[i].kind = BR_LOC_DROP;
+    ch[i].expect = items[i].loc;
+    ch[i].cutoff_ms = cutoff;
+    memcpy(ch[i].digest, items[i].digest, BR_SHA256_LEN);
+  }
+  br_err err;
+  if (br_index_apply_locations(srv->index, ch, n, br_now_ms(), &err) < 0) {
+    br_warn("drain: dropping %zu draining location(s): %s", n, err.msg);
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      if (ch[i].outcome != BR_LOC_APPLIED) continue;
+      char hex[BR_HEX_LEN + 1];
+      hex_of(items[i].digest, hex);
+      br_info("blob %s: draining copy %s:%s deleted", hex, items[i].loc.store, items[i].loc.key);
+    }
+  }
+  free(ch);
 }
 
 static uint64_t drain_interval(const br_config *cfg) {
@@ -579,13 +603,15 @@ static void *drain_main(void *arg) {
     br_err err;
     if (br_index_foreach(srv->index, drain_cb, &s, &err) < 0)
       br_warn("drain: scanning the index: %s", err.msg);
+    size_t ndrop = 0;
     for (size_t i = 0; i < s.n; i++) {
       pthread_mutex_lock(&mv->lock);
       int stop = mv->stopping;
       pthread_mutex_unlock(&mv->lock);
       if (stop) break;
-      drain_one(srv, &s.items[i], s.cutoff + 1);
+      if (drain_one(srv, &s.items[i])) s.items[ndrop++] = s.items[i];
     }
+    drain_drop(srv, s.items, ndrop, s.cutoff + 1);
     pthread_mutex_lock(&mv->lock);
     if (s.n == s.cap) continue; /* more to do at once */
     struct timespec ts;

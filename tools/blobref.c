@@ -20,6 +20,10 @@ static const struct command {
      "reconcile [--dry-run] [--force] [--full] [--wait]  start a reconcile run (admin)"},
     {"restore", cmd_restore,
      "restore HASH                                     un-quarantine a blob (admin)"},
+    {"migrate", cmd_migrate,
+     "migrate -c CONFIG --from STORE --to STORE [--verify sha256|size] ...  move blobs (admin)"},
+    {"import", cmd_import,
+     "import SOURCE -c CONFIG --store NAME [--in-place|--copy] ...  index existing files (admin)"},
     {"token", cmd_token,
      "token new --scopes read,write,admin [--name NAME]    a bearer token and its [token] section"},
 };

@@ -18,5 +18,7 @@ int cmd_refs(const cli_globals *g, int argc, char **argv);
 int cmd_reconcile(const cli_globals *g, int argc, char **argv);
 int cmd_restore(const cli_globals *g, int argc, char **argv);
 int cmd_token(const cli_globals *g, int argc, char **argv);
+int cmd_migrate(const cli_globals *g, int argc, char **argv);
+int cmd_import(const cli_globals *g, int argc, char **argv);
 
 #endif
