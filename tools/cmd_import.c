@@ -30,11 +30,12 @@
 static const char import_usage[] =
     "usage: blobref import SOURCE -c CONFIG --store NAME [--in-place | --copy] [--threads N]\n"
     "                      [--batch N]\n"
-    "  SOURCE       a directory (or one file)\n"
+    "  SOURCE       a directory (or one file); in place in an s3 store: a key prefix there\n"
     "  -c CONFIG    the server's config file (to find the store's root, or to copy into it)\n"
     "  --store      the store the records point at\n"
     "  --in-place   index the files where they are: SOURCE must be under the fs store's root and\n"
-    "               each record's key is the file's path under it (the default)\n"
+    "               each record's key is the file's path under it (the default); or, for an\n"
+    "               s3 store, every object under the prefix SOURCE, read and hashed there\n"
     "  --copy       copy each file into the store's content-addressed layout first\n"
     "  --threads N  hashing threads (default: the number of cores)\n"
     "  --batch N    records per POST /v1/import (default 500, at most 1000)\n";
@@ -55,6 +56,7 @@ struct pending {
 struct importer {
   const cli_globals *g;
   br_store *store; /* --copy: the store written into */
+  br_store *src;   /* in place in an S3 store: SOURCE is a key prefix there */
   const char *store_name;
   int copy;
   size_t batch;
@@ -179,6 +181,69 @@ static void walk(struct importer *im, const char *path, const char *key) {
     return;
   }
   enqueue(im, strdup(path), key ? strdup(key) : NULL);
+}
+
+/* In place in an S3 store: every object under the prefix. */
+static int list_cb(void *ud, const char *key, uint64_t size) {
+  struct importer *im = ud;
+  (void)size;
+  size_t pl = strlen(im->store_name) + strlen(key) + 2;
+  char *path = malloc(pl);
+  snprintf(path, pl, "%s:%s", im->store_name, key);
+  if (strlen(key) > BR_MAX_KEY || br_store_key_valid(key) < 0) {
+    report(im, "skipped", path, "the name is not a valid object key");
+    count(im, &im->skipped);
+    free(path);
+    return 0;
+  }
+  enqueue(im, path, strdup(key));
+  return 0;
+}
+
+/* Hashes an object of the S3 store in place (size checked before and after). */
+static int hash_object(struct importer *im, struct file_item *fi, char *buf, size_t bufsize,
+                       struct pending *p) {
+  br_err err = {{0}};
+  br_store_reader r;
+  int rc = br_store_open_read(im->src, fi->key, &r, &err);
+  if (rc != 0) {
+    report(im, "error", fi->path, rc > 0 ? "no such object (deleted meanwhile?)" : err.msg);
+    count(im, &im->errors);
+    return -1;
+  }
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+  for (uint64_t off = 0; rc == 0 && off < r.size;) {
+    size_t n = r.size - off < bufsize ? (size_t)(r.size - off) : bufsize;
+    rc = r.source->pread(r.source, buf, n, off, &err);
+    if (rc == 0) EVP_DigestUpdate(ctx, buf, n);
+    off += n;
+  }
+  uint8_t digest[BR_SHA256_LEN];
+  EVP_DigestFinal_ex(ctx, digest, NULL);
+  EVP_MD_CTX_free(ctx);
+  uint64_t size = r.size, after = 0;
+  br_store_reader_close(&r);
+  if (rc < 0) {
+    report(im, "error", fi->path, err.msg);
+    count(im, &im->errors);
+    return -1;
+  }
+  if (br_store_stat(im->src, fi->key, &after, &err) != 0 || after != size) {
+    report(im, "skipped", fi->path, "changed while it was read (size): nothing indexed");
+    count(im, &im->skipped);
+    return -1;
+  }
+  br_hex_encode(digest, p->hex);
+  p->size = size;
+  p->type = content_type_of(fi->key);
+  p->path = fi->path;
+  p->key = fi->key;
+  pthread_mutex_lock(&im->lock);
+  im->files++;
+  im->bytes += size;
+  pthread_mutex_unlock(&im->lock);
+  return 0;
 }
 
 /* ---- hashers --------------------------------------------------------------------------------- */
@@ -324,7 +389,7 @@ static void *hasher_main(void *arg) {
     im->qlen--;
     pthread_cond_signal(&im->cv_space);
     pthread_mutex_unlock(&im->lock);
-    if (hash_file(im, &fi, buf, bufsize, &batch[nb]) == 0) {
+    if ((im->src ? hash_object : hash_file)(im, &fi, buf, bufsize, &batch[nb]) == 0) {
       nb++;
     } else {
       free(fi.path);
@@ -436,11 +501,19 @@ int cmd_import(const cli_globals *g, int argc, char **argv) {
     fprintf(stderr, "blobref import: %s: no [store %s]\n", conf, store);
     goto out;
   }
-  if (!realpath(source, src)) {
+  int s3_in_place = !copy && !strcmp(sc->kind, "s3");
+  if (!s3_in_place && !realpath(source, src)) {
     fprintf(stderr, "blobref import: %s: %s\n", source, strerror(errno));
     goto out;
   }
-  if (copy) {
+  if (s3_in_place) {
+    sc->read_only = 1;
+    im.src = br_store_open(sc, &err);
+    if (!im.src) {
+      fprintf(stderr, "blobref import: %s\n", err.msg);
+      goto out;
+    }
+  } else if (copy) {
     im.store = br_store_open(sc, &err);
     if (!im.store) {
       fprintf(stderr, "blobref import: %s\n", err.msg);
@@ -469,7 +542,14 @@ int cmd_import(const cli_globals *g, int argc, char **argv) {
   long started = 0;
   for (; started < threads; started++)
     if (pthread_create(&hashers[started], NULL, hasher_main, &im)) break;
-  walk(&im, src, key);
+  if (im.src) {
+    if (br_store_list(im.src, source, list_cb, &im, &err) < 0) {
+      report(&im, "error", source, err.msg);
+      count(&im, &im.errors);
+    }
+  } else {
+    walk(&im, src, key);
+  }
   pthread_mutex_lock(&im.lock);
   im.walk_done = 1;
   pthread_cond_broadcast(&im.cv_items);
@@ -495,6 +575,7 @@ out:
   free(key);
   free(im.q);
   if (im.store) br_store_close(im.store);
+  if (im.src) br_store_close(im.src);
   br_config_free(&cfg);
   return rc;
 }

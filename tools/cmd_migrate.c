@@ -209,8 +209,8 @@ static void move_one(struct migrate *m, struct item *it) {
       ok = 1;
       break;
     }
-    if (!copied_before) goto done; /* our own fresh copy failed verification */
-    /* a stale earlier copy that does not verify: copy again */
+    /* a copy that did not verify (a stale one from an earlier run, or one the server's drain of
+     * an older draining copy at the same key removed meanwhile): copy once more */
   }
 done:
   pthread_mutex_lock(&m->lock);

@@ -188,3 +188,51 @@ def test_import_copy_and_bad_args(world):
         assert requests.post(f"{srv.url}/v1/import", data=b"[").status_code == 400
     finally:
         assert srv.stop() == 0, srv.read_log()
+
+
+def test_import_s3_prefix_in_place(tmp_path, rgw):
+    bucket = rgw.make_bucket("import-in-place")
+    s3 = rgw.client()
+    blobs = {}
+    for day in (1, 2):
+        for i in range(6):
+            data = os.urandom(2000 + i * 100) + bytes([day, i])
+            key = f"images/year=2025/month=12/day={day:02d}/img{i}.jpg"
+            s3.put_object(Bucket=bucket, Key=key, Body=data)
+            blobs[key] = data
+    s3.put_object(Bucket=bucket, Key="images/back\\slash.jpg", Body=b"bad")
+    s3.put_object(Bucket=bucket, Key="other/outside.jpg", Body=b"not under the prefix")
+    conf_text = f"""[server]
+upload_store = local
+[store local]
+kind = fs
+root = {tmp_path / 'local'}
+[store lake]
+kind = s3
+endpoint = {rgw.endpoint}
+region = {rgw.region}
+bucket = {bucket}
+path_style = true
+access_key = {rgw.access_key}
+secret_key = {rgw.secret_key}
+serve = proxy
+"""
+    srv = Server(tmp_path / "data", conf_text).start()
+    conf = srv.data_dir / "blobref.conf"
+    try:
+        r = run_import(srv, conf, "images/", "--store", "lake", "--in-place", "--threads", "3")
+        assert "skipped: lake:images/back\\slash.jpg: the name is not a valid object key" in r.stdout
+        assert "imported 12 files" in r.stdout and "12 new" in r.stdout, r.stdout + r.stderr
+        assert r.returncode == 0, r.stdout + r.stderr
+        for key, data in blobs.items():
+            h = hashlib.sha256(data).hexdigest()
+            meta = requests.get(f"{srv.url}/v1/blobs/{h}/meta").json()
+            assert meta["locations"][0] == {**meta["locations"][0], "store": "lake", "key": key}
+            g = requests.get(f"{srv.url}/v1/blobs/{h}")
+            assert g.status_code == 200 and g.content == data
+        h = hashlib.sha256(b"not under the prefix").hexdigest()
+        assert requests.get(f"{srv.url}/v1/blobs/{h}/meta").status_code == 404
+        r = run_import(srv, conf, "images/", "--store", "lake")
+        assert "0 new, 12 already imported" in r.stdout, r.stdout
+    finally:
+        assert srv.stop() == 0, srv.read_log()

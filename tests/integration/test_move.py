@@ -144,6 +144,53 @@ def test_move_back_onto_draining_copy(tmp_path):
         assert srv.stop() == 0, srv.read_log()
 
 
+class PurgeRecorder:
+    """A CDN stand-in that records the purges it receives."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        seen = self.seen = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_PURGE(self):
+                seen.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_move_purges_cdn(tmp_path):
+    cdn = PurgeRecorder()
+    extra = f"\n[cdn edge]\npurge_url = {cdn.url}/v1/blobs/{{hash}}\n"
+    srv = Server(tmp_path / "data", two_store_config(tmp_path) + extra).start()
+    try:
+        data = os.urandom(1000)
+        h = put_blob(srv, data)
+        k = key_of(h)
+        place(tmp_path / "b", k, data)
+        assert move(srv, h, ("a", k), ("b", k), verify="size").status_code == 200
+        deadline = time.time() + 10
+        while time.time() < deadline and f"/v1/blobs/{h}" not in cdn.seen:
+            time.sleep(0.1)
+        assert f"/v1/blobs/{h}" in cdn.seen, cdn.seen
+    finally:
+        rc = srv.stop()
+        cdn.close()
+    assert rc == 0, srv.read_log()
+
+
 def test_list_pages(server):
     hashes = sorted(put_blob(server, os.urandom(100) + bytes([i])) for i in range(25))
     seen, after = [], ""
