@@ -256,7 +256,6 @@ static int list_blobs(struct migrate *m, const char *from, const char *to, uint6
     for (size_t i = 0; i < json_array_size(blobs); i++) {
       json_t *b = json_array_get(blobs, i);
       const char *hex = json_string_value(json_object_get(b, "sha256"));
-      const char *state = json_string_value(json_object_get(b, "state"));
       json_t *locs = json_object_get(b, "locations");
       const char *pstore = NULL, *pkey = NULL;
       for (size_t j = 0; j < json_array_size(locs); j++) {
@@ -271,7 +270,8 @@ static int list_blobs(struct migrate *m, const char *from, const char *to, uint6
         ++*at_target;
         continue;
       }
-      if (strcmp(pstore, from) || (state && strcmp(state, "live"))) {
+      /* quarantined blobs move too: a store being emptied must end empty */
+      if (strcmp(pstore, from)) {
         ++*elsewhere;
         continue;
       }

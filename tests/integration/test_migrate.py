@@ -253,3 +253,26 @@ serve = redirect
         rc = srv.stop()
         web.close()
     assert rc == 0, srv.read_log()
+
+
+def test_migrate_moves_quarantined_blobs_too(tmp_path):
+    web = FileServer(tmp_path / "b")
+    srv = Server(tmp_path / "data", config(tmp_path, web.url)).start()
+    conf = srv.data_dir / "blobref.conf"
+    try:
+        blobs = upload_many(srv, 5, 4)
+        held = sorted(blobs)[0]
+        assert requests.delete(f"{srv.url}/v1/blobs/{held}").status_code == 200
+        r = run_migrate(srv, conf, "a", "b", "--limit", "3")
+        assert "moved 3 of 3" in r.stdout, r.stdout
+        r = run_migrate(srv, conf, "a", "b")
+        assert "moved 2 of 2" in r.stdout and "3 already in b" in r.stdout, r.stdout
+        assert set(primaries(srv).values()) == {"b"}
+        assert requests.get(f"{srv.url}/v1/blobs/{held}").status_code == 410
+        assert requests.post(f"{srv.url}/v1/blobs/{held}/restore").status_code == 200
+        g = requests.get(f"{srv.url}/v1/blobs/{held}")
+        assert g.status_code == 200 and g.content == blobs[held]
+    finally:
+        rc = srv.stop()
+        web.close()
+    assert rc == 0, srv.read_log()
