@@ -8,6 +8,7 @@ import time
 import requests
 
 from conftest import Server
+from util_http import fsck
 
 
 def two_store_config(tmp_path, drain_grace="3s", extra=""):
@@ -135,9 +136,15 @@ def test_move_back_onto_draining_copy(tmp_path):
         assert r.status_code == 200, r.text
         locs = {(l["store"], l["role"]) for l in r.json()["locations"]}
         assert locs == {("a", "primary"), ("b", "draining")}
+        # fsck (server running) does not count a draining copy that is already gone
+        (tmp_path / "b" / k).unlink()
+        rc, blobs, problems, out = fsck(srv.data_dir, srv.data_dir / "blobref.conf", verify=True)
+        assert rc == 0 and problems == 0, out
         time.sleep(4)
         assert (tmp_path / "a" / k).exists()
         assert not (tmp_path / "b" / k).exists()
+        meta = requests.get(f"{srv.url}/v1/blobs/{h}/meta").json()
+        assert [(l["store"], l["role"]) for l in meta["locations"]] == [("a", "primary")]
         g = requests.get(f"{srv.url}/v1/blobs/{h}")
         assert g.status_code == 200 and g.content == data
     finally:
