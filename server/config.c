@@ -63,6 +63,7 @@ static const struct key_spec server_keys[] = {
     {"tls_cert", KEY_STRING, SRV(tls_cert), "", 0, 0},
     {"tls_key", KEY_STRING, SRV(tls_key), "", 0, 0},
     {"listen_plain", KEY_STRING, SRV(listen_plain), "", 0, 0},
+    {"drain_grace", KEY_DURATION, SRV(drain_grace_ms), "24h", 0, UINT64_MAX / 2},
 };
 static const struct key_spec reconcile_keys[] = {
     {"interval", KEY_DURATION, SRV(reconcile_interval_ms), "6h", 0, UINT64_MAX / 2},

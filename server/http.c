@@ -357,7 +357,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   struct request *req = *con_cls;
   *con_cls = NULL;
   if (!req || (void *)req == &query_cut) return;
-  if (req->route_index >= 0 && req->route_index < 16 && req->status >= 100 && req->status < 600)
+  if (req->route_index >= 0 && req->route_index < BR_MAX_ROUTES && req->status >= 100 && req->status < 600)
     atomic_fetch_add(&srv->requests[req->route_index][req->status / 100], 1);
   ops_request_end(req);
   ops_track(req, TRACK_HEAD);
@@ -368,6 +368,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   request_free_upload(req);
   proxy_request_done(req);
   free(req->body);
+  free(req->job_data);
   free(req);
   *con_cls = NULL;
 }
@@ -457,6 +458,8 @@ static void *finisher_main(void *arg) {
     pthread_mutex_unlock(&srv->job_lock);
     if (req->job == JOB_UPLOAD) {
       finish_upload(req);
+    } else if (req->job == JOB_CALL) {
+      req->job_fn(req);
     } else {
       br_err err;
       int rc = br_index_touch(srv->index, req->digest, br_now_ms(), &err);
@@ -667,6 +670,7 @@ int br_server_start(br_server *srv, br_err *err) {
   }
   if (proxy_engine_start(srv, err) < 0) return -1;
   if (reconcile_start(srv, err) < 0) return -1;
+  if (move_start(srv, err) < 0) return -1;
   pthread_cond_init(&srv->job_cv, NULL);
   srv->finishers = calloc(FINISHER_THREADS, sizeof *srv->finishers);
   if (!srv->finishers) return br_fail(err, "out of memory");
@@ -730,7 +734,8 @@ void br_server_stop(br_server *srv) {
   pthread_mutex_unlock(&srv->job_lock);
   for (int i = 0; i < srv->nfinishers; i++) pthread_join(srv->finishers[i], NULL);
   proxy_engine_stop(srv); /* when the daemon never started */
-  reconcile_stop(srv);    /* a run in progress completes first */
+  move_stop(srv);
+  reconcile_stop(srv); /* a run in progress completes first */
   if (srv->health_running) {
     pthread_mutex_lock(&srv->health_lock);
     srv->health_running = 0;

@@ -300,6 +300,8 @@ enum MHD_Result reconcile_run_get(struct request *req);
 enum MHD_Result blob_hold(struct request *req);
 enum MHD_Result blob_release(struct request *req);
 enum MHD_Result list_get(struct request *req);
+enum MHD_Result blob_location_put(struct request *req);
+enum MHD_Result import_post(struct request *req);
 
 const struct route br_routes[] = {
     {"PUT", "/v1/blobs/{hash}", BR_SCOPE_WRITE, put_begin, upload_body, upload_finish},
@@ -309,6 +311,8 @@ const struct route br_routes[] = {
     {"GET", "/v1/blobs/{hash}/meta", BR_SCOPE_READ, NULL, NULL, blob_meta},
     {"DELETE", "/v1/blobs/{hash}", BR_SCOPE_ADMIN, NULL, NULL, blob_hold},
     {"POST", "/v1/blobs/{hash}/restore", BR_SCOPE_ADMIN, NULL, NULL, blob_release},
+    {"PUT", "/v1/blobs/{hash}/location", BR_SCOPE_ADMIN, NULL, json_body, blob_location_put},
+    {"POST", "/v1/import", BR_SCOPE_ADMIN, NULL, json_body, import_post},
     {"POST", "/v1/reconcile", BR_SCOPE_ADMIN, NULL, NULL, reconcile_post},
     {"GET", "/v1/reconcile/runs", BR_SCOPE_READ, NULL, NULL, reconcile_runs_get},
     {"GET", "/v1/reconcile/runs/{id}", BR_SCOPE_READ, NULL, NULL, reconcile_run_get},
@@ -318,3 +322,5 @@ const struct route br_routes[] = {
     {"GET", "/metrics", 0, NULL, NULL, metrics_get},
 };
 const size_t br_nroutes = sizeof br_routes / sizeof br_routes[0];
+_Static_assert(sizeof br_routes / sizeof br_routes[0] <= BR_MAX_ROUTES,
+               "raise BR_MAX_ROUTES: every route has its own counters");

@@ -55,7 +55,7 @@ enum MHD_Result metrics_get(struct request *req) {
   appendf(&t,
           "# HELP blobref_http_requests_total HTTP requests answered, by route and status "
           "class.\n# TYPE blobref_http_requests_total counter\n");
-  for (size_t r = 0; r < br_nroutes && r < 16; r++)
+  for (size_t r = 0; r < br_nroutes && r < BR_MAX_ROUTES; r++)
     for (int c = 1; c <= 5; c++) {
       uint64_t v = atomic_load(&srv->requests[r][c]);
       if (v)
@@ -68,7 +68,7 @@ enum MHD_Result metrics_get(struct request *req) {
           "# HELP blobref_http_request_duration_seconds Time from a request's complete head to "
           "its completion, by route.\n"
           "# TYPE blobref_http_request_duration_seconds histogram\n");
-  for (size_t r = 0; r < br_nroutes && r < 16; r++) {
+  for (size_t r = 0; r < br_nroutes && r < BR_MAX_ROUTES; r++) {
     uint64_t cum = 0;
     const char *pat = br_routes[r].pattern, *m = br_routes[r].method;
     for (int b = 0; b <= LATENCY_BUCKETS; b++) {

@@ -302,7 +302,7 @@ void ops_request_end(struct request *req) {
   br_server *srv = req->srv;
   uint64_t ns = br_mono_ns() - req->start_ns;
   int r = req->route_index;
-  if (r >= 0 && r < 16 && req->status) {
+  if (r >= 0 && r < BR_MAX_ROUTES && req->status) {
     double s = (double)ns / 1e9;
     int b = 0;
     while (b < LATENCY_BUCKETS && s > br_latency_bounds[b]) b++;

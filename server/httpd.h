@@ -131,8 +131,10 @@ struct request {
   struct proxy_job *proxy; /* a proxied read from an S3/http store (http_proxy.c) */
   char boundary[64];       /* multipart/byteranges boundary, kept across a suspension */
   uint64_t run_id;         /* the {id} of /v1/reconcile/runs/{id} */
-  enum job_kind { JOB_UPLOAD, JOB_TOUCH } job;
-  struct request *next_job; /* finisher queue link */
+  enum job_kind { JOB_UPLOAD, JOB_TOUCH, JOB_CALL } job;
+  void (*job_fn)(struct request *req); /* JOB_CALL: run on a finisher thread */
+  void *job_data;                      /* owned by the route; freed (free()) on completion */
+  struct request *next_job;            /* finisher queue link */
   /* observability (http_ops.c): the access log line, the latency histogram, step timings */
   const char *path;             /* libmicrohttpd's copy of the path: valid until completion */
   uint64_t start_ns;            /* first handler call (headers complete), monotonic */
@@ -147,6 +149,7 @@ struct request {
 };
 
 #define BLOB_LOCKS 256
+#define BR_MAX_ROUTES 32 /* per-route counters; a check in http_blobs.c keeps the table within it */
 
 struct br_server {
   br_config *cfg;
@@ -163,6 +166,7 @@ struct br_server {
   pthread_mutex_t blob_locks[BLOB_LOCKS]; /* uploads vs reconcile's deletes, by hash */
   struct reconcile_runner *reconcile;     /* http_reconcile.c */
   struct cdn_purger *purger;              /* cdn_purge.c: purges when blobs go */
+  struct mover *mover;                    /* http_move.c: deletes draining copies */
   pthread_t health_thread;
   int health_running;
   pthread_cond_t health_cv;
@@ -183,8 +187,8 @@ struct br_server {
   atomic_int requests_in_progress;
   atomic_int draining; /* SIGTERM seen: every answer closes its connection */
   /* metrics */
-  atomic_uint_fast64_t requests[16][6]; /* [route index][status class 0, 1xx..5xx] */
-  atomic_uint_fast64_t latency[16][LATENCY_BUCKETS + 1]; /* [route][bucket], not cumulative */
+  atomic_uint_fast64_t requests[BR_MAX_ROUTES][6]; /* [route index][status class 0, 1xx..5xx] */
+  atomic_uint_fast64_t latency[BR_MAX_ROUTES][LATENCY_BUCKETS + 1]; /* [route][bucket], not cumulative */
   atomic_uint_fast64_t latency_sum_ns[16];
   atomic_uint_fast64_t upload_step_ns[UPLOAD_STEPS];
   atomic_uint_fast64_t cache_hits, cache_misses;
@@ -253,6 +257,10 @@ void reconcile_stop(br_server *srv);
 /* Appends reconcile's Prometheus lines. */
 struct text;
 void reconcile_metrics(br_server *srv, void (*emit)(void *ud, const char *line), void *ud);
+
+/* http_move.c: the drain thread (deletes moved blobs' old copies after drain_grace). */
+int move_start(br_server *srv, br_err *err);
+void move_stop(br_server *srv);
 
 /* 0 when every store passed its last health check, else -1 with the first problem in msg. */
 int br_server_store_health(br_server *srv, char *msg, size_t msglen);

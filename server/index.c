@@ -262,6 +262,11 @@ int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *
 }
 
 int br_index_foreach(br_index *idx, br_index_each_fn fn, void *ud, br_err *err) {
+  return br_index_foreach_after(idx, NULL, fn, ud, err);
+}
+
+int br_index_foreach_after(br_index *idx, const uint8_t *after, br_index_each_fn fn, void *ud,
+                           br_err *err) {
   MDB_txn *txn = NULL;
   int rc = mdb_txn_begin(idx->env, NULL, MDB_RDONLY, &txn);
   if (rc) return lmdb_fail(err, "begin read transaction", rc);
@@ -275,8 +280,15 @@ int br_index_foreach(br_index *idx, br_index_each_fn fn, void *ud, br_err *err) 
   int out = 0;
   br_record *rec = malloc(sizeof *rec);
   if (!rec) out = br_fail(err, "out of memory");
-  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); out == 0 && rc == 0;
-       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+  if (after) {
+    k = key_of(after);
+    rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+    if (rc == 0 && k.mv_size == BR_SHA256_LEN && !memcmp(k.mv_data, after, BR_SHA256_LEN))
+      rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+  } else {
+    rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+  }
+  for (; out == 0 && rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
     if (k.mv_size != BR_SHA256_LEN) {
       out = br_fail(err, "index: key of %zu bytes", k.mv_size);
       break;
@@ -367,6 +379,7 @@ struct op {
   int created;
   int gone; /* touch: the record was absent or not live */
   br_change *change;
+  br_loc_change *loc;
   uint64_t now_ms;
   int rc;
   int done;
@@ -486,6 +499,87 @@ static int apply_change(br_index *idx, MDB_txn *txn, struct op *op) {
   return rc;
 }
 
+static int same_place(const br_location *a, const br_location *b) {
+  return !strcmp(a->store, b->store) && !strcmp(a->key, b->key);
+}
+
+static int apply_location(br_index *idx, MDB_txn *txn, struct op *op) {
+  br_loc_change *c = op->loc;
+  MDB_val k = key_of(op->digest), v;
+  int rc = mdb_get(txn, idx->dbi, &k, &v);
+  if (rc && rc != MDB_NOTFOUND) return rc;
+  br_record *rec = &c->after;
+  if (rc == MDB_NOTFOUND) {
+    memset(rec, 0, sizeof *rec);
+    if (c->kind != BR_LOC_INSERT) {
+      c->outcome = BR_LOC_ABSENT;
+      return 0;
+    }
+    *rec = *c->rec;
+    c->outcome = BR_LOC_APPLIED;
+    return put_record(idx, txn, op, rec);
+  }
+  if (br_record_decode(v.mv_data, v.mv_size, rec, &op->err) < 0) return -1;
+  if (c->kind == BR_LOC_INSERT) {
+    const br_location *want = br_record_primary(c->rec);
+    c->outcome = BR_LOC_DUPLICATE;
+    for (int i = 0; want && i < rec->nlocations; i++)
+      if (same_place(&rec->locations[i], want)) c->outcome = BR_LOC_EXISTS;
+    return 0;
+  }
+  if (c->kind == BR_LOC_DROP) {
+    c->outcome = BR_LOC_CONFLICT;
+    for (int i = 0; i < rec->nlocations; i++) {
+      br_location *l = &rec->locations[i];
+      if (!same_place(l, &c->expect) || l->role != BR_ROLE_DRAINING ||
+          l->verified_at_ms != c->expect.verified_at_ms || l->verified_at_ms >= c->cutoff_ms)
+        continue;
+      memmove(l, l + 1, (size_t)(rec->nlocations - i - 1) * sizeof *l);
+      rec->nlocations--;
+      c->outcome = BR_LOC_APPLIED;
+      return put_record(idx, txn, op, rec);
+    }
+    return 0;
+  }
+  /* SWITCH */
+  br_location *primary = NULL;
+  for (int i = 0; i < rec->nlocations; i++)
+    if (rec->locations[i].role == BR_ROLE_PRIMARY) primary = &rec->locations[i];
+  if (!primary || !same_place(primary, &c->expect)) {
+    c->outcome = BR_LOC_CONFLICT;
+    return 0;
+  }
+  if (same_place(primary, &c->to)) {
+    primary->verified_at_ms = c->to.verified_at_ms;
+    c->outcome = BR_LOC_APPLIED;
+    return put_record(idx, txn, op, rec);
+  }
+  br_record next = *rec;
+  next.nlocations = 0;
+  for (int i = 0; i < rec->nlocations; i++) {
+    br_location l = rec->locations[i];
+    if (same_place(&l, &c->to)) continue; /* replaced by the new primary */
+    if (l.role == BR_ROLE_PRIMARY) {
+      l.role = BR_ROLE_DRAINING;
+      l.verified_at_ms = op->now_ms; /* draining since */
+    }
+    next.locations[next.nlocations++] = l;
+  }
+  if (next.nlocations >= BR_MAX_LOCATIONS) {
+    c->outcome = BR_LOC_FULL;
+    return 0;
+  }
+  /* the primary goes first: readers that take the first location find it at once */
+  memmove(&next.locations[1], &next.locations[0],
+          (size_t)next.nlocations * sizeof next.locations[0]);
+  next.locations[0] = c->to;
+  next.locations[0].role = BR_ROLE_PRIMARY;
+  next.nlocations++;
+  *rec = next;
+  c->outcome = BR_LOC_APPLIED;
+  return put_record(idx, txn, op, rec);
+}
+
 /* Runs ops[0..n) in one transaction. If the transaction fails as a whole and holds several
  * operations, each is retried alone so that one bad operation cannot fail its neighbours. */
 static void run_batch(br_index *idx, struct op **ops, size_t n) {
@@ -598,6 +692,47 @@ int br_index_apply_changes(br_index *idx, br_change *changes, size_t n, uint64_t
                            .digest = changes[base + i].digest,
                            .now_ms = now_ms};
     out = submit_many(idx, ops, m, err);
+  }
+  free(ops);
+  return out;
+}
+
+int br_index_apply_locations(br_index *idx, br_loc_change *changes, size_t n, uint64_t now_ms,
+                             br_err *err) {
+  enum { CHUNK = 1024 };
+  struct op *ops = calloc(n < CHUNK ? (n ? n : 1) : CHUNK, sizeof *ops);
+  if (!ops) return br_fail(err, "out of memory");
+  int out = 0;
+  for (size_t base = 0; base < n && out == 0; base += CHUNK) {
+    size_t m = n - base < CHUNK ? n - base : CHUNK;
+    pthread_mutex_lock(&idx->lock);
+    if (idx->stopping || !idx->has_writer) {
+      pthread_mutex_unlock(&idx->lock);
+      out = br_fail(err, "index: not accepting writes (read-only or stopping)");
+      break;
+    }
+    for (size_t i = 0; i < m; i++) {
+      struct op *op = &ops[i];
+      memset(op, 0, sizeof *op);
+      op->apply = apply_location;
+      op->loc = &changes[base + i];
+      op->digest = changes[base + i].digest;
+      op->now_ms = now_ms;
+      if (idx->tail)
+        idx->tail->next = op;
+      else
+        idx->head = op;
+      idx->tail = op;
+    }
+    pthread_cond_signal(&idx->work_cv);
+    for (size_t i = 0; i < m; i++)
+      while (!ops[i].done) pthread_cond_wait(&idx->done_cv, &idx->lock);
+    pthread_mutex_unlock(&idx->lock);
+    for (size_t i = 0; i < m && out == 0; i++)
+      if (ops[i].rc) {
+        out = ops[i].rc;
+        if (err) *err = ops[i].err;
+      }
   }
   free(ops);
   return out;

@@ -24,6 +24,10 @@ static const struct command {
      "extract-parquet IN OUT --column NAME [--as NEW] [--form hex|binary]   binaries -> SHA-256"},
     {"export", cmd_export,
      "export -o FILE.parquet [--state live|quarantined]   the index as Parquet"},
+    {"migrate", cmd_migrate,
+     "migrate -c CONFIG --from STORE --to STORE [--verify sha256|size] ...  move blobs (admin)"},
+    {"import", cmd_import,
+     "import SOURCE -c CONFIG --store NAME [--in-place|--copy] ...  index existing files (admin)"},
     {"token", cmd_token,
      "token new --scopes read,write,admin [--name NAME]    a bearer token and its [token] section"},
 };

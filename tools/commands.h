@@ -20,5 +20,7 @@ int cmd_restore(const cli_globals *g, int argc, char **argv);
 int cmd_token(const cli_globals *g, int argc, char **argv);
 int cmd_extract_parquet(const cli_globals *g, int argc, char **argv);
 int cmd_export(const cli_globals *g, int argc, char **argv);
+int cmd_migrate(const cli_globals *g, int argc, char **argv);
+int cmd_import(const cli_globals *g, int argc, char **argv);
 
 #endif

@@ -77,6 +77,7 @@ typedef struct br_config {
   char *tls_cert;     /* PEM certificate chain: listen serves HTTPS ("" = plain HTTP) */
   char *tls_key;      /* PEM private key of tls_cert */
   char *listen_plain; /* an extra plain-HTTP listener ("" = none) */
+  uint64_t drain_grace_ms;          /* a moved blob's old copy is deleted after this long */
   /* [reconcile] */
   uint64_t reconcile_interval_ms;
   uint64_t grace_ms;

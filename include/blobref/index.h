@@ -112,11 +112,50 @@ typedef struct br_change {
 int br_index_apply_changes(br_index *idx, br_change *changes, size_t n, uint64_t now_ms,
                            br_err *err);
 
+/* Location changes (moves, drains, imports), re-checked inside the writer's transaction against
+ * the record as it is then. For a location with role draining, verified_at_ms holds when it
+ * started draining (its bytes were verified when it was primary; the record format is unchanged).
+ */
+enum br_loc_kind {
+  BR_LOC_SWITCH, /* primary is expect (store, key) -> `to` becomes the primary (replacing any
+                    location with the same store and key), the old primary becomes draining since
+                    now_ms; to == expect: only its verified_at_ms is refreshed */
+  BR_LOC_DROP,   /* a location equal to expect (store, key) with role draining and verified_at_ms
+                    == expect.verified_at_ms < cutoff_ms -> removed from the record */
+  BR_LOC_INSERT  /* absent -> rec is inserted (an import) */
+};
+enum br_loc_outcome {
+  BR_LOC_APPLIED = 0,
+  BR_LOC_ABSENT,    /* no such record (SWITCH, DROP) */
+  BR_LOC_CONFLICT,  /* SWITCH: the primary is not expect; DROP: no longer draining as expected */
+  BR_LOC_EXISTS,    /* INSERT: the record exists and already has rec's primary (store, key) */
+  BR_LOC_DUPLICATE, /* INSERT: the record exists with other locations (nothing changed) */
+  BR_LOC_FULL       /* SWITCH: no room for another location */
+};
+typedef struct br_loc_change {
+  uint8_t digest[BR_SHA256_LEN];
+  enum br_loc_kind kind;
+  br_location expect;          /* SWITCH, DROP */
+  br_location to;              /* SWITCH (its role is ignored: primary) */
+  const br_record *rec;        /* INSERT */
+  uint64_t cutoff_ms;          /* DROP */
+  enum br_loc_outcome outcome; /* out */
+  br_record after;             /* out: the record after the change (or as found, when present) */
+} br_loc_change;
+
+/* Applies n location changes, each in the writer's transaction (batched), durably, before
+ * returning. Returns 0 (outcomes in each change), BR_INDEX_FULL, BR_INDEX_NO_SPACE, or -1 + err. */
+int br_index_apply_locations(br_index *idx, br_loc_change *changes, size_t n, uint64_t now_ms,
+                             br_err *err);
+
 /* Calls fn for every record in key order, inside one read transaction; fn returns non-zero to
  * stop. Returns 0, or -1 with err. */
 typedef int (*br_index_each_fn)(void *ud, const uint8_t digest[BR_SHA256_LEN],
                                 const br_record *rec);
 int br_index_foreach(br_index *idx, br_index_each_fn fn, void *ud, br_err *err);
+/* Like br_index_foreach, but starting after the key `after` (NULL: from the first). */
+int br_index_foreach_after(br_index *idx, const uint8_t *after, br_index_each_fn fn, void *ud,
+                           br_err *err);
 
 /* Most records one br_index_list_after call looks at (a state filter may skip many). */
 #define BR_INDEX_LIST_MAX_SCAN 100000
