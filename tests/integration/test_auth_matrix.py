@@ -8,6 +8,7 @@ import hashlib
 import os
 import pathlib
 import re
+import time
 
 import pytest
 import requests
@@ -20,7 +21,15 @@ ROUTES = [
     ("PUT", "/v1/blobs/{hash}", "write"),
     ("GET", "/v1/blobs/{hash}", "read"),
     ("POST", "/v1/blobs", "write"),
+    ("GET", "/v1/blobs", "read"),
     ("GET", "/v1/blobs/{hash}/meta", "read"),
+    ("DELETE", "/v1/blobs/{hash}", "admin"),
+    ("POST", "/v1/blobs/{hash}/restore", "admin"),
+    ("PUT", "/v1/blobs/{hash}/location", "admin"),
+    ("POST", "/v1/import", "admin"),
+    ("POST", "/v1/reconcile", "admin"),
+    ("GET", "/v1/reconcile/runs", "read"),
+    ("GET", "/v1/reconcile/runs/{id}", "read"),
     ("POST", "/v1/lookup", "read"),
     ("GET", "/healthz", None),
     ("GET", "/readyz", None),
@@ -64,14 +73,56 @@ def send(srv, method, pattern, caller, known):
         data = os.urandom(64)
         return requests.put(f"{srv.url}/v1/blobs/{sha(data)}", data=data, headers=h,
                             timeout=TIMEOUT)
-    if pattern == "/v1/blobs":
+    if pattern == "/v1/blobs" and method == "POST":
         return requests.post(f"{srv.url}/v1/blobs", data=os.urandom(64), headers=h,
                              timeout=TIMEOUT)
     if pattern == "/v1/lookup":
         return requests.post(f"{srv.url}/v1/lookup", json={"hashes": [known, "0" * 64]},
                              headers=h, timeout=TIMEOUT)
+    if method == "DELETE" or pattern.endswith("/restore"):
+        # a blob of its own (the shared one must stay readable for the other routes)
+        own = fresh_blob(srv)
+        return requests.request(method, srv.url + pattern.replace("{hash}", own), headers=h,
+                                timeout=TIMEOUT)
+    if pattern.endswith("/location"):  # a "move" onto the same place: verified, switched
+        loc = requests.get(f"{srv.url}/v1/blobs/{known}/meta", headers=headers_for("read"),
+                           timeout=TIMEOUT).json()["locations"][0]
+        here = {"store": loc["store"], "key": loc["key"]}
+        return requests.put(f"{srv.url}/v1/blobs/{known}/location", headers=h, timeout=TIMEOUT,
+                            json={"expect": here, "to": here, "verify": "size"})
+    if pattern == "/v1/import":
+        return requests.post(f"{srv.url}/v1/import", json={"blobs": []}, headers=h,
+                             timeout=TIMEOUT)
+    if pattern == "/v1/reconcile":  # one run at a time: wait out a 409 from the previous caller
+        for _ in range(100):
+            r = requests.post(f"{srv.url}/v1/reconcile?dry_run=1", headers=h, timeout=TIMEOUT)
+            if r.status_code != 409:
+                return r
+            time.sleep(0.05)
+        return r
+    if pattern == "/v1/reconcile/runs/{id}":
+        return requests.get(f"{srv.url}/v1/reconcile/runs/1", headers=h, timeout=TIMEOUT)
     path = pattern.replace("{hash}", known)
     return requests.request(method, srv.url + path, headers=h, timeout=TIMEOUT)
+
+
+def fresh_blob(srv):
+    data = os.urandom(64)
+    r = requests.put(f"{srv.url}/v1/blobs/{sha(data)}", data=data, headers=headers_for("write")
+                     if "write" in TOKENS else {}, timeout=TIMEOUT)
+    assert r.status_code == 201, r.text
+    return sha(data)
+
+
+def first_run(srv, admin, reader):
+    """Reconcile run 1 exists (it fails at once: no [table]), for GET /v1/reconcile/runs/1."""
+    r = requests.post(f"{srv.url}/v1/reconcile?dry_run=1", headers=admin, timeout=TIMEOUT)
+    assert r.status_code == 202 and r.json()["id"] == 1, r.text
+    for _ in range(200):
+        if requests.get(f"{srv.url}/v1/reconcile/runs/1", headers=reader,
+                        timeout=TIMEOUT).json()["state"] != "running":
+            return
+        time.sleep(0.05)
 
 
 def expected(scope, caller, anonymous):
@@ -96,6 +147,7 @@ def authsrv(request, tmp_path_factory):
     r = requests.put(f"{srv.url}/v1/blobs/{sha(known)}", data=known,
                      headers=headers_for("write"), timeout=TIMEOUT)
     assert r.status_code == 201
+    first_run(srv, headers_for("admin"), headers_for("read"))
     yield srv, anonymous, sha(known)
     alive = srv.alive()
     assert srv.stop() == 0 and alive, srv.read_log()
@@ -124,6 +176,7 @@ def opensrv(tmp_path_factory):
     known = os.urandom(500)
     assert requests.put(f"{srv.url}/v1/blobs/{sha(known)}", data=known,
                         timeout=TIMEOUT).status_code == 201
+    first_run(srv, {}, {})
     yield srv, sha(known)
     alive = srv.alive()
     assert srv.stop() == 0 and alive, srv.read_log()
