@@ -352,7 +352,9 @@ int br_index_list_after(br_index *idx, const uint8_t *after, size_t limit, int s
       break;
     }
     memcpy(next, k.mv_data, BR_SHA256_LEN);
-    if (state >= 0 && (int)rec->state != state) continue;
+    /* "quarantined" covers both kinds: by reconcile and held by an admin */
+    int st = rec->state == BR_STATE_HELD ? BR_STATE_QUARANTINED : (int)rec->state;
+    if (state >= 0 && st != state) continue;
     listed++;
     if (fn(ud, k.mv_data, rec)) {
       out = br_fail(err, "index: listing stopped by its caller");

@@ -321,6 +321,23 @@ static void backoff(unsigned attempt) {
   }
 }
 
+/* How long one attempt may take. A frozen S3 accepts connections and answers nothing, and
+ * libcurl's low-speed check does not fire while a sent request waits for its answer: so requests
+ * that move a known amount of bytes get stall_ms plus the time those bytes take at 256 KiB/s at
+ * least. Completions and copies (POST, x-amz-copy-source), which S3 may take long to answer,
+ * keep the whole-request timeout. */
+static long request_budget_ms(const s3_target *t, const s3_request *req) {
+  if (req->timeout_ms) return req->timeout_ms;
+  if (!strcmp(req->method, "POST")) return t->timeout_ms;
+  for (size_t i = 0; i < req->nheaders; i++)
+    if (!strcasecmp(req->headers[i].name, "x-amz-copy-source")) return t->timeout_ms;
+  uint64_t bytes = req->body.len + req->into_cap;
+  if (req->has_range) bytes += req->range_last - req->range_first + 1;
+  if (!strcmp(req->method, "GET") && !req->has_range && !req->into) bytes += 4u << 20;
+  uint64_t budget = (uint64_t)t->stall_ms + bytes * 1000 / (256 * 1024);
+  return budget < (uint64_t)t->timeout_ms ? (long)budget : t->timeout_ms;
+}
+
 /* One attempt. Returns 0 with an answer, or -1 with err (transport). */
 static int attempt_once(s3_target *t, s3_request *req, s3_response *resp, br_err *err) {
   CURL *h = s3_curl_handle();
@@ -374,7 +391,10 @@ static int attempt_once(s3_target *t, s3_request *req, s3_response *resp, br_err
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, list);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, t->connect_timeout_ms);
-  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, req->timeout_ms ? req->timeout_ms : t->timeout_ms);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, request_budget_ms(t, req));
+  /* a frozen S3 (connections accepted, nothing answered) fails after stall_ms, not timeout_ms */
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, t->stall_ms < 1000 ? 1L : t->stall_ms / 1000);
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(h, CURLOPT_HEADERDATA, &x);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body_write);

@@ -161,7 +161,8 @@ int br_index_foreach_after(br_index *idx, const uint8_t *after, br_index_each_fn
 #define BR_INDEX_LIST_MAX_SCAN 100000
 
 /* One page of the index in key order: calls fn for at most limit records whose key is greater
- * than after (NULL: from the first key) and whose state is `state` (-1: any), all inside one read
+ * than after (NULL: from the first key) and whose state is `state` (-1: any; BR_STATE_QUARANTINED
+ * includes BR_STATE_HELD), all inside one read
  * transaction (a consistent snapshot of the page). At most BR_INDEX_LIST_MAX_SCAN records are
  * looked at, so a filtered page may hold fewer than limit records. When records remain after the
  * page, *has_next = 1 and next holds the last key looked at: the next page starts after it.
