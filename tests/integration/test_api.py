@@ -636,7 +636,7 @@ def test_no_route(mserver, path):
     ("POST", "/healthz", {"GET"}),
     ("PUT", "/readyz", {"GET"}),
     ("GET", "/v1/lookup", {"POST"}),
-    ("DELETE", "/v1/blobs", {"GET", "POST"}),  # GET is the paged listing
+    ("PUT", "/v1/blobs", {"GET", "HEAD", "POST"}),  # GET lists the index
     ("POST", f"/v1/blobs/{'a' * 64}", {"GET", "HEAD", "PUT"}),
     ("PUT", f"/v1/blobs/{'a' * 64}/meta", {"GET"}),
     ("PATCH", f"/v1/blobs/{'a' * 64}", {"GET", "HEAD", "PUT"}),
