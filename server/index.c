@@ -261,6 +261,26 @@ int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *
   return out;
 }
 
+/* Positions cur on the first key after `after` (NULL: the first key). Returns LMDB's code. */
+static int cursor_seek_after(MDB_cursor *cur, const uint8_t *after, MDB_val *k, MDB_val *v) {
+  if (!after) return mdb_cursor_get(cur, k, v, MDB_FIRST);
+  *k = key_of(after);
+  int rc = mdb_cursor_get(cur, k, v, MDB_SET_RANGE);
+  if (rc == 0 && k->mv_size == BR_SHA256_LEN && !memcmp(k->mv_data, after, BR_SHA256_LEN))
+    rc = mdb_cursor_get(cur, k, v, MDB_NEXT);
+  return rc;
+}
+
+/* Decodes the record at the cursor; an error names the blob. Returns 0 or -1 (err). */
+static int decode_at(const MDB_val *k, const MDB_val *v, br_record *rec, br_err *err) {
+  if (k->mv_size != BR_SHA256_LEN) return br_fail(err, "index: key of %zu bytes", k->mv_size);
+  if (br_record_decode(v->mv_data, v->mv_size, rec, err) == 0) return 0;
+  char hex[BR_HEX_LEN + 1], why[sizeof err->msg];
+  br_hex_encode(k->mv_data, hex);
+  snprintf(why, sizeof why, "%s", err ? err->msg : "");
+  return br_fail(err, "%s: %s", hex, why);
+}
+
 int br_index_foreach(br_index *idx, br_index_each_fn fn, void *ud, br_err *err) {
   return br_index_foreach_after(idx, NULL, fn, ud, err);
 }
@@ -280,23 +300,10 @@ int br_index_foreach_after(br_index *idx, const uint8_t *after, br_index_each_fn
   int out = 0;
   br_record *rec = malloc(sizeof *rec);
   if (!rec) out = br_fail(err, "out of memory");
-  if (after) {
-    k = key_of(after);
-    rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
-    if (rc == 0 && k.mv_size == BR_SHA256_LEN && !memcmp(k.mv_data, after, BR_SHA256_LEN))
-      rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
-  } else {
-    rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
-  }
-  for (; out == 0 && rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    if (k.mv_size != BR_SHA256_LEN) {
-      out = br_fail(err, "index: key of %zu bytes", k.mv_size);
-      break;
-    }
-    if (br_record_decode(v.mv_data, v.mv_size, rec, err) < 0) {
-      char hex[BR_HEX_LEN + 1];
-      br_hex_encode(k.mv_data, hex);
-      out = br_fail(err, "%s: %s", hex, err->msg);
+  for (rc = cursor_seek_after(cur, after, &k, &v); out == 0 && rc == 0;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (decode_at(&k, &v, rec, err) < 0) {
+      out = -1;
       break;
     }
     if (fn(ud, k.mv_data, rec)) break;
@@ -325,30 +332,16 @@ int br_index_list_after(br_index *idx, const uint8_t *after, size_t limit, int s
   size_t listed = 0, scanned = 0;
   br_record *rec = malloc(sizeof *rec);
   if (!rec) out = br_fail(err, "out of memory");
-  if (after) {
-    k.mv_size = BR_SHA256_LEN;
-    k.mv_data = (void *)after;
-    rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
-    if (rc == 0 && k.mv_size == BR_SHA256_LEN && memcmp(k.mv_data, after, BR_SHA256_LEN) == 0)
-      rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
-  } else {
-    rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
-  }
-  for (; out == 0 && rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    if (k.mv_size != BR_SHA256_LEN) {
-      out = br_fail(err, "index: key of %zu bytes", k.mv_size);
-      break;
-    }
+  for (rc = cursor_seek_after(cur, after, &k, &v); out == 0 && rc == 0;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
     if (listed == limit || scanned == BR_INDEX_LIST_MAX_SCAN) {
       /* more follow: the caller goes on after the last key it has seen */
       *has_next = 1;
       break;
     }
     scanned++;
-    if (br_record_decode(v.mv_data, v.mv_size, rec, err) < 0) {
-      char hex[BR_HEX_LEN + 1];
-      br_hex_encode(k.mv_data, hex);
-      out = br_fail(err, "%s: %s", hex, err->msg);
+    if (decode_at(&k, &v, rec, err) < 0) {
+      out = -1;
       break;
     }
     memcpy(next, k.mv_data, BR_SHA256_LEN);
