@@ -340,43 +340,6 @@ static size_t get_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
   return n;
 }
 
-/* Opens a temporary file next to path (same directory, so rename is atomic) with the
- * permissions a new file would get. Writes its name into tmp. Returns the FILE or NULL. */
-static FILE *open_temp_next_to(const char *path, char *tmp, size_t tmpsize, br_err *err) {
-  char dirbuf[4096], basebuf[4096];
-  if (strlen(path) >= sizeof dirbuf) {
-    br_fail(err, "output path too long");
-    return NULL;
-  }
-  strcpy(dirbuf, path);
-  strcpy(basebuf, path);
-  const char *dir = dirname(dirbuf), *base = basename(basebuf);
-  int n = snprintf(tmp, tmpsize, "%s/.%s.blobref-XXXXXX", dir, base);
-  if (n < 0 || (size_t)n >= tmpsize) {
-    br_fail(err, "output path too long");
-    return NULL;
-  }
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
-    br_fail(err, "cannot create a temporary file in %s: %s", dir, strerror(errno));
-    tmp[0] = '\0';
-    return NULL;
-  }
-  mode_t mask = umask(0);
-  umask(mask);
-  if (fchmod(fd, 0666 & ~mask) != 0) { /* mkstemp makes 0600 */
-    br_fail(err, "cannot set the mode of %s: %s", tmp, strerror(errno));
-    close(fd);
-    return NULL;
-  }
-  FILE *f = fdopen(fd, "wb");
-  if (!f) {
-    br_fail(err, "cannot open %s: %s", tmp, strerror(errno));
-    close(fd);
-  }
-  return f;
-}
-
 int cmd_get(const cli_globals *g, int argc, char **argv) {
   static const struct option longopts[] = {{"range", required_argument, NULL, 'r'},
                                            {"output", required_argument, NULL, 'o'},
@@ -424,7 +387,7 @@ int cmd_get(const cli_globals *g, int argc, char **argv) {
     goto fail;
   }
   if (outpath) {
-    sink.out = open_temp_next_to(outpath, tmp, sizeof tmp, &err);
+    sink.out = br_cli_open_temp_next_to(outpath, tmp, sizeof tmp, &err);
     if (!sink.out) goto fail;
   } else {
     sink.out = stdout;

@@ -38,37 +38,6 @@ static int usage_error(const char *cmd, const char *fmt, ...) {
   return 2;
 }
 
-/* Opens a temporary file next to path (same directory, so the rename is atomic). */
-static FILE *open_temp_next_to(const char *path, char *tmp, size_t tmpsize, br_err *err) {
-  char dirbuf[PATH_MAX], basebuf[PATH_MAX];
-  if (strlen(path) >= sizeof dirbuf) {
-    br_fail(err, "output path too long");
-    return NULL;
-  }
-  strcpy(dirbuf, path);
-  strcpy(basebuf, path);
-  const char *dir = dirname(dirbuf), *base = basename(basebuf);
-  int n = snprintf(tmp, tmpsize, "%s/.%s.blobref-XXXXXX", dir, base);
-  if (n < 0 || (size_t)n >= tmpsize) {
-    br_fail(err, "output path too long");
-    return NULL;
-  }
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
-    br_fail(err, "cannot create a temporary file in %s: %s", dir, strerror(errno));
-    tmp[0] = '\0';
-    return NULL;
-  }
-  mode_t mask = umask(0);
-  umask(mask);
-  FILE *f = NULL;
-  if (fchmod(fd, 0666 & ~mask) != 0 || !(f = fdopen(fd, "wb"))) {
-    br_fail(err, "cannot open %s: %s", tmp, strerror(errno));
-    close(fd);
-  }
-  return f;
-}
-
 /* Flushes, fsyncs and closes f, then renames tmp to path. On failure removes tmp. */
 static int commit_temp(FILE *f, const char *tmp, const char *path, br_err *err) {
   int rc = 0;
@@ -416,7 +385,7 @@ static int extract_one(extract_ctx *x, const extract_opts *o, const char *in, co
     goto fail;
   }
   x->nrow_groups = br_parquet_num_row_groups(f);
-  tmpf = open_temp_next_to(out, tmp, sizeof tmp, &err);
+  tmpf = br_cli_open_temp_next_to(out, tmp, sizeof tmp, &err);
   if (!tmpf) goto fail;
   br_parquet_replace_options ro = {(size_t)col, o->as, o->binary, extract_row_group, x};
   int r = br_parquet_replace_column(f, &ro, write_file, tmpf, &err);
@@ -685,7 +654,7 @@ int cmd_export(const cli_globals *g, int argc, char **argv) {
   json_t *reply = NULL;
   char after[BR_HEX_LEN + 1] = "";
   int64_t rows = 0;
-  FILE *f = open_temp_next_to(out, tmp, sizeof tmp, &err);
+  FILE *f = br_cli_open_temp_next_to(out, tmp, sizeof tmp, &err);
   if (!f) goto fail;
   br_parquet_write_options wo = {BR_PQ_ZSTD, EXPORT_ROW_GROUP, 0};
   w = br_parquet_writer_new(cols, sizeof cols / sizeof cols[0], &wo, write_file, f, &err);

@@ -2,6 +2,10 @@
 #include "http_client.h"
 
 #include <stdio.h>
+#include <errno.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -271,4 +275,41 @@ int br_cli_content_type_check(const char *type) {
   for (size_t i = 0; i < n; i++)
     if ((unsigned char)type[i] < 0x20 || (unsigned char)type[i] >= 0x7f) return -1;
   return 0;
+}
+
+/* Opens a temporary file next to path (same directory, so rename is atomic) with the
+ * permissions a new file would get. Writes its name into tmp. Returns the FILE or NULL. */
+FILE *br_cli_open_temp_next_to(const char *path, char *tmp, size_t tmpsize, br_err *err) {
+  char dirbuf[4096], basebuf[4096];
+  if (strlen(path) >= sizeof dirbuf) {
+    br_fail(err, "output path too long");
+    return NULL;
+  }
+  strcpy(dirbuf, path);
+  strcpy(basebuf, path);
+  const char *dir = dirname(dirbuf), *base = basename(basebuf);
+  int n = snprintf(tmp, tmpsize, "%s/.%s.blobref-XXXXXX", dir, base);
+  if (n < 0 || (size_t)n >= tmpsize) {
+    br_fail(err, "output path too long");
+    return NULL;
+  }
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    br_fail(err, "cannot create a temporary file in %s: %s", dir, strerror(errno));
+    tmp[0] = '\0';
+    return NULL;
+  }
+  mode_t mask = umask(0);
+  umask(mask);
+  if (fchmod(fd, 0666 & ~mask) != 0) { /* mkstemp makes 0600 */
+    br_fail(err, "cannot set the mode of %s: %s", tmp, strerror(errno));
+    close(fd);
+    return NULL;
+  }
+  FILE *f = fdopen(fd, "wb");
+  if (!f) {
+    br_fail(err, "cannot open %s: %s", tmp, strerror(errno));
+    close(fd);
+  }
+  return f;
 }

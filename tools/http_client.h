@@ -6,6 +6,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "blobref/common.h"
@@ -82,5 +83,10 @@ int br_cli_range_check(const char *spec, const char **spec_out, br_err *err);
 
 /* Checks a --type value: 1..255 printable ASCII characters (what the server accepts). */
 int br_cli_content_type_check(const char *type);
+
+/* Opens a temporary file next to path (same directory, so the rename is atomic) with the
+ * permissions a new file would get. Writes its name into tmp. Returns the FILE, or NULL with err
+ * (tmp then names nothing to remove). */
+FILE *br_cli_open_temp_next_to(const char *path, char *tmp, size_t tmpsize, br_err *err);
 
 #endif
