@@ -189,7 +189,7 @@ struct br_server {
   /* metrics */
   atomic_uint_fast64_t requests[BR_MAX_ROUTES][6]; /* [route index][status class 0, 1xx..5xx] */
   atomic_uint_fast64_t latency[BR_MAX_ROUTES][LATENCY_BUCKETS + 1]; /* [route][bucket], not cumulative */
-  atomic_uint_fast64_t latency_sum_ns[16];
+  atomic_uint_fast64_t latency_sum_ns[BR_MAX_ROUTES];
   atomic_uint_fast64_t upload_step_ns[UPLOAD_STEPS];
   atomic_uint_fast64_t cache_hits, cache_misses;
   atomic_uint_fast64_t store_errors[BR_MAX_STORES][STORE_OPS];
