@@ -1,5 +1,6 @@
 /* /healthz, /readyz and /metrics (Prometheus text format). */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +47,53 @@ static void appendf(struct text *t, const char *fmt, ...) {
 }
 
 static void emit_line(void *ud, const char *line) { appendf(ud, "%s", line); }
+
+/* Blobs and bytes by state, for the operator console's overview: one read-only walk of the index
+ * at most every CENSUS_MAX_AGE_MS (the index keeps no per-state counters), shared by every
+ * /metrics request; a request arriving while another walks uses the previous figures. */
+#define CENSUS_MAX_AGE_MS 10000
+enum { CENSUS_LIVE, CENSUS_QUARANTINED, CENSUS_HELD, CENSUS_STATES };
+static const char *const census_names[CENSUS_STATES] = {"live", "quarantined", "held"};
+struct census {
+  uint64_t blobs[CENSUS_STATES], bytes[CENSUS_STATES];
+};
+static pthread_mutex_t census_lock = PTHREAD_MUTEX_INITIALIZER; /* guards census_last, _at */
+static pthread_mutex_t census_walk = PTHREAD_MUTEX_INITIALIZER; /* one walk at a time */
+static struct census census_last;
+static uint64_t census_at_ms;
+
+static int census_add(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_record *rec) {
+  struct census *c = ud;
+  int s = rec->state == BR_STATE_HELD          ? CENSUS_HELD
+          : rec->state == BR_STATE_QUARANTINED ? CENSUS_QUARANTINED
+                                               : CENSUS_LIVE;
+  c->blobs[s]++;
+  c->bytes[s] += rec->size;
+  return 0;
+}
+
+/* The figures, walked again when they are older than CENSUS_MAX_AGE_MS. */
+static struct census census_get(br_server *srv) {
+  uint64_t now = br_now_ms();
+  pthread_mutex_lock(&census_lock);
+  int stale = !census_at_ms || now - census_at_ms >= CENSUS_MAX_AGE_MS;
+  struct census c = census_last;
+  pthread_mutex_unlock(&census_lock);
+  if (!stale || pthread_mutex_trylock(&census_walk) != 0) return c;
+  struct census fresh = {0};
+  br_err err;
+  if (br_index_foreach(srv->index, census_add, &fresh, &err) == 0) {
+    pthread_mutex_lock(&census_lock);
+    census_last = fresh;
+    census_at_ms = br_now_ms();
+    pthread_mutex_unlock(&census_lock);
+    c = fresh;
+  } else {
+    br_error("metrics: index census: %s", err.msg);
+  }
+  pthread_mutex_unlock(&census_walk);
+  return c;
+}
 
 /* Prometheus text format 0.0.4; every family has HELP and TYPE, so that `promtool check metrics`
  * (tests/integration/test_metrics.py) finds nothing to say. */
@@ -169,6 +217,25 @@ enum MHD_Result metrics_get(struct request *req) {
           "# TYPE blobref_start_time_seconds gauge\nblobref_start_time_seconds %" PRIu64 "\n",
           atomic_load(&srv->bytes_in), atomic_load(&srv->bytes_out), is.commits, is.ops, is.entries,
           is.map_size, is.map_used, srv->started_ms / 1000);
+  struct census c = census_get(srv);
+  appendf(&t,
+          "# HELP blobref_index_blobs Blobs in the index by state (refreshed at most every "
+          "10 s).\n# TYPE blobref_index_blobs gauge\n");
+  for (int i = 0; i < CENSUS_STATES; i++)
+    appendf(&t, "blobref_index_blobs{state=\"%s\"} %" PRIu64 "\n", census_names[i], c.blobs[i]);
+  appendf(&t,
+          "# HELP blobref_index_blob_bytes Bytes of the blobs in the index by state "
+          "(refreshed at most every 10 s).\n# TYPE blobref_index_blob_bytes gauge\n");
+  for (int i = 0; i < CENSUS_STATES; i++)
+    appendf(&t, "blobref_index_blob_bytes{state=\"%s\"} %" PRIu64 "\n", census_names[i],
+            c.bytes[i]);
+  appendf(&t,
+          "# HELP blobref_store_up 1 when the store passed its last health check, 0 when it failed "
+          "or was not checked yet.\n"
+          "# TYPE blobref_store_up gauge\n");
+  for (int i = 0; i < srv->nstores; i++)
+    appendf(&t, "blobref_store_up{store=\"%s\"} %d\n", br_store_name(srv->stores[i]),
+            atomic_load(&srv->store_ok[i]) == 1 ? 1 : 0);
   reconcile_metrics(srv, emit_line, &t);
   if (!t.buf) return reply_error(req, E_INTERNAL, "out of memory");
   req->bytes_out = t.len;
