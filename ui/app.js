@@ -35,7 +35,7 @@
       else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
       else el[k] = v;
     }
-    for (const c of children.flat()) {
+    for (const c of children.flat(Infinity)) {
       if (c === null || c === undefined || c === false) continue;
       el.append(c instanceof Node ? c : String(c));
     }
@@ -55,6 +55,10 @@
 
   function fmtInt(n) {
     return Number.isFinite(n) ? Math.round(n).toLocaleString("en-US") : "–";
+  }
+
+  function ago(secs) {
+    return secs < 90 ? Math.round(secs) + " s" : Math.round(secs / 60) + " min";
   }
 
   function fmtTime(iso) {
@@ -192,6 +196,12 @@
       [xs].concat(series.map((ser) => ser.data)),
       parent,
     );
+    // the time axis: at least minSpan seconds, ending at the last point (uPlot would make one
+    // point a day wide, and no point an arbitrary range)
+    const minSpan = opts.minSpan || 60;
+    const hi = xs.length ? xs[xs.length - 1] : Date.now() / 1000;
+    const lo = Math.min(xs.length ? xs[0] : hi, hi - minSpan);
+    chart.setScale("x", { min: lo - (hi - lo) * 0.02, max: hi + (hi - lo) * 0.02 });
     state.charts.push(chart);
     return chart;
   }
@@ -337,7 +347,7 @@
       h("table", { id: "steps" },
         h("thead", {}, h("tr", {}, h("th", {}, "step"), h("th", { className: "num" }, "all uploads"),
           h("th", { className: "num" }, "mean per upload"),
-          h("th", { className: "num" }, "mean, last " + Math.round((now.t - first.t) / 60) + " min"))),
+          h("th", { className: "num" }, "mean, last " + ago(now.t - first.t)))),
         h("tbody", {}, stepRows)),
       h("p", { className: "note" }, fmtInt(now.created) + " uploads created, " + fmtInt(now.dedup) +
         " deduplicated since the server started."));
@@ -425,9 +435,10 @@
       runs.length ? table : h("p", { id: "no-runs" }, "No runs yet."));
     const done = runs.filter((r) => r.blobs && r.started_at).reverse();
     const xs = done.map((r) => Date.parse(r.started_at) / 1000);
-    lineChart(chartBox, "reconcile runs", xs,
+    lineChart(chartBox, "blobs per run, and bytes reclaimed", xs,
       RUN_COLS.map((c) => ({ label: c, data: done.map((r) => r.blobs[c]) })).concat(
-        [{ label: "bytes reclaimed", data: done.map((r) => r.bytes_reclaimed), scale: "bytes" }]));
+        [{ label: "bytes reclaimed", data: done.map((r) => r.bytes_reclaimed), scale: "bytes" }]),
+      { minSpan: 3600 });
     view.dataset.ready = "1";
   }
 
