@@ -57,6 +57,13 @@
     return Number.isFinite(n) ? Math.round(n).toLocaleString("en-US") : "–";
   }
 
+  function fmtSecs(secs) {
+    if (!Number.isFinite(secs)) return "–";
+    if (secs >= 1) return secs.toFixed(2) + " s";
+    if (secs >= 0.001) return (secs * 1000).toFixed(2) + " ms";
+    return (secs * 1e6).toFixed(0) + " µs";
+  }
+
   function ago(secs) {
     return secs < 90 ? Math.round(secs) + " s" : Math.round(secs / 60) + " min";
   }
@@ -331,22 +338,23 @@
           h("th", { className: "num" }, "check errors"))),
         h("tbody", {}, storeRows)));
 
-    // upload time per step: since the start, and over the plotted window
+    // upload time per step: since the start, and over the plotted window, per upload stored
+    // (deduplicated uploads mostly skip the steps: they are not counted in the mean)
     const first = hist[0];
-    const acks = now.created + now.dedup;
-    const windowAcks = acks - (first.created + first.dedup);
+    const stored = now.created;
+    const windowStored = stored - first.created;
     const stepRows = Object.keys(now.steps).map((step) => {
       const secs = now.steps[step];
       const win = secs - (first.steps[step] || 0);
       return h("tr", {}, h("td", {}, step),
-        h("td", { className: "num" }, secs.toFixed(3) + " s"),
-        h("td", { className: "num" }, acks ? ((secs / acks) * 1000).toFixed(2) + " ms" : "–"),
-        h("td", { className: "num" }, windowAcks > 0 ? ((win / windowAcks) * 1000).toFixed(2) + " ms" : "–"));
+        h("td", { className: "num" }, fmtSecs(secs)),
+        h("td", { className: "num" }, stored ? fmtSecs(secs / stored) : "–"),
+        h("td", { className: "num" }, windowStored > 0 ? fmtSecs(win / windowStored) : "–"));
     });
     const steps = h("section", { className: "panel" }, h("h3", {}, "Upload time per step"),
       h("table", { id: "steps" },
         h("thead", {}, h("tr", {}, h("th", {}, "step"), h("th", { className: "num" }, "all uploads"),
-          h("th", { className: "num" }, "mean per upload"),
+          h("th", { className: "num" }, "per upload stored"),
           h("th", { className: "num" }, "mean, last " + ago(now.t - first.t)))),
         h("tbody", {}, stepRows)),
       h("p", { className: "note" }, fmtInt(now.created) + " uploads created, " + fmtInt(now.dedup) +
