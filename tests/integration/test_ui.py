@@ -318,6 +318,18 @@ def test_console_in_a_browser(console):
 
     errors = [e for e in b.errors() if not expected_probe_failure(e)]
     assert errors == [], errors
+    # and the CSP is enforced: an inline style or script would have shown up above
+    b.eval("document.body.setAttribute('style', 'color: red')")
+    b.eval("(() => { const s = document.createElement('script'); s.textContent = 'window.pwned = 1';"
+           " document.body.append(s); })()")
+    deadline = time.time() + 5
+    while True:  # the violation reports arrive as events, after the calls
+        blocked = [e for e in b.errors() if e[0] == "log" and e[1] == "security"]
+        if len(blocked) >= 2 or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(blocked) == 2 and all("Content Security Policy" in e[2] for e in blocked), blocked
+    assert b.eval("window.pwned === undefined")
     assert time.monotonic() - t0 < 60 + 5 * int(os.environ.get("BLOBREF_UI_POLLS", "1"))
 
 
