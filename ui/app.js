@@ -8,6 +8,7 @@
   const POLL_MS = 5000;
   const HISTORY_MS = 15 * 60 * 1000;
   const PAGE = 20;
+  // raster images only: an SVG is a document (shown as a hex dump like anything else)
   const IMAGE_TYPES = /^image\/(png|jpeg|gif|webp|avif|bmp|x-icon|vnd\.microsoft\.icon)$/;
   // routes this page polls itself: left out of the request rate
   const OWN_ROUTES = new Set(["/metrics", "/readyz", "/healthz", "/ui", "/ui/{file}"]);
@@ -601,12 +602,15 @@
 
   async function renderPreview(box, rec) {
     try {
-      if (IMAGE_TYPES.test(rec.content_type)) {
+      const type = (rec.content_type || "").split(";")[0].trim().toLowerCase();
+      if (IMAGE_TYPES.test(type)) {
         const img = h("img", { id: "blob-img", alt: "preview of " + rec.sha256 });
         if (state.token) {
           // <img> cannot send Authorization: fetch the bytes and show them from a blob: URL
           const data = await fetchBlob(rec);
-          img.src = URL.createObjectURL(new Blob([data], { type: rec.content_type }));
+          const url = URL.createObjectURL(new Blob([data], { type }));
+          img.addEventListener("load", () => URL.revokeObjectURL(url), { once: true });
+          img.src = url;
         } else {
           img.src = "/v1/blobs/" + rec.sha256;
         }
