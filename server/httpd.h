@@ -82,7 +82,7 @@ typedef int (*route_body_fn)(struct request *req, const char *data, size_t len);
 
 struct route {
   const char *method;
-  const char *pattern; /* "/v1/blobs/{hash}": one {hash} segment at most */
+  const char *pattern; /* "/v1/blobs/{hash}": one {hash}, {id} or {file} segment at most */
   unsigned scope;      /* BR_SCOPE_* needed */
   route_fn begin;      /* first call, headers known (may answer early); NULL = nothing */
   route_body_fn body;  /* body chunks; NULL = the route takes no body */
