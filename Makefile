@@ -32,7 +32,12 @@ CFLAGS ?=
 ALL_CFLAGS := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
 
 LIB_SRCS := $(filter-out server/blobrefd.c,$(wildcard server/*.c))
-LIB_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o)
+# The operator console (ui/): its files and uPlot (npm, pinned by ui/package-lock.json) are
+# compiled into the library as one generated C file shared by every MODE.
+UI_GEN := $(BUILD_ROOT)/gen/ui_assets.c
+UI_OBJ := $(OBJ)/gen/ui_assets.o
+UPLOT := ui/node_modules/uplot/dist/uPlot.iife.min.js
+LIB_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o) $(UI_OBJ)
 LIB := $(BUILD_ROOT)/$(MODE)/libblobref.a
 DAEMON_OBJS := $(OBJ)/server/blobrefd.o
 TOOL_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(wildcard tools/*.c))
@@ -48,6 +53,19 @@ deps:
 	@tools/install-deps.sh build
 
 $(OBJ)/%.o: %.c $(wildcard include/blobref/*.h server/*.h tools/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+# npm ci when ui/node_modules is missing or older than the lockfile.
+$(UPLOT): ui/package.json ui/package-lock.json
+	cd ui && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(UI_GEN): tools/ui-embed.sh ui/index.html ui/app.js ui/style.css $(UPLOT)
+	@mkdir -p $(dir $@)
+	tools/ui-embed.sh $@ ui
+
+$(UI_OBJ): $(UI_GEN) server/ui_assets.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 

@@ -24,17 +24,18 @@ br_store *br_server_store(br_server *srv, const char *name) {
   return NULL;
 }
 
-/* Matches url against a route pattern; a "{hash}" segment captures one path segment. */
+/* Matches url against a route pattern; a "{hash}", "{id}" or "{file}" segment captures one path
+ * segment (possibly empty). */
 static int pattern_match(const char *pattern, const char *url, const char **cap, size_t *cap_len) {
   const char *p = pattern, *u = url;
   while (*p) {
-    if (!strncmp(p, "{hash}", 6) || !strncmp(p, "{id}", 4)) {
+    if (!strncmp(p, "{hash}", 6) || !strncmp(p, "{id}", 4) || !strncmp(p, "{file}", 6)) {
       const char *end = strchr(u, '/');
       if (!end) end = u + strlen(u);
       *cap = u;
       *cap_len = (size_t)(end - u);
       u = end;
-      p += p[1] == 'h' ? 6 : 4;
+      p = strchr(p, '}') + 1;
       continue;
     }
     if (*p++ != *u++) return 0;
@@ -243,7 +244,7 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
     num[cap_len] = '\0';
     req->run_id = strtoull(num, &end, 10);
     if (*end) return early_error(req, has_body, E_NOT_FOUND, "no such run");
-  } else if (cap) {
+  } else if (cap && strstr(req->route->pattern, "{hash}")) { /* {file}: the handler's to read */
     if (br_blob_id_parse(cap, cap_len, req->digest) < 0)
       return early_error(req, has_body, E_BAD_HASH,
                          "a blob id is 64 lowercase hex digits, optionally after sha256:");

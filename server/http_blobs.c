@@ -302,6 +302,8 @@ enum MHD_Result blob_release(struct request *req);
 enum MHD_Result list_get(struct request *req);
 enum MHD_Result blob_location_put(struct request *req);
 enum MHD_Result import_post(struct request *req);
+enum MHD_Result ui_get(struct request *req);      /* http_ui.c */
+enum MHD_Result ui_redirect(struct request *req); /* http_ui.c */
 
 const struct route br_routes[] = {
     {"PUT", "/v1/blobs/{hash}", BR_SCOPE_WRITE, put_begin, upload_body, upload_finish},
@@ -320,6 +322,8 @@ const struct route br_routes[] = {
     {"GET", "/healthz", 0, NULL, NULL, health_get},
     {"GET", "/readyz", 0, NULL, NULL, ready_get},
     {"GET", "/metrics", 0, NULL, NULL, metrics_get},
+    {"GET", "/ui", 0, NULL, NULL, ui_redirect},
+    {"GET", "/ui/{file}", 0, NULL, NULL, ui_get},
 };
 const size_t br_nroutes = sizeof br_routes / sizeof br_routes[0];
 _Static_assert(sizeof br_routes / sizeof br_routes[0] <= BR_MAX_ROUTES,

@@ -1,5 +1,6 @@
 /* /healthz, /readyz and /metrics (Prometheus text format). */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,10 +48,73 @@ static void appendf(struct text *t, const char *fmt, ...) {
 
 static void emit_line(void *ud, const char *line) { appendf(ud, "%s", line); }
 
+/* Blobs and bytes by state, for the operator console's overview: the index keeps no per-state
+ * counters, so a read-only walk of it counts them, at most every CENSUS_MAX_AGE_MS, on a finisher
+ * thread (a walk of millions of records never holds a network thread); /metrics requests in
+ * between get the last figures. One server per process: the figures are process-wide. */
+#define CENSUS_MAX_AGE_MS 10000
+enum { CENSUS_LIVE, CENSUS_QUARANTINED, CENSUS_HELD, CENSUS_STATES };
+static const char *const census_names[CENSUS_STATES] = {"live", "quarantined", "held"};
+struct census {
+  uint64_t blobs[CENSUS_STATES], bytes[CENSUS_STATES];
+};
+static pthread_mutex_t census_lock = PTHREAD_MUTEX_INITIALIZER; /* guards census_last, _at */
+static pthread_mutex_t census_walk = PTHREAD_MUTEX_INITIALIZER; /* one walk at a time */
+static struct census census_last;
+static uint64_t census_at_ms;
+
+static int census_add(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_record *rec) {
+  struct census *c = ud;
+  int s = rec->state == BR_STATE_HELD          ? CENSUS_HELD
+          : rec->state == BR_STATE_QUARANTINED ? CENSUS_QUARANTINED
+                                               : CENSUS_LIVE;
+  c->blobs[s]++;
+  c->bytes[s] += rec->size;
+  return 0;
+}
+
+/* The last figures; *stale: they are missing or older than CENSUS_MAX_AGE_MS. */
+static struct census census_now(int *stale) {
+  uint64_t now = br_now_ms();
+  pthread_mutex_lock(&census_lock);
+  *stale = !census_at_ms || now - census_at_ms >= CENSUS_MAX_AGE_MS;
+  struct census c = census_last;
+  pthread_mutex_unlock(&census_lock);
+  return c;
+}
+
+/* A finisher job (JOB_CALL): walks the index unless a walk that ended meanwhile made the figures
+ * fresh. A failed walk is logged and leaves the previous figures. */
+static void census_refresh(struct request *req) {
+  pthread_mutex_lock(&census_walk);
+  int stale;
+  census_now(&stale);
+  if (stale) {
+    struct census fresh = {0};
+    br_err err;
+    if (br_index_foreach(req->srv->index, census_add, &fresh, &err) == 0) {
+      pthread_mutex_lock(&census_lock);
+      census_last = fresh;
+      census_at_ms = br_now_ms();
+      pthread_mutex_unlock(&census_lock);
+    } else {
+      br_error("metrics: index census: %s", err.msg);
+    }
+  }
+  pthread_mutex_unlock(&census_walk);
+}
+
 /* Prometheus text format 0.0.4; every family has HELP and TYPE, so that `promtool check metrics`
  * (tests/integration/test_metrics.py) finds nothing to say. */
 enum MHD_Result metrics_get(struct request *req) {
   br_server *srv = req->srv;
+  int stale;
+  struct census census = census_now(&stale);
+  if (stale && req->phase != PHASE_RESUMED) {
+    req->job_fn = census_refresh; /* answered when it is done (or now, when stopping) */
+    if (br_server_finish_async(req, JOB_CALL) == 0) return MHD_YES;
+  }
+  if (req->phase == PHASE_RESUMED) census = census_now(&stale);
   struct text t = {0};
   appendf(&t,
           "# HELP blobref_http_requests_total HTTP requests answered, by route and status "
@@ -169,6 +233,25 @@ enum MHD_Result metrics_get(struct request *req) {
           "# TYPE blobref_start_time_seconds gauge\nblobref_start_time_seconds %" PRIu64 "\n",
           atomic_load(&srv->bytes_in), atomic_load(&srv->bytes_out), is.commits, is.ops, is.entries,
           is.map_size, is.map_used, srv->started_ms / 1000);
+  appendf(&t,
+          "# HELP blobref_index_blobs Blobs in the index by state (refreshed at most every "
+          "10 s).\n# TYPE blobref_index_blobs gauge\n");
+  for (int i = 0; i < CENSUS_STATES; i++)
+    appendf(&t, "blobref_index_blobs{state=\"%s\"} %" PRIu64 "\n", census_names[i],
+            census.blobs[i]);
+  appendf(&t,
+          "# HELP blobref_index_blob_bytes Bytes of the blobs in the index by state "
+          "(refreshed at most every 10 s).\n# TYPE blobref_index_blob_bytes gauge\n");
+  for (int i = 0; i < CENSUS_STATES; i++)
+    appendf(&t, "blobref_index_blob_bytes{state=\"%s\"} %" PRIu64 "\n", census_names[i],
+            census.bytes[i]);
+  appendf(&t,
+          "# HELP blobref_store_up 1 when the store passed its last health check, 0 when it failed "
+          "or was not checked yet.\n"
+          "# TYPE blobref_store_up gauge\n");
+  for (int i = 0; i < srv->nstores; i++)
+    appendf(&t, "blobref_store_up{store=\"%s\"} %d\n", br_store_name(srv->stores[i]),
+            atomic_load(&srv->store_ok[i]) == 1 ? 1 : 0);
   reconcile_metrics(srv, emit_line, &t);
   if (!t.buf) return reply_error(req, E_INTERNAL, "out of memory");
   req->bytes_out = t.len;

@@ -82,7 +82,7 @@ typedef int (*route_body_fn)(struct request *req, const char *data, size_t len);
 
 struct route {
   const char *method;
-  const char *pattern; /* "/v1/blobs/{hash}": one {hash} segment at most */
+  const char *pattern; /* "/v1/blobs/{hash}": one {hash}, {id} or {file} segment at most */
   unsigned scope;      /* BR_SCOPE_* needed */
   route_fn begin;      /* first call, headers known (may answer early); NULL = nothing */
   route_body_fn body;  /* body chunks; NULL = the route takes no body */
@@ -189,7 +189,7 @@ struct br_server {
   /* metrics */
   atomic_uint_fast64_t requests[BR_MAX_ROUTES][6]; /* [route index][status class 0, 1xx..5xx] */
   atomic_uint_fast64_t latency[BR_MAX_ROUTES][LATENCY_BUCKETS + 1]; /* [route][bucket], not cumulative */
-  atomic_uint_fast64_t latency_sum_ns[16];
+  atomic_uint_fast64_t latency_sum_ns[BR_MAX_ROUTES];
   atomic_uint_fast64_t upload_step_ns[UPLOAD_STEPS];
   atomic_uint_fast64_t cache_hits, cache_misses;
   atomic_uint_fast64_t store_errors[BR_MAX_STORES][STORE_OPS];

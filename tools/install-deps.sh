@@ -5,12 +5,14 @@ set -euo pipefail
 level=${1:-build}
 build_pkgs=(gcc make pkg-config libmicrohttpd-dev liblmdb-dev libssl-dev libcurl4-openssl-dev
   libjansson-dev libinih-dev libavro-dev zlib1g-dev libsnappy-dev libzstd-dev liblz4-dev libbrotli-dev
-  libgnutls28-dev)   # HTTPS certificates handed to libmicrohttpd's GnuTLS per handshake
-test_pkgs=(clang libclang-rt-14-dev curl lmdb-utils strace python3-requests python3-pytest nodejs npm
+  libgnutls28-dev    # HTTPS certificates handed to libmicrohttpd's GnuTLS per handshake
+  nodejs npm)        # npm ci in ui/: uPlot, compiled into blobrefd for the console (/ui/)
+test_pkgs=(clang libclang-rt-14-dev curl lmdb-utils strace python3-requests python3-pytest
   prometheus systemd                          # promtool check metrics; systemd-analyze verify
   radosgw ceph-mon ceph-osd python3-boto3     # a real S3 for the tests: tests/s3/start-rgw.sh
   varnish                                     # a real CDN in front of blobrefd: conf/varnish/blobref.vcl
-  python3-pil python3-nbclient python3-nbformat python3-ipykernel)   # the Python client and its notebook
+  python3-pil python3-nbclient python3-nbformat python3-ipykernel   # the Python client and its notebook
+  chromium python3-websocket)   # the console in a real headless browser: tests/integration/test_ui.py
 bench_pkgs=(nginx-light wrk docker-registry)
 want=("${build_pkgs[@]}")
 case "$level" in

@@ -34,6 +34,8 @@ ROUTES = [
     ("GET", "/healthz", None),
     ("GET", "/readyz", None),
     ("GET", "/metrics", None),
+    ("GET", "/ui", None),
+    ("GET", "/ui/{file}", None),
 ]
 SCOPE_C = {"BR_SCOPE_WRITE": "write", "BR_SCOPE_READ": "read", "BR_SCOPE_ADMIN": "admin",
            "0": None}
@@ -102,6 +104,8 @@ def send(srv, method, pattern, caller, known):
         return r
     if pattern == "/v1/reconcile/runs/{id}":
         return requests.get(f"{srv.url}/v1/reconcile/runs/1", headers=h, timeout=TIMEOUT)
+    if pattern.startswith("/ui"):  # the console's files: /ui redirects to /ui/ (followed)
+        return requests.get(srv.url + pattern.replace("{file}", ""), headers=h, timeout=TIMEOUT)
     path = pattern.replace("{hash}", known)
     return requests.request(method, srv.url + path, headers=h, timeout=TIMEOUT)
 
