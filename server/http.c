@@ -29,7 +29,7 @@ br_store *br_server_store(br_server *srv, const char *name) {
 static int pattern_match(const char *pattern, const char *url, const char **cap, size_t *cap_len) {
   const char *p = pattern, *u = url;
   while (*p) {
-    if (!strncmp(p, "{hash}", 6) || !strncmp(p, "{id}", 4) || !strncmp(p, "{file}", 6)) {
+    if (*p == '{') { /* routes use '{' only to open a capture */
       const char *end = strchr(u, '/');
       if (!end) end = u + strlen(u);
       *cap = u;
@@ -220,6 +220,7 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
   int path_known = 0;
   const char *path = origin_path(url);
   for (size_t i = 0; i < br_nroutes; i++) {
+    cap = NULL; /* so that cap is the chosen route's capture once the loop ends */
     if (!pattern_match(br_routes[i].pattern, path, &cap, &cap_len)) continue;
     path_known = 1;
     if (!req->route) req->route = &br_routes[i]; /* for the Allow header on a 405 */
@@ -233,8 +234,6 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
   if (!path_known) return early_error(req, has_body, E_NO_ROUTE, "no such endpoint");
   if (req->route_index < 0)
     return early_error(req, has_body, E_METHOD_NOT_ALLOWED, "method not allowed here");
-  cap = NULL;
-  pattern_match(req->route->pattern, path, &cap, &cap_len); /* the chosen route's capture */
   if (cap && strstr(req->route->pattern, "{id}")) {
     char num[24];
     char *end = NULL;

@@ -228,11 +228,15 @@ enum MHD_Result metrics_get(struct request *req) {
           "# HELP blobref_index_used_bytes Bytes of the map in use.\n"
           "# TYPE blobref_index_used_bytes gauge\nblobref_index_used_bytes %" PRIu64
           "\n"
+          "# HELP blobref_index_record_cache_total Index reads answered from the record cache "
+          "or not.\n# TYPE blobref_index_record_cache_total counter\n"
+          "blobref_index_record_cache_total{result=\"hit\"} %" PRIu64
+          "\nblobref_index_record_cache_total{result=\"miss\"} %" PRIu64 "\n"
           "# HELP blobref_start_time_seconds When the server started, in seconds since the "
           "epoch.\n"
           "# TYPE blobref_start_time_seconds gauge\nblobref_start_time_seconds %" PRIu64 "\n",
           atomic_load(&srv->bytes_in), atomic_load(&srv->bytes_out), is.commits, is.ops, is.entries,
-          is.map_size, is.map_used, srv->started_ms / 1000);
+          is.map_size, is.map_used, is.cache_hits, is.cache_misses, srv->started_ms / 1000);
   appendf(&t,
           "# HELP blobref_index_blobs Blobs in the index by state (refreshed at most every "
           "10 s).\n# TYPE blobref_index_blobs gauge\n");

@@ -294,8 +294,7 @@ void ops_request_begin(struct request *req) {
       return;
     }
   }
-  snprintf(req->request_id, sizeof req->request_id, "%016" PRIx64,
-           o->id_base + atomic_fetch_add(&o->id_next, 1));
+  br_hex_u64(o->id_base + atomic_fetch_add(&o->id_next, 1), req->request_id);
 }
 
 void ops_request_end(struct request *req) {

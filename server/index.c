@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -125,7 +126,9 @@ static void get_str(struct rbuf *b, char *dst, size_t max) {
 
 int br_record_decode(const uint8_t *buf, size_t len, br_record *rec, br_err *err) {
   struct rbuf b = {buf, len, 0, 0};
-  memset(rec, 0, sizeof *rec);
+  /* every field is set below (strings are terminated); the location slots, 9 KB of the record,
+   * are not cleared: a memset of the whole record was a noticeable part of every read */
+  memset(rec, 0, offsetof(br_record, locations));
   uint8_t version = get_u8(&b);
   if (b.bad || version != RECORD_VERSION)
     return br_fail(err, "index record: unknown format version %u", version);
@@ -163,6 +166,31 @@ const br_location *br_record_primary(const br_record *rec) {
 
 struct op;
 
+/* The record cache: the encoded records of recently read blobs, so that a hot read takes neither
+ * an LMDB read transaction nor a B-tree search. It is exact, never merely recent: the writer, after
+ * each commit and before any writer's caller is told, advances `epoch` and then clears the slots
+ * of every key its batch wrote. A reader notes the epoch before its LMDB read and fills a slot
+ * only if no commit came in between (under the slot's lock, which the clearing also takes), so a
+ * record read from a snapshot older than a commit can never land in the cache after that
+ * commit's clearing has passed. Only blobrefd's own writer writes the index while it runs
+ * (--rebuild-index needs the server stopped). */
+#define RCACHE_SLOTS 16384  /* direct-mapped by the digest's first bytes (uniformly random) */
+#define RCACHE_LOCKS 256    /* slot i is guarded by lock i % RCACHE_LOCKS */
+#define RCACHE_MAX_BYTES 320 /* larger records (many locations, long strings) are not cached */
+
+struct rcache_slot {
+  uint8_t digest[BR_SHA256_LEN];
+  uint16_t len; /* 0: empty */
+  uint8_t bytes[RCACHE_MAX_BYTES];
+};
+
+struct rcache {
+  atomic_uint_fast64_t epoch;
+  atomic_uint_fast64_t hits, misses;
+  pthread_mutex_t locks[RCACHE_LOCKS];
+  struct rcache_slot slots[RCACHE_SLOTS];
+};
+
 struct br_index {
   MDB_env *env;
   MDB_dbi dbi;
@@ -178,6 +206,7 @@ struct br_index {
   MDB_txn **readers;
   size_t nreaders, readers_cap;
   atomic_uint_fast64_t commits, ops;
+  struct rcache *rcache; /* NULL for read-only opens (fsck), which have no writer to keep it exact */
 };
 
 static atomic_uint_fast64_t next_generation = 1;
@@ -245,18 +274,72 @@ static MDB_val key_of(const uint8_t digest[BR_SHA256_LEN]) {
   return k;
 }
 
+static size_t rcache_slot_of(const uint8_t digest[BR_SHA256_LEN]) {
+  uint32_t h;
+  memcpy(&h, digest, sizeof h);
+  return h % RCACHE_SLOTS;
+}
+
+static pthread_mutex_t *rcache_lock_of(struct rcache *rc, size_t slot) {
+  return &rc->locks[slot % RCACHE_LOCKS];
+}
+
+/* Copies digest's cached encoded record into buf; its length, or 0 when it is not cached. */
+static size_t rcache_get(struct rcache *rc, const uint8_t digest[BR_SHA256_LEN],
+                         uint8_t buf[RCACHE_MAX_BYTES]) {
+  size_t i = rcache_slot_of(digest);
+  struct rcache_slot *s = &rc->slots[i];
+  pthread_mutex_t *lock = rcache_lock_of(rc, i);
+  pthread_mutex_lock(lock);
+  size_t len = s->len && !memcmp(s->digest, digest, BR_SHA256_LEN) ? s->len : 0;
+  if (len) memcpy(buf, s->bytes, len);
+  pthread_mutex_unlock(lock);
+  return len;
+}
+
+/* Caches an encoded record read from a snapshot taken after the epoch was `epoch`, unless a
+ * commit has come since (it may have changed the record after that snapshot). */
+static void rcache_fill(struct rcache *rc, const uint8_t digest[BR_SHA256_LEN], const void *bytes,
+                        size_t len, uint64_t epoch) {
+  if (len == 0 || len > RCACHE_MAX_BYTES) return;
+  size_t i = rcache_slot_of(digest);
+  struct rcache_slot *s = &rc->slots[i];
+  pthread_mutex_t *lock = rcache_lock_of(rc, i);
+  pthread_mutex_lock(lock);
+  if (atomic_load(&rc->epoch) == epoch) {
+    memcpy(s->digest, digest, BR_SHA256_LEN);
+    memcpy(s->bytes, bytes, len);
+    s->len = (uint16_t)len;
+  }
+  pthread_mutex_unlock(lock);
+}
+
 int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err) {
+  struct rcache *rc = idx->rcache;
+  uint64_t epoch = 0;
+  if (rc) {
+    uint8_t buf[RCACHE_MAX_BYTES];
+    size_t len = rcache_get(rc, digest, buf);
+    if (len) {
+      atomic_fetch_add_explicit(&rc->hits, 1, memory_order_relaxed);
+      return br_record_decode(buf, len, rec, err);
+    }
+    atomic_fetch_add_explicit(&rc->misses, 1, memory_order_relaxed);
+    epoch = atomic_load(&rc->epoch); /* before the snapshot is taken */
+  }
   MDB_txn *txn = reader_begin(idx, err);
   if (!txn) return -1;
   MDB_val k = key_of(digest), v;
-  int rc = mdb_get(txn, idx->dbi, &k, &v);
+  int rc_get = mdb_get(txn, idx->dbi, &k, &v);
   int out;
-  if (rc == MDB_NOTFOUND)
+  if (rc_get == MDB_NOTFOUND) {
     out = 1;
-  else if (rc)
-    out = lmdb_fail(err, "get", rc);
-  else
+  } else if (rc_get) {
+    out = lmdb_fail(err, "get", rc_get);
+  } else {
     out = br_record_decode(v.mv_data, v.mv_size, rec, err); /* copies out of the map */
+    if (out == 0 && rc) rcache_fill(rc, digest, v.mv_data, v.mv_size, epoch);
+  }
   reader_end(idx, txn);
   return out;
 }
@@ -607,6 +690,20 @@ static void run_batch(br_index *idx, struct op **ops, size_t n) {
   ops[0]->rc = lmdb_fail(&ops[0]->err, "write", spoiled);
 }
 
+/* The writer's side, after a batch: no reader may fill from an older snapshot any more, and
+ * whatever is cached for the keys the batch wrote is gone. */
+static void rcache_written(struct rcache *rc, struct op **ops, size_t n) {
+  atomic_fetch_add(&rc->epoch, 1);
+  for (size_t j = 0; j < n; j++) {
+    size_t i = rcache_slot_of(ops[j]->digest);
+    struct rcache_slot *s = &rc->slots[i];
+    pthread_mutex_t *lock = rcache_lock_of(rc, i);
+    pthread_mutex_lock(lock);
+    if (s->len && !memcmp(s->digest, ops[j]->digest, BR_SHA256_LEN)) s->len = 0;
+    pthread_mutex_unlock(lock);
+  }
+}
+
 static void *writer_main(void *arg) {
   br_index *idx = arg;
   struct op **batch = idx->batch;
@@ -622,6 +719,7 @@ static void *writer_main(void *arg) {
     if (!idx->head) idx->tail = NULL;
     pthread_mutex_unlock(&idx->lock);
     run_batch(idx, batch, n);
+    if (idx->rcache) rcache_written(idx->rcache, batch, n); /* committed or not: clearing is safe */
     pthread_mutex_lock(&idx->lock);
     for (size_t i = 0; i < n; i++) batch[i]->done = 1;
     pthread_cond_broadcast(&idx->done_cv);
@@ -786,6 +884,12 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
       br_fail(err, "index: out of memory");
       goto fail;
     }
+    idx->rcache = calloc(1, sizeof *idx->rcache);
+    if (!idx->rcache) {
+      br_fail(err, "index: out of memory");
+      goto fail;
+    }
+    for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_init(&idx->rcache->locks[i], NULL);
     if (pthread_create(&idx->writer, NULL, writer_main, idx)) {
       br_fail(err, "index: cannot start the writer thread");
       goto fail;
@@ -794,6 +898,7 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
   }
   return idx;
 fail:
+  free(idx->rcache);
   free(idx->batch);
   if (idx->env) mdb_env_close(idx->env);
   pthread_mutex_destroy(&idx->lock);
@@ -813,6 +918,9 @@ void br_index_close(br_index *idx) {
   for (size_t i = 0; i < idx->nreaders; i++) mdb_txn_abort(idx->readers[i]);
   free(idx->readers);
   free(idx->batch);
+  if (idx->rcache)
+    for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_destroy(&idx->rcache->locks[i]);
+  free(idx->rcache);
   mdb_env_close(idx->env);
   pthread_mutex_destroy(&idx->lock);
   pthread_cond_destroy(&idx->work_cv);
@@ -824,6 +932,10 @@ void br_index_get_stats(br_index *idx, br_index_stats *out) {
   memset(out, 0, sizeof *out);
   out->commits = atomic_load(&idx->commits);
   out->ops = atomic_load(&idx->ops);
+  if (idx->rcache) {
+    out->cache_hits = atomic_load(&idx->rcache->hits);
+    out->cache_misses = atomic_load(&idx->rcache->misses);
+  }
   MDB_envinfo info;
   MDB_stat st;
   if (mdb_env_info(idx->env, &info) == 0 && mdb_env_stat(idx->env, &st) == 0) {

@@ -358,9 +358,12 @@ static int fs_redirect_url(br_store *st, const char *key, char *out, size_t outl
   (void)valid_ms;
   const char *base = st->cfg.public_url;
   if (!base || !*base) return 1;
-  size_t blen = strlen(base);
-  int n = snprintf(out, outlen, "%s%s%s", base, blen && base[blen - 1] == '/' ? "" : "/", key);
-  if (n < 0 || (size_t)n >= outlen) return br_fail(err, "redirect URL too long");
+  size_t blen = strlen(base), klen = strlen(key);
+  size_t slash = blen && base[blen - 1] == '/' ? 0 : 1;
+  if (blen + slash + klen >= outlen) return br_fail(err, "redirect URL too long");
+  memcpy(out, base, blen); /* no printf: every redirect comes here */
+  if (slash) out[blen] = '/';
+  memcpy(out + blen + slash, key, klen + 1);
   return 0;
 }
 

@@ -21,6 +21,8 @@ int br_fail(br_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 
 
 /* Writes 64 lowercase hex characters and a NUL into out[65]. */
 void br_hex_encode(const uint8_t digest[BR_SHA256_LEN], char out[BR_HEX_LEN + 1]);
+/* Writes v as 16 lower-case hex digits and a NUL (request ids: no printf on every request). */
+void br_hex_u64(uint64_t v, char out[17]);
 
 /* Parses exactly 64 hex digits (either case) into digest. Returns 0, or -1 on any other input. */
 int br_hex_decode(const char *hex, size_t len, uint8_t digest[BR_SHA256_LEN]);

@@ -179,6 +179,7 @@ typedef struct br_index_stats {
   uint64_t entries;  /* records in the index */
   uint64_t map_size; /* bytes */
   uint64_t map_used; /* bytes in use (last page number * page size) */
+  uint64_t cache_hits, cache_misses; /* br_index_get answered from the record cache or not */
 } br_index_stats;
 void br_index_get_stats(br_index *idx, br_index_stats *out);
 
