@@ -1,6 +1,8 @@
 /* Index records (encode/decode round trips and malformed input) and the LMDB index itself:
- * insert vs dedup, restore from quarantine, group commit under concurrency, a full map. */
+ * insert vs dedup, restore from quarantine, group commit under concurrency, a full map, and the
+ * record cache never answering with a record older than an acknowledged write. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -501,11 +503,165 @@ static void test_locations(void) {
   if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
 }
 
+/* ---- record cache ---------------------------------------------------------------------------- */
+
+static br_change change_of(const uint8_t d[BR_SHA256_LEN], enum br_change_kind kind) {
+  br_change c = {.kind = kind, .cutoff_ms = UINT64_MAX, .reason = "test"};
+  memcpy(c.digest, d, BR_SHA256_LEN);
+  return c;
+}
+
+static int state_of(br_index *idx, const uint8_t d[BR_SHA256_LEN], br_record *got) {
+  br_err err;
+  int rc = br_index_get(idx, d, got, &err);
+  return rc == 0 ? (int)got->state : rc == 1 ? -1 : -2;
+}
+
+/* Every kind of write to a cached record is seen by the next read: hold, release, quarantine,
+ * restore, remove, a dedup upload, a touch, a location switch. */
+static void test_cache_sequential(void) {
+  snprintf(dir, sizeof dir, "/tmp/blobref-test-index-cache-%d", (int)getpid());
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  br_index *idx = open_index(64 << 20, 64);
+  uint8_t d[BR_SHA256_LEN];
+  digest_of(99, d);
+  br_record r = sample(1), got;
+  r.locations[0].role = BR_ROLE_PRIMARY;
+  br_err err;
+  CHECK(br_index_record_upload(idx, d, &r, NULL, NULL, &err) == 0, "insert");
+  br_index_stats st0, st1;
+  br_index_get_stats(idx, &st0);
+  for (int i = 0; i < 3; i++) CHECK(state_of(idx, d, &got) == BR_STATE_LIVE, "live %d", i);
+  br_index_get_stats(idx, &st1);
+  CHECK(st1.cache_hits - st0.cache_hits >= 2 && st1.cache_misses - st0.cache_misses == 1,
+        "three reads: one miss then hits (%llu hits, %llu misses)",
+        (unsigned long long)(st1.cache_hits - st0.cache_hits),
+        (unsigned long long)(st1.cache_misses - st0.cache_misses));
+
+  static const struct {
+    enum br_change_kind kind;
+    int want;
+  } steps[] = {
+      {BR_CHANGE_HOLD, BR_STATE_HELD},       {BR_CHANGE_RELEASE, BR_STATE_LIVE},
+      {BR_CHANGE_QUARANTINE, BR_STATE_QUARANTINED}, {BR_CHANGE_RESTORE, BR_STATE_LIVE},
+      {BR_CHANGE_QUARANTINE, BR_STATE_QUARANTINED},
+  };
+  for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+    CHECK(state_of(idx, d, &got) >= 0, "cached before step %zu", i); /* warm */
+    br_change c = change_of(d, steps[i].kind);
+    CHECK(br_index_apply_changes(idx, &c, 1, 1000 + i, &err) == 0 && c.applied == 1,
+          "step %zu applied", i);
+    CHECK(state_of(idx, d, &got) == steps[i].want, "step %zu: state %d after the write", i,
+          (int)got.state);
+  }
+  /* a dedup upload brings the quarantined blob back and moves last_upload */
+  CHECK(state_of(idx, d, &got) == BR_STATE_QUARANTINED, "warm");
+  br_record again = r;
+  again.last_upload_ms = r.last_upload_ms + 777;
+  CHECK(br_index_record_upload(idx, d, &again, NULL, NULL, &err) == 0, "dedup upload");
+  CHECK(state_of(idx, d, &got) == BR_STATE_LIVE && got.last_upload_ms == again.last_upload_ms,
+        "dedup upload seen at once");
+  CHECK(br_index_touch(idx, d, again.last_upload_ms + 1, &err) == 0, "touch");
+  CHECK(state_of(idx, d, &got) == BR_STATE_LIVE && got.last_upload_ms == again.last_upload_ms + 1,
+        "touch seen at once");
+  /* a move: the new primary is what the next read finds */
+  br_loc_change sw = {.kind = BR_LOC_SWITCH, .expect = r.locations[0]};
+  snprintf(sw.to.store, sizeof sw.to.store, "moved");
+  snprintf(sw.to.key, sizeof sw.to.key, "new/key");
+  memcpy(sw.digest, d, BR_SHA256_LEN);
+  CHECK(br_index_apply_locations(idx, &sw, 1, 5000, &err) == 0 && sw.outcome == BR_LOC_APPLIED,
+        "switch: %s (%d)", err.msg, sw.outcome);
+  CHECK(state_of(idx, d, &got) == BR_STATE_LIVE && !strcmp(br_record_primary(&got)->store, "moved"),
+        "the move seen at once (primary %s)", br_record_primary(&got)->store);
+  /* a final removal: gone at once */
+  br_change q = change_of(d, BR_CHANGE_QUARANTINE);
+  CHECK(br_index_apply_changes(idx, &q, 1, 6000, &err) == 0 && q.applied, "quarantine again");
+  CHECK(state_of(idx, d, &got) == BR_STATE_QUARANTINED, "warm before removal");
+  br_change rm = change_of(d, BR_CHANGE_REMOVE);
+  rm.expect_state_ms = 6000;
+  CHECK(br_index_apply_changes(idx, &rm, 1, 7000, &err) == 0 && rm.applied, "remove");
+  CHECK(state_of(idx, d, &got) == -1, "removed: absent at once");
+  br_index_close(idx);
+  if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+}
+
+/* Readers race a writer that holds and releases a few hot blobs. Each change sets the record's
+ * state_ms to its own time, which only grows; once a change has returned, the writer publishes that
+ * time. A read that starts after the publication must find at least that state_ms: a stale cached
+ * record would show an older one. (A read may also find a newer one, committed but not yet
+ * acknowledged: that is fine.) */
+#define RACE_BLOBS 4
+#define RACE_T0 1800000000000ull
+struct cache_race {
+  br_index *idx;
+  _Atomic uint64_t acked[RACE_BLOBS];
+  atomic_int stop;
+  long reads, stale;
+};
+
+static void *cache_reader(void *arg) {
+  struct cache_race *cr = arg;
+  br_record got;
+  for (unsigned n = 0; !atomic_load(&cr->stop); n++) {
+    unsigned b = n % RACE_BLOBS;
+    uint8_t d[BR_SHA256_LEN];
+    digest_of(500 + b, d);
+    uint64_t acked = atomic_load(&cr->acked[b]);
+    int s = state_of(cr->idx, d, &got);
+    __atomic_add_fetch(&cr->reads, 1, __ATOMIC_RELAXED);
+    if (s < 0 || got.state_ms < acked) __atomic_add_fetch(&cr->stale, 1, __ATOMIC_RELAXED);
+  }
+  return NULL;
+}
+
+static void test_cache_race(void) {
+  snprintf(dir, sizeof dir, "/tmp/blobref-test-index-race-%d", (int)getpid());
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  struct cache_race cr = {.idx = open_index(64 << 20, 64)};
+  br_err err;
+  for (unsigned b = 0; b < RACE_BLOBS; b++) {
+    uint8_t d[BR_SHA256_LEN];
+    digest_of(500 + b, d);
+    br_record r = sample(1);
+    CHECK(br_index_record_upload(cr.idx, d, &r, NULL, NULL, &err) == 0, "insert %u", b);
+  }
+  pthread_t t[3];
+  for (int i = 0; i < 3; i++) pthread_create(&t[i], NULL, cache_reader, &cr);
+  unsigned applied = 0;
+  for (unsigned round = 0; round < 600; round++) {
+    unsigned b = round % RACE_BLOBS;
+    uint8_t d[BR_SHA256_LEN];
+    digest_of(500 + b, d);
+    br_change c = change_of(d, (round / RACE_BLOBS) % 2 ? BR_CHANGE_RELEASE : BR_CHANGE_HOLD);
+    uint64_t when = RACE_T0 + round;
+    if (br_index_apply_changes(cr.idx, &c, 1, when, &err) != 0 || !c.applied) break;
+    applied++;
+    atomic_store(&cr.acked[b], when);
+    usleep(200);
+  }
+  atomic_store(&cr.stop, 1);
+  for (int i = 0; i < 3; i++) pthread_join(t[i], NULL);
+  br_index_stats st;
+  br_index_get_stats(cr.idx, &st);
+  CHECK(applied == 600, "all 600 holds and releases applied (%u)", applied);
+  CHECK(cr.reads > 1000 && st.cache_hits > 1000,
+        "enough reads (%ld) answered from the cache (%llu)", cr.reads,
+        (unsigned long long)st.cache_hits);
+  CHECK(cr.stale == 0, "%ld of %ld reads saw a record older than an acknowledged write",
+        cr.stale, cr.reads);
+  br_index_close(cr.idx);
+  if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+}
+
 int main(void) {
   test_encoding();
   test_lmdb();
   test_changes();
   test_list();
   test_locations();
+  test_cache_sequential();
+  test_cache_race();
   return unit_summary("index");
 }
