@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "s3_client.h"
+#include "s3_url_cache.h"
 #include "store_internal.h"
 
 #define PART_WORKERS 4
@@ -30,11 +31,13 @@
 #define HASH_CHUNK (1u << 20)
 #define COPY_PART (1ull << 30)       /* UploadPartCopy size for copies over 5 GiB */
 #define SINGLE_COPY_MAX (5ull << 30) /* S3's limit for one CopyObject */
+#define PRESIGN_CACHE 8192           /* presigned redirect URLs kept per store */
 
 struct s3_writer;
 
 struct s3_store {
   s3_target t;
+  s3_url_cache *urls; /* presigned redirect URLs (serve = redirect without cdn_url), else NULL */
   char spool_dir[PATH_MAX];
   uint64_t part_size;
   pthread_t workers[PART_WORKERS];
@@ -173,8 +176,7 @@ static int upload_part(struct s3_store *s3, struct s3_writer *w, size_t index, u
 #define MAX_FAILED_ABORTS 4096
 
 /* AbortMultipartUpload of upload_id under key. Returns 0 when S3 no longer has it. */
-static int abort_upload(struct s3_store *s3, const char *key, const char *upload_id,
-                        br_err *err) {
+static int abort_upload(struct s3_store *s3, const char *key, const char *upload_id, br_err *err) {
   char query[1700], idenc[1600];
   if (!br_sigv4_uri_encode(upload_id, 0, idenc, sizeof idenc))
     return br_fail(err, "upload id too long");
@@ -262,8 +264,8 @@ static void send_ready_parts(struct s3_store *s3, struct s3_writer *w) {
     int rc = 0;
     if (!w->upload_id[0]) {
       choose_mp_key(w);
-      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id,
-                            &w->base.saved_errno, &err);
+      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &w->base.saved_errno,
+                            &err);
     }
     if (rc == 0)
       rc = upload_part(s3, w, index, (uint64_t)index * s3->part_size, s3->part_size, &err);
@@ -367,7 +369,11 @@ static int s3_open(br_store *st, br_err *err) {
   }
   s3->part_size = c->part_size ? c->part_size : 16u << 20;
   s3->aborts = calloc(MAX_FAILED_ABORTS, sizeof *s3->aborts);
-  if (!s3->aborts) {
+  int presigns = c->serve == BR_SERVE_REDIRECT && !(c->cdn_url && *c->cdn_url);
+  if (presigns) s3->urls = s3_url_cache_new(PRESIGN_CACHE);
+  if (!s3->aborts || (presigns && !s3->urls)) {
+    s3_url_cache_free(s3->urls);
+    free(s3->aborts);
     s3_target_destroy(&s3->t);
     free(s3);
     return br_fail(err, "out of memory");
@@ -381,6 +387,7 @@ static int s3_open(br_store *st, br_err *err) {
     br_fail(err, "store %s: cannot create spool_dir %s: %s", c->name, s3->spool_dir,
             strerror(errno));
     s3_target_destroy(&s3->t);
+    s3_url_cache_free(s3->urls);
     free(s3->aborts);
     free(s3);
     return -1;
@@ -399,6 +406,7 @@ static void s3_close(br_store *st) {
   pthread_mutex_unlock(&s3->lock);
   for (int i = 0; i < s3->nworkers; i++) pthread_join(s3->workers[i], NULL);
   s3_target_destroy(&s3->t);
+  s3_url_cache_free(s3->urls);
   free(s3->aborts);
   free(s3);
 }
@@ -573,8 +581,8 @@ static int s3_write_commit(br_store_writer *bw, const char *key, br_err *err) {
                    s3->t.name, MAX_PARTS, s3->part_size);
     if (rc == 0 && !w->upload_id[0]) {
       choose_mp_key(w);
-      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &bw->saved_errno,
-                            err);
+      rc =
+          create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &bw->saved_errno, err);
     }
     for (size_t i = w->nparts; rc == 0 && i < total; i++) {
       uint64_t off = (uint64_t)i * s3->part_size;
@@ -699,10 +707,12 @@ static int s3_redirect_url(br_store *st, const char *key, char *out, size_t outl
     *valid_ms = UINT64_MAX;
     return 0;
   }
+  /* a URL signed less than half a TTL ago is reused: *valid_ms is what is left of it */
   uint64_t ttl_s = st->cfg.presign_ttl_ms / 1000;
   if (ttl_s < 1) ttl_s = 1;
-  *valid_ms = ttl_s * 1000;
-  return s3_presign_get(&s3_of(st)->t, key, ttl_s, out, outlen, err);
+  struct s3_store *s3 = s3_of(st);
+  return s3_url_cache_presign(s3->urls, &s3->t, key, br_now_ms(), ttl_s, out, outlen, valid_ms,
+                              err);
 }
 
 static int s3_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err) {
