@@ -52,18 +52,37 @@ static int unreserved(unsigned char c) {
          c == '_' || c == '.' || c == '~';
 }
 
-/* Appends s[0..n) percent-encoded (uppercase hex) as SigV4 wants. */
+/* Appends s[0..n) percent-encoded (uppercase hex) as SigV4 wants; what does not fit sets full, as
+ * put does. Writes straight into the buffer: this runs over every key and query of a signature. */
 static void put_encoded(buf *b, const char *s, size_t n, int keep_slash) {
   static const char hex[] = "0123456789ABCDEF";
+  if (b->full || n == 0) return;
+  if (b->len >= b->cap) { /* an arena_end may have filled it to the last byte */
+    b->full = 1;
+    return;
+  }
+  char *o = b->p + b->len;
+  size_t room = b->cap - b->len; /* one byte of it stays for the NUL */
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)s[i];
-    if (unreserved(c) || (keep_slash && c == '/')) {
-      put(b, (const char *)&c, 1);
-    } else {
-      char e[3] = {'%', hex[c >> 4], hex[c & 15]};
-      put(b, e, 3);
+    int plain = unreserved(c) || (keep_slash && c == '/');
+    size_t need = plain ? 1 : 3;
+    if (need >= room) {
+      b->full = 1;
+      break;
     }
+    if (plain) {
+      *o++ = (char)c;
+    } else {
+      o[0] = '%';
+      o[1] = hex[c >> 4];
+      o[2] = hex[c & 15];
+      o += 3;
+    }
+    room -= need;
   }
+  b->len = (size_t)(o - b->p);
+  *o = '\0';
 }
 
 size_t br_sigv4_uri_encode(const char *in, int keep_slash, char *out, size_t outlen) {
