@@ -176,7 +176,8 @@ static int upload_part(struct s3_store *s3, struct s3_writer *w, size_t index, u
 #define MAX_FAILED_ABORTS 4096
 
 /* AbortMultipartUpload of upload_id under key. Returns 0 when S3 no longer has it. */
-static int abort_upload(struct s3_store *s3, const char *key, const char *upload_id, br_err *err) {
+static int abort_upload(struct s3_store *s3, const char *key, const char *upload_id,
+                        br_err *err) {
   char query[1700], idenc[1600];
   if (!br_sigv4_uri_encode(upload_id, 0, idenc, sizeof idenc))
     return br_fail(err, "upload id too long");
@@ -264,8 +265,8 @@ static void send_ready_parts(struct s3_store *s3, struct s3_writer *w) {
     int rc = 0;
     if (!w->upload_id[0]) {
       choose_mp_key(w);
-      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &w->base.saved_errno,
-                            &err);
+      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id,
+                            &w->base.saved_errno, &err);
     }
     if (rc == 0)
       rc = upload_part(s3, w, index, (uint64_t)index * s3->part_size, s3->part_size, &err);
@@ -581,8 +582,8 @@ static int s3_write_commit(br_store_writer *bw, const char *key, br_err *err) {
                    s3->t.name, MAX_PARTS, s3->part_size);
     if (rc == 0 && !w->upload_id[0]) {
       choose_mp_key(w);
-      rc =
-          create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &bw->saved_errno, err);
+      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &bw->saved_errno,
+                            err);
     }
     for (size_t i = w->nparts; rc == 0 && i < total; i++) {
       uint64_t off = (uint64_t)i * s3->part_size;
