@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <pthread.h>
 
 #define ALGORITHM "AWS4-HMAC-SHA256"
 #define MAX_HEADERS 64         /* req->headers plus host, x-amz-date, x-amz-security-token */
@@ -50,18 +52,37 @@ static int unreserved(unsigned char c) {
          c == '_' || c == '.' || c == '~';
 }
 
-/* Appends s[0..n) percent-encoded (uppercase hex) as SigV4 wants. */
+/* Appends s[0..n) percent-encoded (uppercase hex) as SigV4 wants; what does not fit sets full, as
+ * put does. Writes straight into the buffer: this runs over every key and query of a signature. */
 static void put_encoded(buf *b, const char *s, size_t n, int keep_slash) {
   static const char hex[] = "0123456789ABCDEF";
+  if (b->full || n == 0) return;
+  if (b->len >= b->cap) { /* an arena_end may have filled it to the last byte */
+    b->full = 1;
+    return;
+  }
+  char *o = b->p + b->len;
+  size_t room = b->cap - b->len; /* one byte of it stays for the NUL */
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)s[i];
-    if (unreserved(c) || (keep_slash && c == '/')) {
-      put(b, (const char *)&c, 1);
-    } else {
-      char e[3] = {'%', hex[c >> 4], hex[c & 15]};
-      put(b, e, 3);
+    int plain = unreserved(c) || (keep_slash && c == '/');
+    size_t need = plain ? 1 : 3;
+    if (need >= room) {
+      b->full = 1;
+      break;
     }
+    if (plain) {
+      *o++ = (char)c;
+    } else {
+      o[0] = '%';
+      o[1] = hex[c >> 4];
+      o[2] = hex[c & 15];
+      o += 3;
+    }
+    room -= need;
   }
+  b->len = (size_t)(o - b->p);
+  *o = '\0';
 }
 
 size_t br_sigv4_uri_encode(const char *in, int keep_slash, char *out, size_t outlen) {
@@ -97,16 +118,47 @@ static size_t pct_decode(char *s, size_t n) {
   return o;
 }
 
+/* SHA-256 and an HMAC-SHA256 context without a key, fetched once: EVP_sha256() and HMAC() look
+ * the algorithms up by name on every call, which was most of a presign's cost. NULL when a fetch
+ * failed; the one-shot functions are used then. */
+static EVP_MD *sha256_md;
+static EVP_MAC_CTX *hmac_template;
+static pthread_once_t algs_once = PTHREAD_ONCE_INIT;
+
+static void fetch_algs(void) {
+  sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+  EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+  hmac_template = mac ? EVP_MAC_CTX_new(mac) : NULL;
+  EVP_MAC_free(mac); /* the context keeps its own reference */
+  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, "SHA256", 0),
+                         OSSL_PARAM_construct_end()};
+  if (hmac_template && !EVP_MAC_CTX_set_params(hmac_template, params)) {
+    EVP_MAC_CTX_free(hmac_template);
+    hmac_template = NULL;
+  }
+}
+
 static void sha256_hex(const char *data, size_t n, char out[BR_HEX_LEN + 1]) {
   uint8_t md[BR_SHA256_LEN];
   unsigned int mdlen = 0;
-  EVP_Digest(data, n, md, &mdlen, EVP_sha256(), NULL);
+  pthread_once(&algs_once, fetch_algs);
+  EVP_Digest(data, n, md, &mdlen, sha256_md ? sha256_md : EVP_sha256(), NULL);
   br_hex_encode(md, out);
 }
 
 static void hmac(const uint8_t *key, size_t keylen, const char *data, uint8_t out[32]) {
-  unsigned int outlen = 0;
-  HMAC(EVP_sha256(), key, (int)keylen, (const unsigned char *)data, strlen(data), out, &outlen);
+  pthread_once(&algs_once, fetch_algs);
+  size_t n = strlen(data), outlen = 0;
+  EVP_MAC_CTX *ctx = hmac_template ? EVP_MAC_CTX_dup(hmac_template) : NULL;
+  if (ctx && EVP_MAC_init(ctx, key, keylen, NULL) &&
+      EVP_MAC_update(ctx, (const unsigned char *)data, n) && EVP_MAC_final(ctx, out, &outlen, 32) &&
+      outlen == 32) {
+    EVP_MAC_CTX_free(ctx);
+    return;
+  }
+  EVP_MAC_CTX_free(ctx);
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key, (int)keylen, (const unsigned char *)data, n, out, &len);
 }
 
 static int copy_field(char *dst, size_t cap, const char *src, const char *what, int required,

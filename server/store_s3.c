@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "s3_client.h"
+#include "s3_url_cache.h"
 #include "store_internal.h"
 
 #define PART_WORKERS 4
@@ -30,11 +31,13 @@
 #define HASH_CHUNK (1u << 20)
 #define COPY_PART (1ull << 30)       /* UploadPartCopy size for copies over 5 GiB */
 #define SINGLE_COPY_MAX (5ull << 30) /* S3's limit for one CopyObject */
+#define PRESIGN_CACHE 8192           /* presigned redirect URLs kept per store */
 
 struct s3_writer;
 
 struct s3_store {
   s3_target t;
+  s3_url_cache *urls; /* presigned redirect URLs (serve = redirect without cdn_url), else NULL */
   char spool_dir[PATH_MAX];
   uint64_t part_size;
   pthread_t workers[PART_WORKERS];
@@ -367,7 +370,11 @@ static int s3_open(br_store *st, br_err *err) {
   }
   s3->part_size = c->part_size ? c->part_size : 16u << 20;
   s3->aborts = calloc(MAX_FAILED_ABORTS, sizeof *s3->aborts);
-  if (!s3->aborts) {
+  int presigns = c->serve == BR_SERVE_REDIRECT && !(c->cdn_url && *c->cdn_url);
+  if (presigns) s3->urls = s3_url_cache_new(PRESIGN_CACHE);
+  if (!s3->aborts || (presigns && !s3->urls)) {
+    s3_url_cache_free(s3->urls);
+    free(s3->aborts);
     s3_target_destroy(&s3->t);
     free(s3);
     return br_fail(err, "out of memory");
@@ -381,6 +388,7 @@ static int s3_open(br_store *st, br_err *err) {
     br_fail(err, "store %s: cannot create spool_dir %s: %s", c->name, s3->spool_dir,
             strerror(errno));
     s3_target_destroy(&s3->t);
+    s3_url_cache_free(s3->urls);
     free(s3->aborts);
     free(s3);
     return -1;
@@ -399,6 +407,7 @@ static void s3_close(br_store *st) {
   pthread_mutex_unlock(&s3->lock);
   for (int i = 0; i < s3->nworkers; i++) pthread_join(s3->workers[i], NULL);
   s3_target_destroy(&s3->t);
+  s3_url_cache_free(s3->urls);
   free(s3->aborts);
   free(s3);
 }
@@ -699,10 +708,12 @@ static int s3_redirect_url(br_store *st, const char *key, char *out, size_t outl
     *valid_ms = UINT64_MAX;
     return 0;
   }
+  /* a URL signed less than half a TTL ago is reused: *valid_ms is what is left of it */
   uint64_t ttl_s = st->cfg.presign_ttl_ms / 1000;
   if (ttl_s < 1) ttl_s = 1;
-  *valid_ms = ttl_s * 1000;
-  return s3_presign_get(&s3_of(st)->t, key, ttl_s, out, outlen, err);
+  struct s3_store *s3 = s3_of(st);
+  return s3_url_cache_presign(s3->urls, &s3->t, key, br_now_ms(), ttl_s, out, outlen, valid_ms,
+                              err);
 }
 
 static int s3_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err) {

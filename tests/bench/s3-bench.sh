@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # S3 side of `make bench`: blobrefd on a real S3 (Ceph radosgw, tests/s3/start-rgw.sh) against the
 # same work done without it, on 127.0.0.1, servers taking turns round by round:
-#   - redirects: blobref 307 to a presigned S3 URL (presigning per request) vs nginx `return 302`;
+#   - redirects: blobref 307 to a presigned S3 URL vs nginx `return 302` with the same headers
+#     and a Location of the same length, and the libmicrohttpd trivial-handler ceiling
+#     (tests/bench/mhd_ceiling.c) as a third column;
 #   - proxied reads (4 KiB, 1 MiB, Range 64 KiB): blobref proxy mode vs wrk reading the same
 #     objects straight from radosgw with presigned URLs;
 #   - new 1 MiB uploads: `curl -T` to blobref vs `curl --aws-sigv4 -T` to radosgw, same files,
@@ -9,6 +11,7 @@
 #
 # usage: tests/bench/s3-bench.sh [BIN_DIR]   env: ROUNDS=3 DURATION=10 QUICK=1 WRK_CONNS=64
 #        UPLOAD_CONNS=16 UPLOAD_FILES=200 OUT=build/bench/s3-results.md KEEP=1
+#        SCENARIOS="redirect get4k get1m range upload"   a subset for a quicker run
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -25,6 +28,8 @@ WRK_THREADS=${WRK_THREADS:-2}
 WRK_CONNS=${WRK_CONNS:-64}
 UPLOAD_CONNS=${UPLOAD_CONNS:-16}
 OUT=${OUT:-$ROOT/build/bench/s3-results.md}
+SCENARIOS=${SCENARIOS:-redirect get4k get1m range upload}
+wants() { [[ " $SCENARIOS " == *" $1 "* ]]; }
 for t in wrk nginx curl radosgw /usr/bin/python3; do
   command -v "$t" >/dev/null || { echo "s3-bench: $t not found (make bench installs it)" >&2; exit 2; }
 done
@@ -85,10 +90,14 @@ EOF
 
 cc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -o "$T/upload_load" "$BENCH/upload_load.c" \
   -lcrypto -lpthread
+cc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -o "$T/mhd_ceiling" "$BENCH/mhd_ceiling.c" \
+  $(pkg-config --cflags --libs libmicrohttpd libcrypto)
 UL=$T/upload_load
 "$UL" -m gen -s 4096 -n 500 -S "s3s-$$" -o "$T/files" >"$T/small.list"
 "$UL" -m gen -s 1048576 -n 16 -S "s3l-$$" -o "$T/files" >"$T/large.list"
-"$UL" -m gen -s 1048576 -n $((UPLOAD_FILES * ROUNDS * 2)) -S "s3u-$$" -o "$T/up" >"$T/up.list"
+if wants upload; then
+  "$UL" -m gen -s 1048576 -n $((UPLOAD_FILES * ROUNDS * 2)) -S "s3u-$$" -o "$T/up" >"$T/up.list"
+fi
 
 start_blobref() { # NAME PORT SERVE
   mkdir -p "$T/$1"
@@ -109,14 +118,16 @@ EOF
   PIDS[$1]=$!
   wait_ready "$1" "http://127.0.0.1:$2/readyz"
 }
-P_PROXY=$(free_port) P_REDIR=$(free_port) P_NGINX=$(free_port)
+P_PROXY=$(free_port) P_REDIR=$(free_port) P_NGINX=$(free_port) P_MHD=$(free_port)
 start_blobref proxy "$P_PROXY" proxy
 start_blobref redir "$P_REDIR" redirect
 log "uploading the read set through blobrefd (and the same objects to bucket 'direct')"
 "$UL" -m put -u "http://127.0.0.1:$P_PROXY/v1/blobs" -f "$T/small.list" -c 8 -d 300 >/dev/null
 "$UL" -m put -u "http://127.0.0.1:$P_PROXY/v1/blobs" -f "$T/large.list" -c 8 -d 300 >/dev/null
 "$UL" -m put -u "http://127.0.0.1:$P_REDIR/v1/blobs" -f "$T/small.list" -c 8 -d 300 >/dev/null
-/usr/bin/python3 - "$RGW" "$T" <<'EOF'
+# the proxied reads' peer: the same objects straight from radosgw (skipped for a redirect-only run)
+wants get4k || wants get1m || wants range || touch "$T/get4k.direct" "$T/get1m.direct" "$T/range.direct"
+wants get4k || wants get1m || wants range && /usr/bin/python3 - "$RGW" "$T" <<'EOF'
 import sys, boto3
 from botocore.config import Config
 rgw, t = sys.argv[1], sys.argv[2]
@@ -149,6 +160,14 @@ awk 'BEGIN { srand(42) } { for (i = 0; i < 16; i++) { a = int(rand() * (1048576 
 cp "$T/get4k.blobref" "$T/redirect.blobref"
 awk '{ print "GET /r/" $1 }' "$T/small.list" >"$T/redirect.nginx"
 
+# a presigned Location from blobref, so that nginx answers with one of the same length
+h=$(head -1 "$T/small.list" | cut -c1-64)
+loc=$(curl -s -o /dev/null -w '%{redirect_url}' "http://127.0.0.1:$P_REDIR/v1/blobs/$h")
+[ -n "$loc" ] || die "no redirect from blobref"
+cc_redir=$(curl -s -o /dev/null -D - "http://127.0.0.1:$P_REDIR/v1/blobs/$h" |
+  sed -n 's/^[Cc]ache-[Cc]ontrol: *\(.*\)\r$/\1/p')
+loc_query=${loc#*\?}
+
 mkdir -p "$T/nginx/tmp"
 cat >"$T/nginx/nginx.conf" <<EOF
 worker_processes 2;
@@ -167,8 +186,9 @@ http {
     listen 127.0.0.1:$P_NGINX;
     location = /healthz { return 200 'ok'; }
     location ~ "^/r/([0-9a-f]{2})([0-9a-f]{2})([0-9a-f]{60})\$" {
-      add_header Cache-Control "private, max-age=60";
-      return 302 $RGW/bench/sha256/\$1/\$2/\$1\$2\$3;
+      add_header Cache-Control "$cc_redir";
+      add_header X-Request-Id "0000000000000000";
+      return 302 "$RGW/bench/sha256/\$1/\$2/\$1\$2\$3?$loc_query";
     }
   }
 }
@@ -177,9 +197,18 @@ nginx -e "$T/nginx/error.log" -p "$T/nginx" -c "$T/nginx/nginx.conf" -g 'daemon 
 PIDS[nginx]=$!
 wait_ready nginx "http://127.0.0.1:$P_NGINX/healthz"
 
-# sanity: blobref's redirect target and proxied bytes are right
-h=$(head -1 "$T/small.list" | cut -c1-64)
-loc=$(curl -s -o /dev/null -w '%{redirect_url}' "http://127.0.0.1:$P_REDIR/v1/blobs/$h")
+if wants redirect; then
+  "$T/mhd_ceiling" "$P_MHD" "$T/files" "$RGW/bench" >"$T/mhd.log" 2>&1 &
+  PIDS[mhd]=$!
+  for _ in $(seq 100); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$P_MHD/r/$h")" = 307 ] && break
+    sleep 0.1
+  done
+fi
+
+# sanity: blobref's redirect target and proxied bytes are right, nginx's Location is as long
+nloc=$(curl -s -o /dev/null -w '%{redirect_url}' "http://127.0.0.1:$P_NGINX/r/$h")
+[ ${#nloc} = ${#loc} ] || die "nginx Location ($nloc) is not as long as blobref's ($loc)"
 [ "$(curl -s "$loc" | sha256sum | cut -c1-64)" = "$h" ] || die "presigned redirect $loc does not read back"
 [ "$(curl -s "http://127.0.0.1:$P_PROXY/v1/blobs/$h" | sha256sum | cut -c1-64)" = "$h" ] ||
   die "proxied read is wrong"
@@ -226,17 +255,25 @@ upload_run() { # WHO ROUND
 
 for ROUND in $(seq 0 $((ROUNDS - 1))); do
   log "round $((ROUND + 1))/$ROUNDS"
-  order=(a b)
-  [ $((ROUND % 2)) = 1 ] && order=(b a)
+  order=(a b c)
+  [ $((ROUND % 2)) = 1 ] && order=(c b a)
   for who in "${order[@]}"; do
     if [ "$who" = a ]; then
-      wrk_run redirect blobref "http://127.0.0.1:$P_REDIR" "$T/redirect.blobref"
-      for sc in get4k get1m range; do wrk_run "$sc" blobref "http://127.0.0.1:$P_PROXY" "$T/$sc.blobref"; done
-      upload_run blobref "$ROUND"
+      if wants redirect; then
+        wrk_run redirect blobref "http://127.0.0.1:$P_REDIR" "$T/redirect.blobref"
+      fi
+      for sc in get4k get1m range; do
+        if wants $sc; then wrk_run "$sc" blobref "http://127.0.0.1:$P_PROXY" "$T/$sc.blobref"; fi
+      done
+      if wants upload; then upload_run blobref "$ROUND"; fi
+    elif [ "$who" = b ]; then
+      if wants redirect; then wrk_run redirect nginx "http://127.0.0.1:$P_NGINX" "$T/redirect.nginx"; fi
+      for sc in get4k get1m range; do
+        if wants $sc; then wrk_run "$sc" direct "$RGW" "$T/$sc.direct"; fi
+      done
+      if wants upload; then upload_run direct "$ROUND"; fi
     else
-      wrk_run redirect nginx "http://127.0.0.1:$P_NGINX" "$T/redirect.nginx"
-      for sc in get4k get1m range; do wrk_run "$sc" direct "$RGW" "$T/$sc.direct"; done
-      upload_run direct "$ROUND"
+      if wants redirect; then wrk_run redirect mhd "http://127.0.0.1:$P_MHD" "$T/redirect.nginx"; fi
     fi
   done
 done
@@ -250,16 +287,24 @@ mkdir -p "$(dirname "$OUT")"
   echo
   echo "| scenario | blobref req/s | p99 ms | peer | peer req/s | p99 ms | blobref/peer |"
   echo "|---|---:|---:|---|---:|---:|---:|"
-  printf '| S3 redirect (307 presigned) | %.0f | %s | nginx `return 302` | %.0f | %s | %.2fx |\n' \
-    "$(col redirect blobref 1)" "$(col redirect blobref 2)" "$(col redirect nginx 1)" "$(col redirect nginx 2)" \
-    "$(ratio redirect blobref nginx)"
+  if wants redirect; then
+    printf '| S3 redirect (307 presigned) | %.0f | %s | nginx `return 302` | %.0f | %s | %.2fx |\n' \
+      "$(col redirect blobref 1)" "$(col redirect blobref 2)" "$(col redirect nginx 1)" \
+      "$(col redirect nginx 2)" "$(ratio redirect blobref nginx)"
+    printf '| S3 redirect (307 presigned) | %.0f | %s | libmicrohttpd ceiling (307) | %.0f | %s | %.2fx |\n' \
+      "$(col redirect blobref 1)" "$(col redirect blobref 2)" "$(col redirect mhd 1)" \
+      "$(col redirect mhd 2)" "$(ratio redirect blobref mhd)"
+  fi
   for sc in get4k get1m range; do
+    wants $sc || continue
     case $sc in get4k) name="proxied GET 4 KiB" ;; get1m) name="proxied GET 1 MiB" ;; range) name="proxied Range 64 KiB of 1 MiB" ;; esac
     printf '| %s | %.0f | %s | radosgw direct (presigned) | %.0f | %s | %.2fx |\n' "$name" \
       "$(col "$sc" blobref 1)" "$(col "$sc" blobref 2)" "$(col "$sc" direct 1)" "$(col "$sc" direct 2)" \
       "$(ratio "$sc" blobref direct)"
   done
-  printf '| new 1 MiB uploads (blobs/s) | %.1f | - | curl --aws-sigv4 to radosgw | %.1f | - | %.2fx |\n' \
-    "$(col upload blobref 1)" "$(col upload direct 1)" "$(ratio upload blobref direct)"
+  if wants upload; then
+    printf '| new 1 MiB uploads (blobs/s) | %.1f | - | curl --aws-sigv4 to radosgw | %.1f | - | %.2fx |\n' \
+      "$(col upload blobref 1)" "$(col upload direct 1)" "$(ratio upload blobref direct)"
+  fi
 } >"$OUT"
 cat "$OUT"

@@ -2,6 +2,7 @@
 dedup, digest mismatches, multipart uploads, redirects, proxied reads with ranges, readiness and
 outages, radosgw killed mid-upload, peak memory of a huge upload, and `blobref refs` on a table
 whose files live in a bucket. Every test checks the bucket with boto3, not only blobrefd's word."""
+import calendar
 import hashlib
 import json
 import os
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.parse
 
 import pytest
 import requests
@@ -275,6 +277,67 @@ def test_redirect_short_ttl_expires(rgw, lake):
     assert requests.get(loc, timeout=TIMEOUT).content == data
     time.sleep(3)
     assert requests.get(loc, timeout=TIMEOUT).status_code == 403
+
+
+def amz_window(loc):
+    """(X-Amz-Date, X-Amz-Date + X-Amz-Expires) of a presigned URL, in seconds since the epoch."""
+    q = urllib.parse.parse_qs(urllib.parse.urlsplit(loc).query)
+    signed = calendar.timegm(time.strptime(q["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ"))
+    return signed, signed + int(q["X-Amz-Expires"][0])
+
+
+def timed_redirect(srv, h):
+    """(Location, max-age, time just before asking) of a redirect to blob h."""
+    before = time.time()
+    r = get(srv, h, allow_redirects=False)
+    assert r.status_code == 307, r.text
+    return r.headers["Location"], max_age(r.headers["Cache-Control"]), before
+
+
+def test_redirect_presigned_reused_within_half_ttl(rgw, lake):
+    """Presigned URLs are cached: a second redirect within half of presign_ttl gives the same
+    Location, and its max-age stays within half of what is left of that URL."""
+    srv, b = lake(serve="redirect", presign_ttl="4s")
+    data = rnd(7000, 14)
+    h = sha(data)
+    assert put(srv, data).status_code == 201
+    loc1, age1, t1 = timed_redirect(srv, h)
+    loc2, age2, t2 = timed_redirect(srv, h)
+    signed, expires = amz_window(loc1)
+    assert t2 <= signed + 2, "the machine is too slow for a 4 s window"
+    assert loc2 == loc1
+    assert "X-Amz-Expires=4&" in loc1
+    for age, t in ((age1, t1), (age2, t2)):
+        assert age <= (expires - t) / 2, (age, expires - t)
+    assert requests.get(loc2, timeout=TIMEOUT).content == data
+    # another blob gets its own URL
+    other = rnd(7000, 15)
+    assert put(srv, other).status_code == 201
+    loc3, _, _ = timed_redirect(srv, sha(other))
+    assert loc3 != loc1 and f"/{content_key(sha(other))}?" in loc3
+
+
+def test_redirect_presigned_refreshed_after_half_ttl(rgw, lake):
+    """Once less than half of presign_ttl is left of the cached URL, a fresh one is signed; the
+    old one still works until it expires, then S3 refuses it."""
+    srv, b = lake(serve="redirect", presign_ttl="4s")
+    data = rnd(6000, 16)
+    h = sha(data)
+    assert put(srv, data).status_code == 201
+    loc1, _, _ = timed_redirect(srv, h)
+    signed1, expires1 = amz_window(loc1)
+    time.sleep(max(0.0, signed1 + 2.2 - time.time()))  # under half of the 4 s is left
+    loc2, age2, t2 = timed_redirect(srv, h)
+    signed2, expires2 = amz_window(loc2)
+    assert loc2 != loc1 and signed2 > signed1, (loc1, loc2)
+    assert age2 <= (expires2 - t2) / 2
+    assert requests.get(loc2, timeout=TIMEOUT).content == data
+    loc3, _, _ = timed_redirect(srv, h)
+    assert loc3 == loc2  # and the fresh one is what is cached now
+    if time.time() < expires1 - 0.5:
+        assert requests.get(loc1, timeout=TIMEOUT).content == data
+    time.sleep(max(0.0, expires1 + 1.2 - time.time()))
+    assert requests.get(loc1, timeout=TIMEOUT).status_code == 403
 
 
 def test_redirect_cdn_url(rgw, lake):
