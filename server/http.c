@@ -548,6 +548,11 @@ int br_server_store_health(br_server *srv, char *msg, size_t msglen) {
     } else if (v == 0) {
       snprintf(msg, msglen, "%s", srv->store_error[i]);
       ok = 0;
+    } else if (br_store_unavailable(srv->stores[i])) {
+      /* the circuit breaker fails requests fast after a connection failure, between checks */
+      snprintf(msg, msglen, "store %s: unreachable a moment ago; requests fail fast for now",
+               br_store_name(srv->stores[i]));
+      ok = 0;
     }
   }
   pthread_mutex_unlock(&srv->health_lock);
