@@ -170,6 +170,12 @@ int pq_dbp_skip_all(pq_dbp *d, const uint8_t **end, br_err *err);
  * Any other size, or corrupt input, is an error. */
 int pq_decompress(int codec, const uint8_t *in, size_t in_len, uint8_t *out, size_t out_len,
                   br_err *err);
+/* Appends to chunk a data page v1 of nvalues values (PLAIN, RLE levels) whose uncompressed
+ * bytes are body: the compressed body under its page header. *uncompressed grows by the page's
+ * uncompressed size (header included), as the column chunk metadata counts it. 0, or -1 + err. */
+int pq_put_data_page_v1(tc_buf *chunk, int codec, const tc_buf *body, int32_t nvalues,
+                        int64_t *uncompressed, br_err *err);
+
 /* Compresses in into a malloc'd *out. */
 int pq_compress(int codec, const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len,
                 br_err *err);

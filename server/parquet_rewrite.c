@@ -98,9 +98,7 @@ static int encode_page(const br_parquet_value *vals, const uint8_t (*dg)[BR_PQ_S
                        size_t first, size_t n, int optional, int binary, new_chunk *nc,
                        uint8_t *defs, br_err *err) {
   static const char hexd[] = "0123456789abcdef";
-  tc_buf body = {0}, hdr = {0};
-  uint8_t *comp = NULL;
-  size_t clen = 0;
+  tc_buf body = {0};
   int rc = -1;
   if (optional) {
     tc_buf lv = {0};
@@ -129,31 +127,12 @@ static int encode_page(const br_parquet_value *vals, const uint8_t (*dg)[BR_PQ_S
     br_fail(err, "out of memory");
     goto out;
   }
-  if (pq_compress(nc->codec, body.p, body.len, &comp, &clen, err)) goto out;
-  int16_t last = 0, l2 = 0;
-  tc_put_i32_field(&hdr, &last, 1, 0); /* DATA_PAGE */
-  tc_put_i32_field(&hdr, &last, 2, (int32_t)body.len);
-  tc_put_i32_field(&hdr, &last, 3, (int32_t)clen);
-  tc_put_field(&hdr, &last, 5, TC_STRUCT);
-  tc_put_i32_field(&hdr, &l2, 1, (int32_t)n);
-  tc_put_i32_field(&hdr, &l2, 2, 0); /* PLAIN */
-  tc_put_i32_field(&hdr, &l2, 3, 3); /* RLE */
-  tc_put_i32_field(&hdr, &l2, 4, 3);
-  tc_put_stop(&hdr);
-  tc_put_stop(&hdr);
-  tc_buf_put(&nc->bytes, hdr.p, hdr.len);
-  tc_buf_put(&nc->bytes, comp, clen);
-  if (hdr.failed || nc->bytes.failed) {
-    br_fail(err, "out of memory");
+  if (pq_put_data_page_v1(&nc->bytes, nc->codec, &body, (int32_t)n, &nc->uncompressed, err))
     goto out;
-  }
   nc->num_values += (int64_t)n;
-  nc->uncompressed += (int64_t)(hdr.len + body.len);
   rc = 0;
 out:
   free(body.p);
-  free(hdr.p);
-  free(comp);
   return rc;
 }
 

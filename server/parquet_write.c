@@ -123,10 +123,34 @@ br_parquet_writer *br_parquet_writer_new(const br_parquet_column_spec *cols, siz
   return w;
 }
 
-static int flush_page(br_parquet_writer *w, wcol *c, br_err *err) {
-  tc_buf body = {0}, hdr = {0};
+int pq_put_data_page_v1(tc_buf *chunk, int codec, const tc_buf *body, int32_t nvalues,
+                        int64_t *uncompressed, br_err *err) {
+  tc_buf hdr = {0};
   uint8_t *comp = NULL;
-  size_t clen;
+  size_t clen = 0;
+  if (pq_compress(codec, body->p, body->len, &comp, &clen, err)) return -1;
+  int16_t last = 0, l2 = 0;
+  tc_put_i32_field(&hdr, &last, 1, 0); /* DATA_PAGE */
+  tc_put_i32_field(&hdr, &last, 2, (int32_t)body->len);
+  tc_put_i32_field(&hdr, &last, 3, (int32_t)clen);
+  tc_put_field(&hdr, &last, 5, TC_STRUCT);
+  tc_put_i32_field(&hdr, &l2, 1, nvalues);
+  tc_put_i32_field(&hdr, &l2, 2, 0); /* PLAIN */
+  tc_put_i32_field(&hdr, &l2, 3, 3); /* RLE */
+  tc_put_i32_field(&hdr, &l2, 4, 3);
+  tc_put_stop(&hdr);
+  tc_put_stop(&hdr);
+  tc_buf_put(chunk, hdr.p, hdr.len);
+  tc_buf_put(chunk, comp, clen);
+  int rc = hdr.failed || chunk->failed ? br_fail(err, "out of memory") : 0;
+  if (rc == 0) *uncompressed += (int64_t)(hdr.len + body->len);
+  free(hdr.p);
+  free(comp);
+  return rc;
+}
+
+static int flush_page(br_parquet_writer *w, wcol *c, br_err *err) {
+  tc_buf body = {0};
   int rc = -1;
   if (c->spec.optional) {
     tc_buf lv = {0};
@@ -142,33 +166,15 @@ static int flush_page(br_parquet_writer *w, wcol *c, br_err *err) {
     br_fail(err, "out of memory");
     goto out;
   }
-  if (pq_compress(w->o.codec, body.p, body.len, &comp, &clen, err)) goto out;
-  int16_t last = 0, l2 = 0;
-  tc_put_i32_field(&hdr, &last, 1, 0); /* DATA_PAGE */
-  tc_put_i32_field(&hdr, &last, 2, (int32_t)body.len);
-  tc_put_i32_field(&hdr, &last, 3, (int32_t)clen);
-  tc_put_field(&hdr, &last, 5, TC_STRUCT);
-  tc_put_i32_field(&hdr, &l2, 1, (int32_t)c->ndefs);
-  tc_put_i32_field(&hdr, &l2, 2, 0); /* PLAIN */
-  tc_put_i32_field(&hdr, &l2, 3, 3); /* RLE */
-  tc_put_i32_field(&hdr, &l2, 4, 3);
-  tc_put_stop(&hdr);
-  tc_put_stop(&hdr);
-  tc_buf_put(&c->chunk, hdr.p, hdr.len);
-  tc_buf_put(&c->chunk, comp, clen);
-  if (hdr.failed || c->chunk.failed) {
-    br_fail(err, "out of memory");
+  if (pq_put_data_page_v1(&c->chunk, w->o.codec, &body, (int32_t)c->ndefs,
+                          &c->chunk_uncompressed, err))
     goto out;
-  }
   c->chunk_values += (int64_t)c->ndefs;
-  c->chunk_uncompressed += (int64_t)(hdr.len + body.len);
   c->vals.len = 0;
   c->ndefs = 0;
   rc = 0;
 out:
   free(body.p);
-  free(hdr.p);
-  free(comp);
   return rc;
 }
 
