@@ -4,7 +4,6 @@
 #include <jansson.h>
 #include <libgen.h>
 #include <openssl/evp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,18 +21,6 @@
 #define EXIT_LOOKUP_ERROR 3
 
 /* ---- small shared pieces ---- */
-
-/* Prints "blobref CMD: message" and a pointer to --help; returns the usage exit status. */
-static int usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int usage_error(const char *cmd, const char *fmt, ...) {
-  va_list ap;
-  fprintf(stderr, "blobref %s: ", cmd);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, " (see 'blobref %s --help')\n", cmd);
-  return EXIT_USAGE;
-}
 
 /* Prints the one-line error "blobref: WHAT: why". */
 static void print_error(const char *what, const char *why) {
@@ -58,7 +45,7 @@ static void getopt_reset(void) {
 /* Prints the "unknown option / missing argument" usage error for the last getopt failure. */
 static int bad_option(const char *cmd, char **argv) {
   const char *arg = optind > 0 ? argv[optind - 1] : "?";
-  return usage_error(cmd, "unknown option or missing argument: '%s'", arg);
+  return br_cli_usage_error(cmd, "unknown option or missing argument: '%s'", arg);
 }
 
 /* Hashes the rest of f with SHA-256 (streaming, HASH_CHUNK at a time) into hex. Returns 0, or
@@ -232,13 +219,14 @@ int cmd_put(const cli_globals *g, int argc, char **argv) {
     switch (opt) {
       case 't':
         if (br_cli_content_type_check(optarg) != 0)
-          return usage_error("put", "--type must be 1 to %d printable ASCII characters",
-                             BR_CLI_CONTENT_TYPE_MAX);
+          return br_cli_usage_error("put", "--type must be 1 to %d printable ASCII characters",
+                                    BR_CLI_CONTENT_TYPE_MAX);
         o.type = optarg;
         break;
       case 's':
         if (br_cli_hash_parse(optarg, o.hex) != 0)
-          return usage_error("put", "--sha256: '%.80s' is not a SHA-256 (64 hex digits)", optarg);
+          return br_cli_usage_error("put", "--sha256: '%.80s' is not a SHA-256 (64 hex digits)",
+                                    optarg);
         break;
       case 'v':
         o.verbose = 1;
@@ -250,7 +238,7 @@ int cmd_put(const cli_globals *g, int argc, char **argv) {
         return bad_option("put", argv);
     }
   }
-  if (argc - optind != 1) return usage_error("put", "expected exactly one FILE or '-'");
+  if (argc - optind != 1) return br_cli_usage_error("put", "expected exactly one FILE or '-'");
   o.path = argv[optind];
   snprintf(what, sizeof what, "put %.250s", o.path);
 
@@ -358,10 +346,10 @@ int cmd_get(const cli_globals *g, int argc, char **argv) {
     switch (opt) {
       case 'r':
         if (br_cli_range_check(optarg, &range, &err) != 0)
-          return usage_error("get", "--range '%.80s': %s", optarg, err.msg);
+          return br_cli_usage_error("get", "--range '%.80s': %s", optarg, err.msg);
         break;
       case 'o':
-        if (!*optarg) return usage_error("get", "-o needs a file name");
+        if (!*optarg) return br_cli_usage_error("get", "-o needs a file name");
         outpath = optarg;
         break;
       case 'h':
@@ -371,10 +359,10 @@ int cmd_get(const cli_globals *g, int argc, char **argv) {
         return bad_option("get", argv);
     }
   }
-  if (argc - optind != 1) return usage_error("get", "expected exactly one HASH");
+  if (argc - optind != 1) return br_cli_usage_error("get", "expected exactly one HASH");
   if (br_cli_hash_parse(argv[optind], hex) != 0)
-    return usage_error("get", "'%.80s' is not a SHA-256 (64 hex digits or sha256:HEX)",
-                       argv[optind]);
+    return br_cli_usage_error("get", "'%.80s' is not a SHA-256 (64 hex digits or sha256:HEX)",
+                              argv[optind]);
   snprintf(what, sizeof what, "get %s", hex);
   snprintf(path, sizeof path, "/v1/blobs/%s", hex);
 
@@ -482,10 +470,10 @@ int cmd_stat(const cli_globals *g, int argc, char **argv) {
         return bad_option("stat", argv);
     }
   }
-  if (argc - optind != 1) return usage_error("stat", "expected exactly one HASH");
+  if (argc - optind != 1) return br_cli_usage_error("stat", "expected exactly one HASH");
   if (br_cli_hash_parse(argv[optind], hex) != 0)
-    return usage_error("stat", "'%.80s' is not a SHA-256 (64 hex digits or sha256:HEX)",
-                       argv[optind]);
+    return br_cli_usage_error("stat", "'%.80s' is not a SHA-256 (64 hex digits or sha256:HEX)",
+                              argv[optind]);
   snprintf(what, sizeof what, "stat %s", hex);
   snprintf(path, sizeof path, "/v1/blobs/%s/meta", hex);
   long status = 0;
@@ -666,15 +654,15 @@ int cmd_lookup(const cli_globals *g, int argc, char **argv) {
   }
   int nargs = argc - optind;
   int from_stdin = nargs == 1 && strcmp(argv[optind], "-") == 0;
-  if (nargs == 0) return usage_error("lookup", "expected HASH... or '-'");
+  if (nargs == 0) return br_cli_usage_error("lookup", "expected HASH... or '-'");
   /* Every argument is checked before any request. */
   for (int i = optind; !from_stdin && i < argc; i++) {
     char hex[BR_HEX_LEN + 1];
     if (strcmp(argv[i], "-") == 0)
-      return usage_error("lookup", "'-' (standard input) cannot be mixed with hashes");
+      return br_cli_usage_error("lookup", "'-' (standard input) cannot be mixed with hashes");
     if (br_cli_hash_parse(argv[i], hex) != 0)
-      return usage_error("lookup", "'%.80s' is not a SHA-256 (64 hex digits or sha256:HEX)",
-                         argv[i]);
+      return br_cli_usage_error("lookup", "'%.80s' is not a SHA-256 (64 hex digits or sha256:HEX)",
+                                argv[i]);
   }
   batch = malloc(LOOKUP_BATCH * sizeof *batch);
   if (!batch) {

@@ -27,17 +27,6 @@
 #define EXPORT_PAGE 10000            /* blobs per GET /v1/blobs */
 #define EXPORT_ROW_GROUP (64u << 10) /* rows per row group of the export */
 
-static int usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int usage_error(const char *cmd, const char *fmt, ...) {
-  va_list ap;
-  fprintf(stderr, "blobref %s: ", cmd);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, " (see 'blobref %s --help')\n", cmd);
-  return 2;
-}
-
 /* Flushes, fsyncs and closes f, then renames tmp to path. On failure removes tmp. */
 static int commit_temp(FILE *f, const char *tmp, const char *path, br_err *err) {
   int rc = 0;
@@ -439,13 +428,13 @@ int cmd_extract_parquet(const cli_globals *g, int argc, char **argv) {
         else if (!strcmp(optarg, "binary"))
           o.binary = 1;
         else
-          return usage_error("extract-parquet", "--form must be hex or binary");
+          return br_cli_usage_error("extract-parquet", "--form must be hex or binary");
         break;
       case 'j': {
         char *end;
         long j = strtol(optarg, &end, 10);
         if (*end || j < 1 || j > MAX_JOBS)
-          return usage_error("extract-parquet", "--jobs must be 1 to %d", MAX_JOBS);
+          return br_cli_usage_error("extract-parquet", "--jobs must be 1 to %d", MAX_JOBS);
         x.jobs = (int)j;
         break;
       }
@@ -456,12 +445,13 @@ int cmd_extract_parquet(const cli_globals *g, int argc, char **argv) {
         fputs(extract_help, stdout);
         return 0;
       default:
-        return usage_error("extract-parquet", "unknown option or missing argument: '%s'",
-                           optind > 0 ? argv[optind - 1] : "?");
+        return br_cli_usage_error("extract-parquet", "unknown option or missing argument: '%s'",
+                                  optind > 0 ? argv[optind - 1] : "?");
     }
   }
-  if (argc - optind != 2) return usage_error("extract-parquet", "expected IN and OUT");
-  if (!o.column || !*o.column) return usage_error("extract-parquet", "--column NAME is required");
+  if (argc - optind != 2) return br_cli_usage_error("extract-parquet", "expected IN and OUT");
+  if (!o.column || !*o.column)
+    return br_cli_usage_error("extract-parquet", "--column NAME is required");
   const char *in = argv[optind], *out = argv[optind + 1];
   x.progress = !quiet && isatty(2);
   pthread_mutex_init(&x.lock, NULL);
@@ -628,26 +618,26 @@ int cmd_export(const cli_globals *g, int argc, char **argv) {
         break;
       case 's':
         if (strcmp(optarg, "live") && strcmp(optarg, "quarantined"))
-          return usage_error("export", "--state must be live or quarantined");
+          return br_cli_usage_error("export", "--state must be live or quarantined");
         state = optarg;
         break;
       case 'p': {
         char *end;
         page = strtol(optarg, &end, 10);
         if (*end || page < 1 || page > EXPORT_PAGE)
-          return usage_error("export", "--page must be 1 to %d", EXPORT_PAGE);
+          return br_cli_usage_error("export", "--page must be 1 to %d", EXPORT_PAGE);
         break;
       }
       case 'h':
         fputs(export_help, stdout);
         return 0;
       default:
-        return usage_error("export", "unknown option or missing argument: '%s'",
-                           optind > 0 ? argv[optind - 1] : "?");
+        return br_cli_usage_error("export", "unknown option or missing argument: '%s'",
+                                  optind > 0 ? argv[optind - 1] : "?");
     }
   }
-  if (!out || !*out) return usage_error("export", "-o FILE.parquet is required");
-  if (argc != optind) return usage_error("export", "unexpected argument '%s'", argv[optind]);
+  if (!out || !*out) return br_cli_usage_error("export", "-o FILE.parquet is required");
+  if (argc != optind) return br_cli_usage_error("export", "unexpected argument '%s'", argv[optind]);
   br_err err = {{0}};
   char tmp[PATH_MAX + 64] = "";
   br_parquet_writer *w = NULL;

@@ -1,6 +1,7 @@
 /* HTTP client helpers for the blobref subcommands (libcurl + jansson); see http_client.h. */
 #include "http_client.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <errno.h>
 #include <unistd.h>
@@ -312,4 +313,14 @@ FILE *br_cli_open_temp_next_to(const char *path, char *tmp, size_t tmpsize, br_e
     close(fd);
   }
   return f;
+}
+
+int br_cli_usage_error(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "blobref %s: ", cmd);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, " (see 'blobref %s --help')\n", cmd);
+  return 2;
 }

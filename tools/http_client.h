@@ -89,4 +89,8 @@ int br_cli_content_type_check(const char *type);
  * (tmp then names nothing to remove). */
 FILE *br_cli_open_temp_next_to(const char *path, char *tmp, size_t tmpsize, br_err *err);
 
+/* Prints "blobref CMD: message" and a pointer to 'blobref CMD --help' on stderr; returns 2, the
+ * usage exit status. */
+int br_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 #endif
