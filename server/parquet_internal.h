@@ -176,6 +176,14 @@ int pq_decompress(int codec, const uint8_t *in, size_t in_len, uint8_t *out, siz
 int pq_put_data_page_v1(tc_buf *chunk, int codec, const tc_buf *body, int32_t nvalues,
                         int64_t *uncompressed, br_err *err);
 
+/* Appends a ColumnChunk struct (file offset, then its ColumnMetaData) for a chunk of pages as
+ * pq_put_data_page_v1 writes them (PLAIN values, RLE levels) of column `name` at byte offset. */
+void pq_put_column_chunk(tc_buf *o, int32_t type, const char *name, int codec, int64_t num_values,
+                         int64_t uncompressed, int64_t compressed, int64_t offset);
+
+/* The last 8 bytes of a Parquet file: the footer's length, little-endian, and "PAR1". */
+void pq_file_tail(uint32_t footer_len, uint8_t tail[8]);
+
 /* Compresses in into a malloc'd *out. */
 int pq_compress(int codec, const uint8_t *in, size_t in_len, uint8_t **out, size_t *out_len,
                 br_err *err);

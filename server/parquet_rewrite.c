@@ -234,25 +234,9 @@ static void write_new_column_chunk(rewrite *w) {
   tc_buf *o = w->o;
   const layout *l = &w->at[(size_t)w->g * w->m->nleaves + w->col];
   const new_chunk *nc = &w->newc[w->g];
-  int16_t lc = 0, lm = 0;
-  tc_put_i64_field(o, &lc, 2, (int64_t)l->new_start);
-  tc_put_field(o, &lc, 3, TC_STRUCT);
-  tc_put_i32_field(o, &lm, 1, w->binary ? BR_PQ_FIXED_LEN_BYTE_ARRAY : BR_PQ_BYTE_ARRAY);
-  tc_put_field(o, &lm, 2, TC_LIST);
-  tc_put_list(o, TC_I32, 2);
-  tc_put_zigzag(o, 0); /* PLAIN */
-  tc_put_zigzag(o, 3); /* RLE */
-  tc_put_field(o, &lm, 3, TC_LIST);
-  tc_put_list(o, TC_BINARY, 1);
-  tc_put_varint(o, strlen(w->name));
-  tc_buf_put(o, w->name, strlen(w->name));
-  tc_put_i32_field(o, &lm, 4, nc->codec);
-  tc_put_i64_field(o, &lm, 5, nc->num_values);
-  tc_put_i64_field(o, &lm, 6, nc->uncompressed);
-  tc_put_i64_field(o, &lm, 7, (int64_t)nc->bytes.len);
-  tc_put_i64_field(o, &lm, 9, (int64_t)l->new_start);
-  tc_put_stop(o);
-  tc_put_stop(o);
+  pq_put_column_chunk(o, w->binary ? BR_PQ_FIXED_LEN_BYTE_ARRAY : BR_PQ_BYTE_ARRAY, w->name,
+                      nc->codec, nc->num_values, nc->uncompressed, (int64_t)nc->bytes.len,
+                      (int64_t)l->new_start);
 }
 
 static int rewrite_row_group(tc_reader *r, rewrite *w) {
@@ -575,14 +559,8 @@ int br_parquet_replace_column(br_parquet_file *f, const br_parquet_replace_optio
     br_fail(err, "parquet: the new footer is over %u bytes", BR_PQ_MAX_FOOTER);
     goto out;
   }
-  uint8_t tail[8] = {(uint8_t)fo.len,
-                     (uint8_t)(fo.len >> 8),
-                     (uint8_t)(fo.len >> 16),
-                     (uint8_t)(fo.len >> 24),
-                     'P',
-                     'A',
-                     'R',
-                     '1'};
+  uint8_t tail[8];
+  pq_file_tail((uint32_t)fo.len, tail);
   if (sink_put(&k, fo.p, fo.len, err) || sink_put(&k, tail, 8, err)) goto out;
   rc = 0;
 out:

@@ -149,6 +149,34 @@ int pq_put_data_page_v1(tc_buf *chunk, int codec, const tc_buf *body, int32_t nv
   return rc;
 }
 
+void pq_put_column_chunk(tc_buf *o, int32_t type, const char *name, int codec, int64_t num_values,
+                         int64_t uncompressed, int64_t compressed, int64_t offset) {
+  int16_t lc = 0, lm = 0;
+  tc_put_i64_field(o, &lc, 2, offset);
+  tc_put_field(o, &lc, 3, TC_STRUCT);
+  tc_put_i32_field(o, &lm, 1, type);
+  tc_put_field(o, &lm, 2, TC_LIST);
+  tc_put_list(o, TC_I32, 2);
+  tc_put_zigzag(o, 0); /* PLAIN */
+  tc_put_zigzag(o, 3); /* RLE */
+  tc_put_field(o, &lm, 3, TC_LIST);
+  tc_put_list(o, TC_BINARY, 1);
+  tc_put_varint(o, strlen(name));
+  tc_buf_put(o, name, strlen(name));
+  tc_put_i32_field(o, &lm, 4, codec);
+  tc_put_i64_field(o, &lm, 5, num_values);
+  tc_put_i64_field(o, &lm, 6, uncompressed);
+  tc_put_i64_field(o, &lm, 7, compressed);
+  tc_put_i64_field(o, &lm, 9, offset);
+  tc_put_stop(o); /* ColumnMetaData */
+  tc_put_stop(o); /* ColumnChunk */
+}
+
+void pq_file_tail(uint32_t footer_len, uint8_t tail[8]) {
+  for (int i = 0; i < 4; i++) tail[i] = (uint8_t)(footer_len >> (8 * i));
+  memcpy(tail + 4, "PAR1", 4);
+}
+
 static int flush_page(br_parquet_writer *w, wcol *c, br_err *err) {
   tc_buf body = {0};
   int rc = -1;
@@ -190,25 +218,8 @@ static int flush_row_group(br_parquet_writer *w, br_err *err) {
     if (c->ndefs && flush_page(w, c, err)) return -1;
     uint64_t off = w->offset;
     if (emit(w, c->chunk.p, c->chunk.len, err)) return -1;
-    int16_t lc = 0, lm = 0;
-    tc_put_i64_field(b, &lc, 2, (int64_t)off);
-    tc_put_field(b, &lc, 3, TC_STRUCT);
-    tc_put_i32_field(b, &lm, 1, c->spec.type);
-    tc_put_field(b, &lm, 2, TC_LIST);
-    tc_put_list(b, TC_I32, 2);
-    tc_put_zigzag(b, 0); /* PLAIN */
-    tc_put_zigzag(b, 3); /* RLE */
-    tc_put_field(b, &lm, 3, TC_LIST);
-    tc_put_list(b, TC_BINARY, 1);
-    tc_put_varint(b, strlen(c->name));
-    tc_buf_put(b, c->name, strlen(c->name));
-    tc_put_i32_field(b, &lm, 4, w->o.codec);
-    tc_put_i64_field(b, &lm, 5, c->chunk_values);
-    tc_put_i64_field(b, &lm, 6, c->chunk_uncompressed);
-    tc_put_i64_field(b, &lm, 7, (int64_t)c->chunk.len);
-    tc_put_i64_field(b, &lm, 9, (int64_t)off);
-    tc_put_stop(b); /* ColumnMetaData */
-    tc_put_stop(b); /* ColumnChunk */
+    pq_put_column_chunk(b, c->spec.type, c->name, w->o.codec, c->chunk_values,
+                        c->chunk_uncompressed, (int64_t)c->chunk.len, (int64_t)off);
     total += c->chunk_uncompressed;
     c->chunk.len = 0;
     c->chunk_values = c->chunk_uncompressed = 0;
@@ -347,14 +358,8 @@ int br_parquet_writer_finish(br_parquet_writer *w, br_err *err) {
     br_fail(err, "parquet writer: footer too large or out of memory");
     goto out;
   }
-  uint8_t tail[8] = {(uint8_t)f.len,
-                     (uint8_t)(f.len >> 8),
-                     (uint8_t)(f.len >> 16),
-                     (uint8_t)(f.len >> 24),
-                     'P',
-                     'A',
-                     'R',
-                     '1'};
+  uint8_t tail[8];
+  pq_file_tail((uint32_t)f.len, tail);
   if (emit(w, f.p, f.len, err) || emit(w, tail, 8, err)) goto out;
   rc = 0;
 out:
