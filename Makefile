@@ -31,49 +31,68 @@ OBJ := $(BUILD_ROOT)/$(MODE)/obj
 CFLAGS ?=
 ALL_CFLAGS := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
 
-LIB_SRCS := $(filter-out server/blobrefd.c,$(wildcard server/*.c))
-# The operator console (ui/): its files and uPlot (npm, pinned by ui/package-lock.json) are
-# compiled into the library as one generated C file shared by every MODE.
+# Two archives, layered as the folders are: libblobref.a is everything below HTTP (base, index,
+# store, parquet, iceberg, reconcile, core), which the CLI and the unit tests link; libblobref-http.a
+# is the HTTP front (server/http/), which the daemon links, and the unit and fuzz targets of its
+# pure parsers (Range, lookup bodies). Neither holds the console assets.
+LIB_DIRS := base index store parquet iceberg reconcile core
+LIB_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard server/$(d)/*.c))
+HTTP_SRCS := $(wildcard server/http/*.c)
+# The operator console (server/ui/): its files and uPlot (npm, pinned by
+# server/ui/package-lock.json) become one generated C file shared by every MODE, linked into
+# blobrefd alone: building the CLI or a unit test needs no npm.
+UI_DIR := server/ui
 UI_GEN := $(BUILD_ROOT)/gen/ui_assets.c
 UI_OBJ := $(OBJ)/gen/ui_assets.o
-UPLOT := ui/node_modules/uplot/dist/uPlot.iife.min.js
-LIB_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o) $(UI_OBJ)
+UPLOT := $(UI_DIR)/node_modules/uplot/dist/uPlot.iife.min.js
+LIB_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o)
+HTTP_OBJS := $(HTTP_SRCS:%.c=$(OBJ)/%.o)
 LIB := $(BUILD_ROOT)/$(MODE)/libblobref.a
-DAEMON_OBJS := $(OBJ)/server/blobrefd.o
+HTTP_LIB := $(BUILD_ROOT)/$(MODE)/libblobref-http.a
+DAEMON_OBJS := $(OBJ)/server/blobrefd.o $(UI_OBJ)
 TOOL_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(wildcard tools/*.c))
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD_ROOT)/$(MODE)/tests/%)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD_ROOT)/fuzz/bin/%)
 
-.PHONY: all deps run test unit-bins fuzz-bins fuzz bench bench-reconcile clean format
+# Keep the objects of unit and fuzz binaries (make would delete them as intermediates).
+.SECONDARY:
+.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile clean format
 all: $(BIN)/blobrefd $(BIN)/blobref
 
 deps:
 	@tools/install-deps.sh build
 
-$(OBJ)/%.o: %.c $(wildcard include/blobref/*.h server/*.h tools/*.h)
+# Header dependencies come from the compiler (-MMD -MP): each object lists what it included.
+$(OBJ)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
 
-# npm ci when ui/node_modules is missing or older than the lockfile.
-$(UPLOT): ui/package.json ui/package-lock.json
-	cd ui && npm ci --no-audit --no-fund --loglevel=error
+-include $(shell find $(OBJ) -name '*.d' 2>/dev/null)
+
+# npm ci when server/ui/node_modules is missing or older than the lockfile.
+$(UPLOT): $(UI_DIR)/package.json $(UI_DIR)/package-lock.json
+	cd $(UI_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-$(UI_GEN): tools/ui-embed.sh ui/index.html ui/app.js ui/style.css $(UPLOT)
+$(UI_GEN): tools/ui-embed.sh $(UI_DIR)/index.html $(UI_DIR)/app.js $(UI_DIR)/style.css $(UPLOT)
 	@mkdir -p $(dir $@)
-	tools/ui-embed.sh $@ ui
+	tools/ui-embed.sh $@ $(UI_DIR)
 
-$(UI_OBJ): $(UI_GEN) server/ui_assets.h
+$(UI_OBJ): $(UI_GEN)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BIN)/blobrefd: $(DAEMON_OBJS) $(LIB)
+$(HTTP_LIB): $(HTTP_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN)/blobrefd: $(DAEMON_OBJS) $(HTTP_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(OPT) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -81,13 +100,16 @@ $(BIN)/blobref: $(TOOL_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(OPT) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD_ROOT)/$(MODE)/tests/%: $(OBJ)/tests/unit/%.o $(LIB)
+$(BUILD_ROOT)/$(MODE)/tests/%: $(OBJ)/tests/unit/%.o $(HTTP_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(OPT) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 unit-bins: $(UNIT_BINS)
-# tests/unit/test_cli_*.c compile the tools' pure helpers in (#include "../../tools/x.c").
-$(patsubst %.c,$(OBJ)/%.o,$(wildcard tests/unit/test_cli_*.c)): $(wildcard tools/*.c)
+
+# The C unit tests alone (sanitizer build; no npm, no daemon): `make unit`.
+unit:
+	@$(MAKE) --no-print-directory MODE=san unit-bins
+	tests/run-unit.sh $(BUILD_ROOT)/san/tests
 
 # Builds and runs the server on its embedded default (local store + LMDB under ./var).
 run:
@@ -106,7 +128,7 @@ test:
 
 # libFuzzer targets (clang); each runs FUZZ_SECONDS on its seed corpus in tests/fuzz/corpus/NAME.
 FUZZ_SECONDS ?= 30
-$(BUILD_ROOT)/fuzz/bin/%: $(OBJ)/tests/fuzz/%.o $(LIB)
+$(BUILD_ROOT)/fuzz/bin/%: $(OBJ)/tests/fuzz/%.o $(UI_OBJ) $(HTTP_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(OPT) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
 
@@ -129,7 +151,7 @@ bench-reconcile:
 	BENCH_CFLAGS="$(PKG_CFLAGS)" BENCH_LDLIBS="$(LDLIBS)" tests/bench/reconcile-bench.sh $(LIB)
 
 format:
-	clang-format -i $(wildcard server/*.c server/*.h include/blobref/*.h tools/*.c tools/*.h \
+	clang-format -i $(wildcard server/*.c server/*/*.c server/*/*.h include/blobref/*.h tools/*.c tools/*.h \
 	  tests/unit/*.c tests/unit/*.h tests/fuzz/*.c tests/bench/*.c)
 
 clean:

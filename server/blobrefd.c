@@ -15,8 +15,8 @@
 #include <unistd.h>
 #include <time.h>
 
-#include "blobcache.h"
-#include "httpd.h"
+#include "core/blobcache.h"
+#include "http/httpd.h"
 
 static void usage(FILE *out) {
   fprintf(out,

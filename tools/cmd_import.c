@@ -25,7 +25,7 @@
 #include "blobref/store.h"
 #include "commands.h"
 #include "http_client.h"
-#include "store_internal.h"
+#include "store/internal.h"
 
 static const char import_usage[] =
     "usage: blobref import SOURCE -c CONFIG --store NAME [--in-place | --copy] [--threads N]\n"

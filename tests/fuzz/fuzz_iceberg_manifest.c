@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "iceberg_internal.h"
+#include "iceberg/internal.h"
 
 static int on_ref(void *ud, const ice_manifest_ref *r, br_err *err) {
   (void)err;

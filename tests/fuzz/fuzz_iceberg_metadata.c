@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "iceberg_internal.h"
+#include "iceberg/internal.h"
 
 /* libavro's schema parser leaks on some malformed schemas (e.g. a named type defined twice);
  * that is libavro's, bounded by the 1 MiB schema limit, and only on damaged files. */

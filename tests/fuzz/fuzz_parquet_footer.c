@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#include "parquet_internal.h"
+#include "parquet/internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   pq_meta m;

@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#include "parquet_internal.h"
+#include "parquet/internal.h"
 
 static int count(void *ud, const uint8_t *data, size_t len, int is_null) {
   size_t *n = ud;

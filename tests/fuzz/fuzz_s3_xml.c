@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "s3_client.h"
+#include "store/s3_client.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char *xml = malloc(size + 1);

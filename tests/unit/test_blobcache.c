@@ -3,7 +3,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "blobcache.h"
+#include "core/blobcache.h"
 #include "unit.h"
 
 static void digest_of(unsigned n, uint8_t d[32]) {

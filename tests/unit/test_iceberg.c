@@ -5,7 +5,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "iceberg_internal.h"
+#include "iceberg/internal.h"
 #include "unit.h"
 
 #define H64 "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

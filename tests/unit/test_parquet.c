@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "parquet_internal.h"
+#include "parquet/internal.h"
 #include "unit.h"
 
 static void test_varints(void) {

@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "blobref/config.h"
-#include "reconcile_internal.h"
+#include "reconcile/internal.h"
 #include "unit.h"
 
 static int cmp(const void *a, const void *b) { return memcmp(a, b, BR_SHA256_LEN); }

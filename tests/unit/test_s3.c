@@ -3,7 +3,7 @@
 #include <stdlib.h>
 
 #include "blobref/config.h"
-#include "s3_client.h"
+#include "store/s3_client.h"
 #include "unit.h"
 
 static void test_xml(void) {

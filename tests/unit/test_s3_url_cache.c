@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "s3_client.h"
-#include "s3_url_cache.h"
+#include "store/s3_client.h"
+#include "store/s3_url_cache.h"
 #include "unit.h"
 
 #define T0 1700000000500ull /* mid-second: the URL is signed at 1700000000, 500 ms earlier */

@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "blobref/store.h"
-#include "store_internal.h"
+#include "store/internal.h"
 #include "unit.h"
 
 static int count_keys(void *ud, const char *key, uint64_t size) {

@@ -1,0 +1,330 @@
+/* /v1/blobs: uploads (PUT with the expected hash, POST with the hash computed here), reads
+ * (GET/HEAD, proxied or redirected) and the record as JSON (/meta). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "http/httpd.h"
+
+void request_free_upload(struct request *req) {
+  if (req->writer) br_store_write_abort(req->writer);
+  req->writer = NULL;
+  if (req->sha) EVP_MD_CTX_free(req->sha);
+  req->sha = NULL;
+}
+
+enum br_api_error store_error_code(int e) {
+  switch (e) {
+    case ENOSPC:
+    case EDQUOT:
+      return E_NO_SPACE;
+    case EHOSTUNREACH:
+      return E_STORE_UNAVAILABLE;
+    case EPROTO:
+      return E_STORE_ERROR;
+    default:
+      return E_INTERNAL;
+  }
+}
+
+static const char *header(struct request *req, const char *name) {
+  return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
+}
+
+/* Answers a dedup hit with 200. The hit refreshes last_upload_ms (which protects the blob from
+ * reconcile for the grace period) durably before the answer, on a finisher thread so that no
+ * network thread waits for the disk, unless it was refreshed less than dedup_touch_interval ago:
+ * then the hit changes nothing and is answered at once. */
+static enum MHD_Result answer_dedup(struct request *req, const br_record *rec) {
+  uint64_t now = br_now_ms();
+  req->received = rec->size;
+  if (rec->last_upload_ms > now ||
+      now - rec->last_upload_ms < req->srv->cfg->dedup_touch_interval_ms) {
+    atomic_fetch_add(&req->srv->uploads_dedup, 1);
+    return reply_json(req, MHD_HTTP_OK, upload_result_json(req->digest, rec->size, 1));
+  }
+  if (br_server_finish_async(req, JOB_TOUCH) < 0)
+    return reply_error(req, E_NOT_READY, "the server is stopping");
+  return MHD_YES;
+}
+
+/* Checks Content-Type and Content-Length and prepares hashing; shared by PUT and POST. */
+static enum MHD_Result upload_begin_common(struct request *req) {
+  const char *ct = header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
+  if (!ct || !*ct) ct = "application/octet-stream";
+  size_t ctlen = strlen(ct);
+  if (ctlen > BR_MAX_CONTENT_TYPE)
+    return reply_error(req, E_BAD_CONTENT_TYPE, "Content-Type is over %d bytes",
+                       BR_MAX_CONTENT_TYPE);
+  for (size_t i = 0; i < ctlen; i++)
+    if ((unsigned char)ct[i] < 0x20 || (unsigned char)ct[i] > 0x7e)
+      return reply_error(req, E_BAD_CONTENT_TYPE, "Content-Type must be printable ASCII");
+  memcpy(req->content_type, ct, ctlen + 1);
+
+  req->declared_length = UINT64_MAX;
+  const char *cl = header(req, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  if (cl) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(cl, &end, 10);
+    if (errno || end == cl || *end || cl[0] == '-')
+      return reply_error(req, E_BAD_REQUEST, "Content-Length is not a number");
+    req->declared_length = v;
+    if (v > req->srv->cfg->max_blob_size)
+      return reply_error(req, E_TOO_LARGE, "the blob is %llu bytes, over the limit of %" PRIu64, v,
+                         req->srv->cfg->max_blob_size);
+  }
+  req->sha = EVP_MD_CTX_new();
+  if (!req->sha || !EVP_DigestInit_ex(req->sha, EVP_sha256(), NULL))
+    return reply_error(req, E_INTERNAL, "cannot start SHA-256");
+  return MHD_YES;
+}
+
+static enum MHD_Result open_writer(struct request *req) {
+  br_err err;
+  req->store = req->srv->upload_store;
+  errno = 0;
+  req->writer = br_store_write_begin(req->store, &err);
+  if (!req->writer) {
+    ops_store_error(req->srv, req->store, STORE_OP_WRITE);
+    return reply_error(req, store_error_code(errno), "%s", err.msg);
+  }
+  if (req->has_digest) { /* PUT: the key is known before the body */
+    char key[BR_MAX_KEY + 1];
+    if (br_store_default_key(req->store, req->digest, key, sizeof key))
+      br_store_write_key_hint(req->writer, key);
+  }
+  return MHD_YES;
+}
+
+/* An upload of a blob an admin quarantined is refused, not acknowledged: the client could not read
+ * what it was told is stored (a blob reconcile quarantined is restored by an upload instead). */
+static enum MHD_Result refuse_held(struct request *req) {
+  return reply_error(req, E_QUARANTINED,
+                     "the blob is quarantined by an admin: uploads are refused until it is "
+                     "restored (POST /v1/blobs/{hash}/restore)");
+}
+
+static enum MHD_Result put_begin(struct request *req) {
+  enum MHD_Result r = upload_begin_common(req);
+  if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc == 0 && rec.state == BR_STATE_HELD) return refuse_held(req);
+  if (rc == 0 && rec.state == BR_STATE_LIVE) {
+    const char *expect = header(req, MHD_HTTP_HEADER_EXPECT);
+    if (expect && !strcasecmp(expect, "100-continue")) {
+      req->touch_before_body = 1;
+      return answer_dedup(req, &rec);
+    }
+    req->discard = 1; /* the body is on its way: hash it, keep nothing */
+    return MHD_YES;
+  }
+  return open_writer(req);
+}
+
+static enum MHD_Result post_begin(struct request *req) {
+  enum MHD_Result r = upload_begin_common(req);
+  if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
+  return open_writer(req);
+}
+
+static int upload_body(struct request *req, const char *data, size_t len) {
+  req->received += len;
+  atomic_fetch_add(&req->srv->bytes_in, len);
+  if (req->received > req->srv->cfg->max_blob_size) {
+    request_fail(req, E_TOO_LARGE, "the blob is over the limit of %" PRIu64 " bytes",
+                 req->srv->cfg->max_blob_size);
+    request_free_upload(req);
+    return -1;
+  }
+  uint64_t t0 = br_mono_ns();
+  EVP_DigestUpdate(req->sha, data, len);
+  uint64_t t1 = br_mono_ns();
+  atomic_fetch_add(&req->srv->upload_step_ns[STEP_HASH], t1 - t0);
+  if (req->writer) {
+    br_err err;
+    int rc = br_store_write(req->writer, data, len, &err);
+    atomic_fetch_add(&req->srv->upload_step_ns[STEP_STORE_WRITE], br_mono_ns() - t1);
+    if (rc < 0) {
+      ops_store_error(req->srv, req->store, STORE_OP_WRITE);
+      request_fail(req, store_error_code(br_store_writer_errno(req->writer)), "%s", err.msg);
+      request_free_upload(req);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static enum MHD_Result upload_finish(struct request *req) {
+  if (req->phase == PHASE_RESUMED) {
+    enum MHD_Result r;
+    if (req->job == JOB_TOUCH && req->finish_rc == 0 && req->gone) {
+      /* deleted or quarantined since we looked: the bytes are needed after all */
+      if (req->touch_before_body) {
+        req->touch_before_body = 0;
+        req->received = 0;
+        req->phase = PHASE_BODY;
+        return open_writer(req); /* no reply: libmicrohttpd sends 100 Continue, body follows */
+      }
+      return reply_error(req, E_TRY_AGAIN, "the blob changed state during the upload; retry");
+    }
+    if (req->finish_rc < 0) {
+      r = reply_error(req, req->finish_error, "%s", req->finish_message);
+    } else {
+      atomic_fetch_add(req->created ? &req->srv->uploads_created : &req->srv->uploads_dedup, 1);
+      r = reply_json(req, req->created ? MHD_HTTP_CREATED : MHD_HTTP_OK,
+                     upload_result_json(req->digest, req->received, !req->created));
+    }
+    return r;
+  }
+  uint8_t got[BR_SHA256_LEN];
+  unsigned int glen = 0;
+  EVP_DigestFinal_ex(req->sha, got, &glen);
+  if (req->has_digest) {
+    if (memcmp(got, req->digest, BR_SHA256_LEN) != 0) {
+      char hex[BR_HEX_LEN + 1];
+      br_hex_encode(got, hex);
+      request_free_upload(req);
+      return reply_error(req, E_DIGEST_MISMATCH, "the body's SHA-256 is %s", hex);
+    }
+  } else {
+    memcpy(req->digest, got, BR_SHA256_LEN);
+    req->has_digest = 1;
+  }
+  if (req->writer) br_store_write_set_digest(req->writer, req->digest);
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc == 0 && rec.state == BR_STATE_HELD) {
+    request_free_upload(req);
+    return refuse_held(req);
+  }
+  if (rc == 0 && rec.state == BR_STATE_LIVE) {
+    request_free_upload(req);
+    return answer_dedup(req, &rec);
+  }
+  if (!req->writer) /* discarded body of a blob quarantined or gone meanwhile: send it again */
+    return reply_error(req, E_TRY_AGAIN, "the blob changed state during the upload; retry");
+  /* fsync, rename, index commit on a finisher thread; then this handler runs again */
+  if (br_server_finish_async(req, JOB_UPLOAD) < 0) {
+    request_free_upload(req);
+    return reply_error(req, E_NOT_READY, "the server is stopping; nothing was kept");
+  }
+  return MHD_YES;
+}
+
+static enum MHD_Result blob_get(struct request *req) {
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
+  if (rec.state != BR_STATE_LIVE)
+    return reply_error(req, E_QUARANTINED, "the blob is quarantined%s: %s",
+                       rec.state == BR_STATE_HELD ? " by an admin" : "", rec.reason);
+  const br_location *loc = br_record_primary(&rec);
+  br_store *store = loc ? br_server_store(req->srv, loc->store) : NULL;
+  if (!store)
+    return reply_error(req, E_STORE_UNAVAILABLE, "the blob's store %s is not configured",
+                       loc ? loc->store : "(none)");
+  if (br_store_serve_mode(store) == BR_SERVE_REDIRECT && !req->proxy) {
+    char url[4096];
+    uint64_t valid_ms;
+    int u = br_store_redirect_url(store, loc->key, url, sizeof url, &valid_ms, &err);
+    if (u == 0) return reply_redirect(req, url, valid_ms);
+    if (u < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
+  }
+  enum MHD_Result r = reply_blob(req, &rec, store, loc->key);
+  if (req->phase == PHASE_ANSWERED && req->status >= 500) /* the store failed us */
+    ops_store_error(req->srv, store, STORE_OP_READ);
+  return r;
+}
+
+static const char *role_name(enum br_role r) {
+  return r == BR_ROLE_PRIMARY ? "primary" : r == BR_ROLE_COPY ? "copy" : "draining";
+}
+
+json_t *blob_record_json(const uint8_t digest[BR_SHA256_LEN], const br_record *rec) {
+  char hex[BR_HEX_LEN + 1], created[40], uploaded[40], changed[40];
+  br_hex_encode(digest, hex);
+  format_time_ms(rec->created_ms, created, sizeof created);
+  format_time_ms(rec->last_upload_ms, uploaded, sizeof uploaded);
+  format_time_ms(rec->state_ms, changed, sizeof changed);
+  json_t *locs = json_array();
+  for (int i = 0; i < rec->nlocations; i++) {
+    const br_location *l = &rec->locations[i];
+    json_t *v = json_null();
+    if (l->verified_at_ms) {
+      char t[40];
+      format_time_ms(l->verified_at_ms, t, sizeof t);
+      v = json_string(t);
+    }
+    json_array_append_new(locs, json_pack("{s:s,s:s,s:s,s:o}", "store", l->store, "key", l->key,
+                                          "role", role_name(l->role), "verified_at", v));
+  }
+  json_t *body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "sha256", hex, "size",
+                           (json_int_t)rec->size, "content_type", rec->content_type, "created_at",
+                           created, "last_upload_at", uploaded, "state",
+                           rec->state == BR_STATE_LIVE ? "live" : "quarantined", "locations", locs);
+  if (body && rec->state != BR_STATE_LIVE)
+    json_object_set_new(body, "quarantine",
+                        json_pack("{s:s,s:s,s:s}", "reason", rec->reason, "at", changed, "by",
+                                  rec->state == BR_STATE_HELD ? "admin" : "reconcile"));
+  return body;
+}
+
+static enum MHD_Result blob_meta(struct request *req) {
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
+  return reply_json(req, MHD_HTTP_OK, blob_record_json(req->digest, &rec));
+}
+
+/* Implemented in http_lookup.c and http_misc.c. */
+enum MHD_Result lookup_finish(struct request *req);
+enum MHD_Result health_get(struct request *req);
+enum MHD_Result ready_get(struct request *req);
+enum MHD_Result metrics_get(struct request *req);
+enum MHD_Result reconcile_post(struct request *req);
+enum MHD_Result reconcile_runs_get(struct request *req);
+enum MHD_Result reconcile_run_get(struct request *req);
+enum MHD_Result blob_hold(struct request *req);
+enum MHD_Result blob_release(struct request *req);
+enum MHD_Result list_get(struct request *req);
+enum MHD_Result blob_location_put(struct request *req);
+enum MHD_Result import_post(struct request *req);
+enum MHD_Result ui_get(struct request *req);      /* http_ui.c */
+enum MHD_Result ui_redirect(struct request *req); /* http_ui.c */
+
+const struct route br_routes[] = {
+    {"PUT", "/v1/blobs/{hash}", BR_SCOPE_WRITE, put_begin, upload_body, upload_finish},
+    {"GET", "/v1/blobs/{hash}", BR_SCOPE_READ, NULL, NULL, blob_get},
+    {"POST", "/v1/blobs", BR_SCOPE_WRITE, post_begin, upload_body, upload_finish},
+    {"GET", "/v1/blobs", BR_SCOPE_READ, NULL, NULL, list_get},
+    {"GET", "/v1/blobs/{hash}/meta", BR_SCOPE_READ, NULL, NULL, blob_meta},
+    {"DELETE", "/v1/blobs/{hash}", BR_SCOPE_ADMIN, NULL, NULL, blob_hold},
+    {"POST", "/v1/blobs/{hash}/restore", BR_SCOPE_ADMIN, NULL, NULL, blob_release},
+    {"PUT", "/v1/blobs/{hash}/location", BR_SCOPE_ADMIN, NULL, json_body, blob_location_put},
+    {"POST", "/v1/import", BR_SCOPE_ADMIN, NULL, json_body, import_post},
+    {"POST", "/v1/reconcile", BR_SCOPE_ADMIN, NULL, NULL, reconcile_post},
+    {"GET", "/v1/reconcile/runs", BR_SCOPE_READ, NULL, NULL, reconcile_runs_get},
+    {"GET", "/v1/reconcile/runs/{id}", BR_SCOPE_READ, NULL, NULL, reconcile_run_get},
+    {"POST", "/v1/lookup", BR_SCOPE_READ, NULL, json_body, lookup_finish},
+    {"GET", "/healthz", 0, NULL, NULL, health_get},
+    {"GET", "/readyz", 0, NULL, NULL, ready_get},
+    {"GET", "/metrics", 0, NULL, NULL, metrics_get},
+    {"GET", "/ui", 0, NULL, NULL, ui_redirect},
+    {"GET", "/ui/{file}", 0, NULL, NULL, ui_get},
+};
+const size_t br_nroutes = sizeof br_routes / sizeof br_routes[0];
+_Static_assert(sizeof br_routes / sizeof br_routes[0] <= BR_MAX_ROUTES,
+               "raise BR_MAX_ROUTES: every route has its own counters");

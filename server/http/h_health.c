@@ -1,0 +1,269 @@
+/* /healthz, /readyz and /metrics (Prometheus text format). */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http/httpd.h"
+
+enum MHD_Result health_get(struct request *req) {
+  return reply_json(req, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
+}
+
+enum MHD_Result ready_get(struct request *req) {
+  if (!atomic_load(&req->srv->ready)) return reply_error(req, E_NOT_READY, "starting or stopping");
+  char msg[sizeof(br_err)];
+  if (br_server_store_health(req->srv, msg, sizeof msg) < 0)
+    return reply_error(req, E_NOT_READY, "%s", msg);
+  return reply_json(req, MHD_HTTP_OK, json_pack("{s:s}", "status", "ready"));
+}
+
+struct text {
+  char *buf;
+  size_t len, cap;
+};
+
+static void appendf(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void appendf(struct text *t, const char *fmt, ...) {
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(t->buf ? t->buf + t->len : NULL, t->buf ? t->cap - t->len : 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (t->buf && t->len + (size_t)n < t->cap) {
+      t->len += (size_t)n;
+      return;
+    }
+    size_t cap = t->cap ? t->cap * 2 : 8192;
+    while (cap < t->len + (size_t)n + 1) cap *= 2;
+    char *grown = realloc(t->buf, cap);
+    if (!grown) return;
+    t->buf = grown;
+    t->cap = cap;
+  }
+}
+
+static void emit_line(void *ud, const char *line) { appendf(ud, "%s", line); }
+
+/* Blobs and bytes by state, for the operator console's overview: the index keeps no per-state
+ * counters, so a read-only walk of it counts them, at most every CENSUS_MAX_AGE_MS, on a finisher
+ * thread (a walk of millions of records never holds a network thread); /metrics requests in
+ * between get the last figures. One server per process: the figures are process-wide. */
+#define CENSUS_MAX_AGE_MS 10000
+enum { CENSUS_LIVE, CENSUS_QUARANTINED, CENSUS_HELD, CENSUS_STATES };
+static const char *const census_names[CENSUS_STATES] = {"live", "quarantined", "held"};
+struct census {
+  uint64_t blobs[CENSUS_STATES], bytes[CENSUS_STATES];
+};
+static pthread_mutex_t census_lock = PTHREAD_MUTEX_INITIALIZER; /* guards census_last, _at */
+static pthread_mutex_t census_walk = PTHREAD_MUTEX_INITIALIZER; /* one walk at a time */
+static struct census census_last;
+static uint64_t census_at_ms;
+
+static int census_add(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_record *rec) {
+  struct census *c = ud;
+  int s = rec->state == BR_STATE_HELD          ? CENSUS_HELD
+          : rec->state == BR_STATE_QUARANTINED ? CENSUS_QUARANTINED
+                                               : CENSUS_LIVE;
+  c->blobs[s]++;
+  c->bytes[s] += rec->size;
+  return 0;
+}
+
+/* The last figures; *stale: they are missing or older than CENSUS_MAX_AGE_MS. */
+static struct census census_now(int *stale) {
+  uint64_t now = br_now_ms();
+  pthread_mutex_lock(&census_lock);
+  *stale = !census_at_ms || now - census_at_ms >= CENSUS_MAX_AGE_MS;
+  struct census c = census_last;
+  pthread_mutex_unlock(&census_lock);
+  return c;
+}
+
+/* A finisher job (JOB_CALL): walks the index unless a walk that ended meanwhile made the figures
+ * fresh. A failed walk is logged and leaves the previous figures. */
+static void census_refresh(struct request *req) {
+  pthread_mutex_lock(&census_walk);
+  int stale;
+  census_now(&stale);
+  if (stale) {
+    struct census fresh = {0};
+    br_err err;
+    if (br_index_foreach(req->srv->index, census_add, &fresh, &err) == 0) {
+      pthread_mutex_lock(&census_lock);
+      census_last = fresh;
+      census_at_ms = br_now_ms();
+      pthread_mutex_unlock(&census_lock);
+    } else {
+      br_error("metrics: index census: %s", err.msg);
+    }
+  }
+  pthread_mutex_unlock(&census_walk);
+}
+
+/* Prometheus text format 0.0.4; every family has HELP and TYPE, so that `promtool check metrics`
+ * (tests/integration/test_metrics.py) finds nothing to say. */
+enum MHD_Result metrics_get(struct request *req) {
+  br_server *srv = req->srv;
+  int stale;
+  struct census census = census_now(&stale);
+  if (stale && req->phase != PHASE_RESUMED) {
+    req->job_fn = census_refresh; /* answered when it is done (or now, when stopping) */
+    if (br_server_finish_async(req, JOB_CALL) == 0) return MHD_YES;
+  }
+  if (req->phase == PHASE_RESUMED) census = census_now(&stale);
+  struct text t = {0};
+  appendf(&t,
+          "# HELP blobref_http_requests_total HTTP requests answered, by route and status "
+          "class.\n# TYPE blobref_http_requests_total counter\n");
+  for (size_t r = 0; r < br_nroutes && r < BR_MAX_ROUTES; r++)
+    for (int c = 1; c <= 5; c++) {
+      uint64_t v = atomic_load(&srv->requests[r][c]);
+      if (v)
+        appendf(&t,
+                "blobref_http_requests_total{route=\"%s\",method=\"%s\",code=\"%dxx\"} %" PRIu64
+                "\n",
+                br_routes[r].pattern, br_routes[r].method, c, v);
+    }
+  appendf(&t,
+          "# HELP blobref_http_request_duration_seconds Time from a request's complete head to "
+          "its completion, by route.\n"
+          "# TYPE blobref_http_request_duration_seconds histogram\n");
+  for (size_t r = 0; r < br_nroutes && r < BR_MAX_ROUTES; r++) {
+    uint64_t cum = 0;
+    const char *pat = br_routes[r].pattern, *m = br_routes[r].method;
+    for (int b = 0; b <= LATENCY_BUCKETS; b++) {
+      cum += atomic_load(&srv->latency[r][b]);
+      if (b < LATENCY_BUCKETS)
+        appendf(&t,
+                "blobref_http_request_duration_seconds_bucket{route=\"%s\",method=\"%s\","
+                "le=\"%g\"} %" PRIu64 "\n",
+                pat, m, br_latency_bounds[b], cum);
+      else
+        appendf(&t,
+                "blobref_http_request_duration_seconds_bucket{route=\"%s\",method=\"%s\","
+                "le=\"+Inf\"} %" PRIu64 "\n",
+                pat, m, cum);
+    }
+    appendf(&t,
+            "blobref_http_request_duration_seconds_sum{route=\"%s\",method=\"%s\"} %.9f\n"
+            "blobref_http_request_duration_seconds_count{route=\"%s\",method=\"%s\"} %" PRIu64 "\n",
+            pat, m, (double)atomic_load(&srv->latency_sum_ns[r]) / 1e9, pat, m, cum);
+  }
+  appendf(&t,
+          "# HELP blobref_upload_step_seconds_total Time uploads spent in each step, summed "
+          "over all uploads.\n# TYPE blobref_upload_step_seconds_total counter\n");
+  for (int s = 0; s < UPLOAD_STEPS; s++)
+    appendf(&t, "blobref_upload_step_seconds_total{step=\"%s\"} %.9f\n", br_upload_step_names[s],
+            (double)atomic_load(&srv->upload_step_ns[s]) / 1e9);
+  appendf(&t,
+          "# HELP blobref_store_errors_total Failed store operations, by store and operation.\n"
+          "# TYPE blobref_store_errors_total counter\n");
+  static const char *const ops[STORE_OPS] = {"read", "write", "check"};
+  for (int i = 0; i < srv->nstores; i++)
+    for (int o = 0; o < STORE_OPS; o++)
+      appendf(&t, "blobref_store_errors_total{store=\"%s\",op=\"%s\"} %" PRIu64 "\n",
+              br_store_name(srv->stores[i]), ops[o], atomic_load(&srv->store_errors[i][o]));
+  unsigned conns = 0;
+  struct MHD_Daemon *daemons[2] = {srv->daemon, srv->daemon_plain};
+  for (int d = 0; d < 2; d++) {
+    const union MHD_DaemonInfo *di =
+        daemons[d] ? MHD_get_daemon_info(daemons[d], MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
+    if (di) conns += di->num_connections;
+  }
+  br_index_stats is;
+  br_index_get_stats(srv->index, &is);
+  appendf(&t,
+          "# HELP blobref_uploads_total Uploads acknowledged, by result.\n"
+          "# TYPE blobref_uploads_total counter\n"
+          "blobref_uploads_total{result=\"created\"} %" PRIu64
+          "\n"
+          "blobref_uploads_total{result=\"dedup\"} %" PRIu64
+          "\n"
+          "# HELP blobref_cache_requests_total Lookups in the small-blob cache, by result.\n"
+          "# TYPE blobref_cache_requests_total counter\n"
+          "blobref_cache_requests_total{result=\"hit\"} %" PRIu64
+          "\n"
+          "blobref_cache_requests_total{result=\"miss\"} %" PRIu64
+          "\n"
+          "# HELP blobref_connections_open Client connections open now.\n"
+          "# TYPE blobref_connections_open gauge\nblobref_connections_open %u\n"
+          "# HELP blobref_json_inflight_bytes Bytes of JSON request bodies buffered now.\n"
+          "# TYPE blobref_json_inflight_bytes gauge\nblobref_json_inflight_bytes %" PRIu64
+          "\n"
+          "# HELP blobref_json_refused_total JSON bodies refused: max_json_inflight was reached.\n"
+          "# TYPE blobref_json_refused_total counter\nblobref_json_refused_total %" PRIu64
+          "\n"
+          "# HELP blobref_slow_clients_cut_total Connections cut for a slow request head or "
+          "body.\n# TYPE blobref_slow_clients_cut_total counter\n"
+          "blobref_slow_clients_cut_total{phase=\"head\"} %" PRIu64
+          "\n"
+          "blobref_slow_clients_cut_total{phase=\"body\"} %" PRIu64 "\n",
+          atomic_load(&srv->uploads_created), atomic_load(&srv->uploads_dedup),
+          atomic_load(&srv->cache_hits), atomic_load(&srv->cache_misses), conns,
+          atomic_load(&srv->json_inflight), atomic_load(&srv->json_refused),
+          atomic_load(&srv->slow_cut[0]), atomic_load(&srv->slow_cut[1]));
+  appendf(&t,
+          "# HELP blobref_received_bytes_total Upload body bytes received.\n"
+          "# TYPE blobref_received_bytes_total counter\nblobref_received_bytes_total %" PRIu64
+          "\n"
+          "# HELP blobref_served_bytes_total Blob body bytes served.\n"
+          "# TYPE blobref_served_bytes_total counter\nblobref_served_bytes_total %" PRIu64
+          "\n"
+          "# HELP blobref_index_commits_total LMDB write transactions committed.\n"
+          "# TYPE blobref_index_commits_total counter\nblobref_index_commits_total %" PRIu64
+          "\n"
+          "# HELP blobref_index_operations_total Index writes batched into those commits.\n"
+          "# TYPE blobref_index_operations_total counter\nblobref_index_operations_total %" PRIu64
+          "\n"
+          "# HELP blobref_index_entries Blobs in the index.\n"
+          "# TYPE blobref_index_entries gauge\nblobref_index_entries %" PRIu64
+          "\n"
+          "# HELP blobref_index_map_bytes Size of the index's memory map.\n"
+          "# TYPE blobref_index_map_bytes gauge\nblobref_index_map_bytes %" PRIu64
+          "\n"
+          "# HELP blobref_index_used_bytes Bytes of the map in use.\n"
+          "# TYPE blobref_index_used_bytes gauge\nblobref_index_used_bytes %" PRIu64
+          "\n"
+          "# HELP blobref_index_record_cache_total Index reads answered from the record cache "
+          "or not.\n# TYPE blobref_index_record_cache_total counter\n"
+          "blobref_index_record_cache_total{result=\"hit\"} %" PRIu64
+          "\nblobref_index_record_cache_total{result=\"miss\"} %" PRIu64 "\n"
+          "# HELP blobref_start_time_seconds When the server started, in seconds since the "
+          "epoch.\n"
+          "# TYPE blobref_start_time_seconds gauge\nblobref_start_time_seconds %" PRIu64 "\n",
+          atomic_load(&srv->bytes_in), atomic_load(&srv->bytes_out), is.commits, is.ops, is.entries,
+          is.map_size, is.map_used, is.cache_hits, is.cache_misses, srv->started_ms / 1000);
+  appendf(&t,
+          "# HELP blobref_index_blobs Blobs in the index by state (refreshed at most every "
+          "10 s).\n# TYPE blobref_index_blobs gauge\n");
+  for (int i = 0; i < CENSUS_STATES; i++)
+    appendf(&t, "blobref_index_blobs{state=\"%s\"} %" PRIu64 "\n", census_names[i],
+            census.blobs[i]);
+  appendf(&t,
+          "# HELP blobref_index_blob_bytes Bytes of the blobs in the index by state "
+          "(refreshed at most every 10 s).\n# TYPE blobref_index_blob_bytes gauge\n");
+  for (int i = 0; i < CENSUS_STATES; i++)
+    appendf(&t, "blobref_index_blob_bytes{state=\"%s\"} %" PRIu64 "\n", census_names[i],
+            census.bytes[i]);
+  appendf(&t,
+          "# HELP blobref_store_up 1 when the store passed its last health check, 0 when it failed "
+          "or was not checked yet.\n"
+          "# TYPE blobref_store_up gauge\n");
+  for (int i = 0; i < srv->nstores; i++)
+    appendf(&t, "blobref_store_up{store=\"%s\"} %d\n", br_store_name(srv->stores[i]),
+            atomic_load(&srv->store_ok[i]) == 1 ? 1 : 0);
+  reconcile_metrics(srv, emit_line, &t);
+  if (!t.buf) return reply_error(req, E_INTERNAL, "out of memory");
+  req->bytes_out = t.len;
+  struct MHD_Response *resp = MHD_create_response_from_buffer(t.len, t.buf, MHD_RESPMEM_MUST_FREE);
+  if (!resp) {
+    free(t.buf);
+    return MHD_NO;
+  }
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4");
+  return reply_response(req, MHD_HTTP_OK, resp);
+}

@@ -1,0 +1,166 @@
+/* POST /v1/lookup: which of many hashes exist (size, URL) and which are missing. Also the
+ * bounded JSON body reader shared by routes that take JSON. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http/httpd.h"
+
+#define MAX_JSON_DEPTH 32
+
+/* Accumulates a JSON request body up to max_json_size. */
+int json_body(struct request *req, const char *data, size_t len) {
+  uint64_t max = req->srv->cfg->max_json_size;
+  if (req->body_len + len > max) {
+    request_fail(req, E_BODY_TOO_LARGE, "the JSON body is over %" PRIu64 " bytes", max);
+    return -1;
+  }
+  if (req->body_len + len + 1 > req->body_cap) {
+    size_t cap = req->body_cap ? req->body_cap : 4096;
+    while (cap < req->body_len + len + 1) cap *= 2;
+    if (cap > max + 1) cap = (size_t)max + 1;
+    /* the buffer counts against max_json_inflight, the bound on all JSON bodies together */
+    if (cap > req->json_reserved && ops_json_reserve(req, cap - req->json_reserved) < 0) {
+      request_fail(req, E_TRY_AGAIN, "too many JSON request bodies in flight; retry");
+      return -1;
+    }
+    char *grown = realloc(req->body, cap);
+    if (!grown) {
+      request_fail(req, E_INTERNAL, "out of memory");
+      return -1;
+    }
+    req->body = grown;
+    req->body_cap = cap;
+  }
+  memcpy(req->body + req->body_len, data, len);
+  req->body_len += len;
+  return 0;
+}
+
+/* Nesting depth of JSON text (brackets outside strings), so that hostile nesting is refused
+ * before the recursive parser sees it; *commas: the commas outside strings (one less than the
+ * values in arrays and objects), so that a body of millions of tiny values ("{},{},...", each a
+ * parsed object of ~100 bytes) is refused before it is parsed. */
+static int json_depth(const char *s, size_t len, uint64_t *commas) {
+  int depth = 0, max = 0, in_string = 0;
+  *commas = 0;
+  for (size_t i = 0; i < len; i++) {
+    char c = s[i];
+    if (in_string) {
+      if (c == '\\')
+        i++;
+      else if (c == '"')
+        in_string = 0;
+    } else if (c == '"') {
+      in_string = 1;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max) max = depth;
+    } else if (c == ']' || c == '}') {
+      depth--;
+    } else if (c == ',') {
+      (*commas)++;
+    }
+  }
+  return max;
+}
+
+int lookup_parse(const char *body, size_t len, uint64_t max_hashes, uint8_t **digests, size_t *n,
+                 enum br_api_error *e, char *msg, size_t msglen) {
+  *digests = NULL;
+  *n = 0;
+  uint64_t commas = 0;
+  if (json_depth(body, len, &commas) > MAX_JSON_DEPTH) {
+    *e = E_BAD_JSON;
+    snprintf(msg, msglen, "JSON nested deeper than %d levels", MAX_JSON_DEPTH);
+    return -1;
+  }
+  if (commas > max_hashes + 16) { /* a few for other members of the object */
+    *e = E_TOO_MANY_HASHES;
+    snprintf(msg, msglen, "over %" PRIu64 " values; at most %" PRIu64 " hashes per call", commas,
+             max_hashes);
+    return -1;
+  }
+  json_error_t jerr;
+  json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+  int rc = -1;
+  *e = E_BAD_JSON;
+  if (!root) {
+    snprintf(msg, msglen, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column,
+             jerr.text);
+    return -1;
+  }
+  json_t *hashes = json_object_get(root, "hashes");
+  if (!json_is_object(root) || !json_is_array(hashes)) {
+    snprintf(msg, msglen, "the body must be {\"hashes\": [\"<hex>\", ...]}");
+    goto done;
+  }
+  size_t count = json_array_size(hashes);
+  if (count > max_hashes) {
+    *e = E_TOO_MANY_HASHES;
+    snprintf(msg, msglen, "%zu hashes, at most %" PRIu64 " per call", count, max_hashes);
+    goto done;
+  }
+  uint8_t *out = malloc(count ? count * BR_SHA256_LEN : 1);
+  if (!out) {
+    *e = E_INTERNAL;
+    snprintf(msg, msglen, "out of memory");
+    goto done;
+  }
+  for (size_t i = 0; i < count; i++) {
+    json_t *h = json_array_get(hashes, i);
+    if (!json_is_string(h)) {
+      snprintf(msg, msglen, "hashes[%zu] is not a string", i);
+      free(out);
+      goto done;
+    }
+    if (br_blob_id_parse(json_string_value(h), json_string_length(h), out + i * BR_SHA256_LEN) <
+        0) {
+      *e = E_BAD_HASH;
+      snprintf(msg, msglen, "hashes[%zu] is not 64 lowercase hex digits", i);
+      free(out);
+      goto done;
+    }
+  }
+  *digests = out;
+  *n = count;
+  rc = 0;
+done:
+  json_decref(root);
+  return rc;
+}
+
+enum MHD_Result lookup_finish(struct request *req) {
+  uint8_t *digests = NULL;
+  size_t n = 0;
+  enum br_api_error e;
+  char msg[256];
+  if (lookup_parse(req->body ? req->body : "", req->body_len, req->srv->cfg->max_lookup_hashes,
+                   &digests, &n, &e, msg, sizeof msg) < 0)
+    return reply_error(req, e, "%s", msg);
+  enum MHD_Result r;
+  json_t *found = json_array(), *missing = json_array();
+  for (size_t i = 0; i < n; i++) {
+    const uint8_t *digest = digests + i * BR_SHA256_LEN;
+    br_record rec;
+    br_err err;
+    int rc = br_index_get(req->srv->index, digest, &rec, &err);
+    if (rc < 0) {
+      r = reply_error(req, E_INTERNAL, "%s", err.msg);
+      goto done;
+    }
+    if (rc == 0 && rec.state == BR_STATE_LIVE) {
+      json_array_append_new(found, blob_json(digest, rec.size));
+    } else {
+      char hex[BR_HEX_LEN + 1];
+      br_hex_encode(digest, hex);
+      json_array_append_new(missing, json_string(hex));
+    }
+  }
+  r = reply_json(req, MHD_HTTP_OK, json_pack("{s:O,s:O}", "found", found, "missing", missing));
+done:
+  json_decref(found);
+  json_decref(missing);
+  free(digests);
+  return r;
+}

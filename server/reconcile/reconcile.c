@@ -1,0 +1,512 @@
+/* One reconcile run: mark (every retained snapshot's hashes, through the data-file cache, into an
+ * external sort), sweep (the sorted references merged against the index in key order, decisions
+ * spilled to a file), guards (fail closed, max_fraction, dry run), then the changes, each
+ * re-checked by the index writer, deletions serialised with uploads of the same hash. */
+#include "blobref/reconcile.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "blobref/iceberg.h"
+#include "blobref/iceberg_s3.h"
+#include "reconcile/internal.h"
+
+#define D BR_SHA256_LEN
+#define MAX_ERRORS 50
+#define MAX_HELD_LISTED 100
+#define APPLY_BATCH 4096
+
+struct br_reconciler {
+  br_reconcile_env env;
+  rstate *state;
+  char state_dir[4096];
+};
+
+br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err) {
+  br_reconciler *r = calloc(1, sizeof *r);
+  if (!r) {
+    br_fail(err, "out of memory");
+    return NULL;
+  }
+  r->env = *env;
+  snprintf(r->state_dir, sizeof r->state_dir, "%s", env->state_dir);
+  r->env.state_dir = r->state_dir;
+  r->state = rstate_open(r->state_dir, err);
+  if (!r->state) {
+    free(r);
+    return NULL;
+  }
+  return r;
+}
+
+void br_reconciler_close(br_reconciler *r) {
+  if (!r) return;
+  rstate_close(r->state);
+  free(r);
+}
+
+uint64_t br_reconciler_next_id(br_reconciler *r, br_err *err) {
+  return rstate_next_run_id(r->state, err);
+}
+
+/* ---- mark ------------------------------------------------------------------------------------ */
+
+struct mark {
+  br_reconciler *r;
+  const br_reconcile_options *opt;
+  const br_iceberg_table_config *tcfg;
+  dsort *sorter;
+  rstate_entry *entry; /* the cache entry of the file being read */
+  uint8_t *kept;       /* ids of every live data file seen (for pruning the cache) */
+  size_t nkept, kept_cap;
+  uint64_t files, read, cached;
+  br_iceberg_stats fstats; /* values, nulls, invalid of the files read */
+  br_err err;
+  int hash_failed;
+};
+
+static int add_ref(void *ud, const uint8_t d[D]) {
+  struct mark *m = ud;
+  if (dsort_add(m->sorter, d, &m->err) < 0) return m->hash_failed = 1;
+  if (m->entry && rstate_entry_add(m->entry, d, &m->err) < 0) return m->hash_failed = 1;
+  return 0;
+}
+
+static int on_data_file(void *ud, const br_iceberg_data_file *f) {
+  struct mark *m = ud;
+  uint8_t id[D];
+  rstate_file_id(f->path, f->file_size, f->record_count, m->tcfg->column, (int)m->tcfg->form, id);
+  if (m->nkept == m->kept_cap) {
+    size_t ncap = m->kept_cap ? m->kept_cap * 2 : 1024;
+    uint8_t *nk = realloc(m->kept, ncap * D);
+    if (!nk) return br_fail(&m->err, "out of memory");
+    m->kept = nk;
+    m->kept_cap = ncap;
+  }
+  memcpy(m->kept + m->nkept++ * D, id, D);
+  m->files++;
+  if (!m->opt->full) {
+    m->entry = NULL;
+    int rc = rstate_cached(m->r->state, id, add_ref, m, &m->err);
+    if (rc < 0) return -1;
+    if (rc == 1) {
+      m->cached++;
+      return 0;
+    }
+  }
+  m->entry = rstate_entry_begin(m->r->state, id, &m->err);
+  if (!m->entry) return -1;
+  m->hash_failed = 0;
+  if (br_iceberg_read_file_hashes(m->tcfg, f, add_ref, m, &m->fstats, &m->err) < 0) {
+    if (m->hash_failed && !strstr(m->err.msg, f->path)) {
+      char why[sizeof m->err.msg];
+      snprintf(why, sizeof why, "%s", m->err.msg);
+      br_fail(&m->err, "%s: %s", f->path, why);
+    }
+    rstate_entry_abort(m->entry);
+    m->entry = NULL;
+    return -1;
+  }
+  int rc = rstate_entry_commit(m->entry, &m->err);
+  m->entry = NULL;
+  m->read++;
+  return rc < 0 ? -1 : 0;
+}
+
+/* Marks one table's references; fills its report entry. Returns 0 or -1 (err). */
+static int mark_table(struct mark *m, const br_table_config *t, json_t *tables, br_err *err) {
+  const br_config *cfg = m->r->env.cfg;
+  br_iceberg_rewrite rw[BR_MAX_REWRITES];
+  for (int i = 0; i < t->nrewrites; i++)
+    rw[i] = (br_iceberg_rewrite){t->rewrite_from[i], t->rewrite_to[i]};
+  br_iceberg_table_config tc = {.location = t->location,
+                                .column = t->column,
+                                .form = t->form,
+                                .rewrites = rw,
+                                .nrewrites = (size_t)t->nrewrites};
+  br_iceberg_s3 *s3 = NULL;
+  const br_store_config *sc = *t->store ? br_config_store(cfg, t->store) : NULL;
+  if (sc && !strcmp(sc->kind, "s3")) {
+    s3 = br_iceberg_s3_new(sc, err);
+    if (!s3) return -1;
+    tc.open = br_iceberg_open_s3;
+    tc.open_ud = s3;
+  }
+  m->tcfg = &tc;
+  m->files = m->read = m->cached = 0;
+  memset(&m->fstats, 0, sizeof m->fstats);
+  br_iceberg_stats ws;
+  int rc = br_iceberg_walk_data_files(&tc, on_data_file, m, &ws, &m->err);
+  br_iceberg_s3_free(s3);
+  json_array_append_new(
+      tables, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "name", t->name, "snapshots",
+                        (json_int_t)ws.snapshots, "manifests", (json_int_t)ws.manifests,
+                        "data_files", (json_int_t)m->files, "data_files_read", (json_int_t)m->read,
+                        "data_files_cached", (json_int_t)m->cached, "values",
+                        (json_int_t)m->fstats.values, "invalid", (json_int_t)m->fstats.invalid));
+  if (rc != 0) {
+    if (err != &m->err) *err = m->err;
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- sweep ----------------------------------------------------------------------------------- */
+
+enum decision { DO_QUARANTINE, DO_RESTORE, DO_DELETE };
+struct candidate {
+  uint8_t digest[D];
+  uint8_t kind;
+  uint64_t state_ms, size;
+};
+
+struct sweep {
+  br_reconciler *r;
+  dsort *sorter;
+  uint8_t next[D];
+  int have_next, sorter_done;
+  uint64_t now, grace_cutoff, retention_cutoff;
+  uint64_t live, marked, missing, n[3], bytes_delete;
+  uint64_t held_referenced;
+  json_t *held_list;
+  FILE *out;
+  br_err err;
+  int failed;
+};
+
+/* Moves the reference stream to the first digest >= d. */
+static int refs_seek(struct sweep *s, const uint8_t d[D]) {
+  while (!s->sorter_done) {
+    if (!s->have_next) {
+      int rc = dsort_next(s->sorter, s->next, &s->err);
+      if (rc < 0) return -1;
+      if (rc == 0) {
+        s->sorter_done = 1;
+        break;
+      }
+      s->have_next = 1;
+    }
+    int c = memcmp(s->next, d, D);
+    if (c >= 0) break;
+    s->missing++; /* referenced, but not in the index */
+    s->have_next = 0;
+  }
+  return 0;
+}
+
+static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
+  struct sweep *s = ud;
+  if (refs_seek(s, digest) < 0) return s->failed = 1;
+  int marked = s->have_next && memcmp(s->next, digest, D) == 0;
+  if (marked) s->have_next = 0;
+  if (rec->state == BR_STATE_LIVE) s->live++;
+  if (marked) s->marked++;
+  int kind = -1;
+  if (rec->state == BR_STATE_LIVE) {
+    if (!marked && rec->last_upload_ms < s->grace_cutoff) kind = DO_QUARANTINE;
+  } else if (marked) {
+    if (rec->state == BR_STATE_QUARANTINED) {
+      kind = DO_RESTORE;
+    } else {
+      s->held_referenced++;
+      if (json_array_size(s->held_list) < MAX_HELD_LISTED) {
+        char hex[BR_HEX_LEN + 1];
+        br_hex_encode(digest, hex);
+        json_array_append_new(s->held_list, json_string(hex));
+      }
+    }
+  } else if (rec->state_ms < s->retention_cutoff) {
+    kind = DO_DELETE;
+  }
+  if (kind < 0) return 0;
+  struct candidate c = {.kind = (uint8_t)kind, .state_ms = rec->state_ms, .size = rec->size};
+  memcpy(c.digest, digest, D);
+  if (fwrite(&c, sizeof c, 1, s->out) != 1) {
+    br_fail(&s->err, "reconcile: writing the decisions: %s", strerror(errno));
+    return s->failed = 1;
+  }
+  s->n[kind]++;
+  if (kind == DO_DELETE) s->bytes_delete += rec->size;
+  return 0;
+}
+
+static br_store *store_named(br_reconciler *r, const char *name) {
+  for (int i = 0; i < r->env.nstores; i++)
+    if (!strcmp(br_store_name(r->env.stores[i]), name)) return r->env.stores[i];
+  return NULL;
+}
+
+static void add_error(json_t *errors, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add_error(json_t *errors, const char *fmt, ...) {
+  if (json_array_size(errors) >= MAX_ERRORS) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  json_array_append_new(errors, json_string(msg));
+}
+
+/* Deletes one blob for good: its bytes in every location, then its record, unless it changed
+ * since the decision. Holds the blob's lock, so that an upload of the same hash either finished
+ * before (and the record is live again: nothing deleted) or starts after (and writes anew).
+ * Returns 1 deleted, 0 skipped, -1 on a store error (record kept). */
+static int delete_blob(br_reconciler *r, const struct candidate *c, json_t *errors) {
+  const br_reconcile_env *env = &r->env;
+  if (env->lock_blob) env->lock_blob(env->ud, c->digest, 1);
+  br_record rec;
+  br_err err;
+  int out = 0;
+  int rc = br_index_get(env->index, c->digest, &rec, &err);
+  if (rc == 0 && rec.state != BR_STATE_LIVE && rec.state_ms == c->state_ms) {
+    out = 1;
+    for (int i = 0; i < rec.nlocations && out == 1; i++) {
+      br_store *st = store_named(r, rec.locations[i].store);
+      if (!st) continue; /* a store no longer configured: nothing we can delete there */
+      if (br_store_delete(st, rec.locations[i].key, &err) < 0) {
+        char hex[BR_HEX_LEN + 1];
+        br_hex_encode(c->digest, hex);
+        add_error(errors, "delete %s from %s: %s", hex, rec.locations[i].store, err.msg);
+        out = -1;
+      }
+    }
+    if (out == 1) {
+      br_change ch = {
+          .kind = BR_CHANGE_REMOVE, .cutoff_ms = UINT64_MAX, .expect_state_ms = c->state_ms};
+      memcpy(ch.digest, c->digest, D);
+      if (br_index_apply_changes(env->index, &ch, 1, br_now_ms(), &err) < 0) {
+        add_error(errors, "index: %s", err.msg);
+        out = -1;
+      } else if (!ch.applied) {
+        out = 0;
+      }
+    }
+  } else if (rc < 0) {
+    add_error(errors, "index: %s", err.msg);
+    out = -1;
+  }
+  if (env->lock_blob) env->lock_blob(env->ud, c->digest, 0);
+  if (out == 1 && env->on_gone) env->on_gone(env->ud, c->digest);
+  return out;
+}
+
+/* Applies the decisions of one kind from the file, in batches. Returns the number applied. */
+static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64_t now,
+                           uint64_t grace_cutoff, uint64_t *bytes, json_t *errors) {
+  const br_reconcile_env *env = &r->env;
+  br_change *batch = calloc(APPLY_BATCH, sizeof *batch);
+  if (!batch) {
+    add_error(errors, "out of memory");
+    return 0;
+  }
+  uint64_t applied = 0;
+  rewind(f);
+  struct candidate c;
+  size_t n = 0;
+  int more = 1;
+  while (more) {
+    more = fread(&c, sizeof c, 1, f) == 1;
+    if (more && c.kind != kind) continue;
+    if (more && kind == DO_DELETE) {
+      int rc = delete_blob(r, &c, errors);
+      if (rc == 1) {
+        applied++;
+        *bytes += c.size;
+      }
+      continue;
+    }
+    if (more) {
+      br_change *ch = &batch[n++];
+      memset(ch, 0, sizeof *ch);
+      memcpy(ch->digest, c.digest, D);
+      ch->kind = kind == DO_QUARANTINE ? BR_CHANGE_QUARANTINE : BR_CHANGE_RESTORE;
+      ch->cutoff_ms = grace_cutoff;
+      ch->reason = "unreferenced";
+    }
+    if (n == APPLY_BATCH || (!more && n)) {
+      br_err err;
+      if (br_index_apply_changes(env->index, batch, n, now, &err) < 0)
+        add_error(errors, "index: %s", err.msg);
+      for (size_t i = 0; i < n; i++)
+        if (batch[i].applied) {
+          applied++;
+          if (kind == DO_QUARANTINE && env->on_gone) env->on_gone(env->ud, batch[i].digest);
+        }
+      n = 0;
+    }
+  }
+  free(batch);
+  return applied;
+}
+
+static int cmp_id(const void *a, const void *b) { return memcmp(a, b, D); }
+
+int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *opt,
+                     json_t **report_out) {
+  const br_config *cfg = r->env.cfg;
+  uint64_t started = br_now_ms();
+  char ts[64];
+  br_format_time_ms(started, ts, sizeof ts);
+  json_t *rep = json_object();
+  json_t *tables = json_array(), *errors = json_array(), *held = json_array();
+  json_object_set_new(rep, "id", json_integer((json_int_t)id));
+  json_object_set_new(rep, "dry_run", json_boolean(opt->dry_run));
+  json_object_set_new(rep, "force", json_boolean(opt->force));
+  json_object_set_new(rep, "full", json_boolean(opt->full));
+  json_object_set_new(rep, "started_at", json_string(ts));
+  br_err err = {{0}};
+  int failed = 0;
+
+  /* mark */
+  struct mark m = {.r = r, .opt = opt};
+  m.sorter = dsort_new(r->state_dir, r->env.mem_digests ? r->env.mem_digests : (1u << 20), &err);
+  if (!m.sorter) {
+    add_error(errors, "%s", err.msg);
+    failed = 1;
+  }
+  if (!failed && cfg->ntables == 0) {
+    add_error(errors,
+              "no [table] is configured: with nothing to mark, every blob would look "
+              "unreferenced, so reconcile does nothing");
+    failed = 1;
+  }
+  for (int i = 0; i < cfg->ntables && !failed; i++) {
+    br_err terr = {{0}};
+    if (mark_table(&m, &cfg->tables[i], tables, &terr) < 0) {
+      add_error(errors, "table %s: %s", cfg->tables[i].name, terr.msg);
+      failed = 1; /* fail closed; the other tables are still read, for the report */
+      for (int j = i + 1; j < cfg->ntables; j++) {
+        br_err e2 = {{0}};
+        if (mark_table(&m, &cfg->tables[j], tables, &e2) < 0)
+          add_error(errors, "table %s: %s", cfg->tables[j].name, e2.msg);
+      }
+    }
+  }
+  uint64_t mark_end = br_now_ms();
+
+  /* sweep: the decisions, against the index in key order */
+  struct sweep s = {.r = r, .sorter = m.sorter, .now = started, .held_list = held};
+  /* A dedup hit refreshes last_upload_ms only once it is dedup_touch_interval old, so a blob
+   * deduplicated within grace may carry a last_upload_ms up to that much older: protect it too
+   * (invariant 6), or a grace shorter than the touch interval would not protect dedup hits. */
+  uint64_t protect = cfg->grace_ms + cfg->dedup_touch_interval_ms;
+  s.grace_cutoff = started > protect ? started - protect : 0;
+  s.retention_cutoff = started > cfg->retention_ms ? started - cfg->retention_ms : 0;
+  uint64_t references = 0;
+  if (!failed) {
+    char tmpl[4200];
+    snprintf(tmpl, sizeof tmpl, "%s/decisions-XXXXXX", r->state_dir);
+    int fd = mkstemp(tmpl);
+    if (fd >= 0) unlink(tmpl);
+    s.out = fd >= 0 ? fdopen(fd, "w+") : NULL;
+    if (!s.out) {
+      if (fd >= 0) close(fd);
+      add_error(errors, "reconcile: decisions file: %s", strerror(errno));
+      failed = 1;
+    } else if (dsort_finish(m.sorter, &err) < 0) {
+      add_error(errors, "%s", err.msg);
+      failed = 1;
+    } else if (br_index_foreach(r->env.index, on_record, &s, &err) < 0 || s.failed) {
+      add_error(errors, "%s", s.failed ? s.err.msg : err.msg);
+      failed = 1;
+    } else {
+      uint8_t rest[D]; /* references past the last indexed blob */
+      if (s.have_next) s.missing++;
+      int rc;
+      while (!s.sorter_done && (rc = dsort_next(m.sorter, rest, &err)) == 1) s.missing++;
+      references = s.marked + s.missing;
+    }
+  }
+  uint64_t sweep_end = br_now_ms();
+
+  /* guards, then the changes */
+  const char *refused = NULL;
+  char refused_msg[256];
+  uint64_t quarantined = 0, restored = 0, deleted = 0, reclaimed = 0;
+  if (!failed) {
+    uint64_t q = s.n[DO_QUARANTINE];
+    if (!opt->force && q > 0 && (double)q > cfg->max_fraction * (double)s.live) {
+      snprintf(refused_msg, sizeof refused_msg,
+               "quarantining %" PRIu64 " of %" PRIu64
+               " live blobs is over max_fraction %.2f: "
+               "nothing quarantined (force to proceed)",
+               q, s.live, cfg->max_fraction);
+      refused = refused_msg;
+    }
+    if (opt->dry_run) {
+      quarantined = refused ? 0 : q;
+      restored = s.n[DO_RESTORE];
+      deleted = s.n[DO_DELETE];
+      reclaimed = s.bytes_delete;
+    } else {
+      restored = apply_kind(r, s.out, DO_RESTORE, started, s.grace_cutoff, &reclaimed, errors);
+      if (!refused)
+        quarantined =
+            apply_kind(r, s.out, DO_QUARANTINE, started, s.grace_cutoff, &reclaimed, errors);
+      reclaimed = 0;
+      deleted = apply_kind(r, s.out, DO_DELETE, started, s.grace_cutoff, &reclaimed, errors);
+    }
+    /* the cache keeps only files of retained snapshots */
+    if (!opt->dry_run && m.nkept) {
+      qsort(m.kept, m.nkept, D, cmp_id);
+      if (rstate_prune(r->state, m.kept, m.nkept, &err) < 0) add_error(errors, "%s", err.msg);
+    }
+  }
+  if (s.out) fclose(s.out);
+  uint64_t end = br_now_ms();
+  br_format_time_ms(end, ts, sizeof ts);
+  json_object_set_new(rep, "state", json_string(failed ? "failed" : "done"));
+  json_object_set_new(rep, "finished_at", json_string(ts));
+  json_object_set_new(rep, "tables", tables);
+  json_object_set_new(rep, "references", json_integer((json_int_t)references));
+  json_object_set_new(rep, "references_missing", json_integer((json_int_t)s.missing));
+  json_object_set_new(rep, "blobs",
+                      json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "live", (json_int_t)s.live, "marked",
+                                (json_int_t)s.marked, "quarantined", (json_int_t)quarantined,
+                                "restored", (json_int_t)restored, "deleted", (json_int_t)deleted,
+                                "held_referenced", (json_int_t)s.held_referenced));
+  json_object_set_new(rep, "bytes_reclaimed", json_integer((json_int_t)reclaimed));
+  json_object_set_new(rep, "refused", refused ? json_string(refused) : json_null());
+  json_object_set_new(
+      rep, "phases",
+      json_pack("{s:I,s:I,s:I}", "mark_ms", (json_int_t)(mark_end - started), "sweep_ms",
+                (json_int_t)(sweep_end - mark_end), "delete_ms", (json_int_t)(end - sweep_end)));
+  json_object_set_new(rep, "spill_runs",
+                      json_integer((json_int_t)(m.sorter ? dsort_runs(m.sorter) : 0)));
+  json_object_set_new(rep, "errors", errors);
+  json_object_set_new(rep, "held_referenced_blobs", held);
+  dsort_free(m.sorter);
+  free(m.kept);
+  char *text = json_dumps(rep, JSON_COMPACT);
+  if (!text || rstate_put_report(r->state, id, text, &err) < 0)
+    br_error("reconcile: run %" PRIu64 ": the report could not be stored: %s", id,
+             text ? err.msg : "out of memory");
+  free(text);
+  *report_out = rep;
+  return failed ? -1 : 0;
+}
+
+char *br_reconciler_report(br_reconciler *r, uint64_t id, int *found, br_err *err) {
+  return rstate_get_report(r->state, id, found, err);
+}
+
+static int collect_report(void *ud, uint64_t id, const char *json) {
+  (void)id;
+  json_t *v = json_loads(json, 0, NULL);
+  if (v) json_array_append_new(ud, v);
+  return 0;
+}
+
+json_t *br_reconciler_reports(br_reconciler *r, size_t limit, br_err *err) {
+  json_t *a = json_array();
+  if (rstate_each_report(r->state, limit, collect_report, a, err) < 0) {
+    json_decref(a);
+    return NULL;
+  }
+  return a;
+}

@@ -1,0 +1,398 @@
+/* Reconcile's state between runs, in an LMDB environment of its own (DATA_DIR/reconcile) so that
+ * its writes never queue behind or in front of uploads: the data-file cache (each data file's
+ * hashes, by file identity, in chunks of at most 65,536) and the run reports (JSON by run id). */
+#include <errno.h>
+#include <lmdb.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "reconcile/internal.h"
+
+#define D BR_SHA256_LEN
+#define CHUNK 65536 /* digests per cache value: 2 MiB */
+#define KEEP_REPORTS 1000
+#define BATCH_ENTRIES 64      /* cache entries per durable commit */
+#define LARGE_ENTRY_CHUNKS 16 /* 32 MiB of one entry in a batch at most */
+
+/* Cache entries are written in a nested transaction each (all of an entry or nothing), inside a
+ * batch transaction committed every BATCH_ENTRIES entries and before any other write: two syncs
+ * per 64 data files instead of four per file. A crash loses at most the uncommitted batch, which
+ * the next run reads again. */
+struct rstate {
+  MDB_env *env;
+  MDB_dbi files, runs;
+  MDB_txn *batch;
+  unsigned batch_entries;
+};
+
+struct rstate_entry {
+  rstate *st;
+  MDB_txn *txn; /* nested in st->batch */
+  uint8_t id[D];
+  uint8_t *buf;
+  size_t n;
+  uint32_t chunks;
+};
+
+static int fail(br_err *err, const char *what, int rc) {
+  return br_fail(err, "reconcile state: %s: %s", what, mdb_strerror(rc));
+}
+
+rstate *rstate_open(const char *dir, br_err *err) {
+  if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+    br_fail(err, "reconcile state: mkdir %s: %s", dir, strerror(errno));
+    return NULL;
+  }
+  rstate *st = calloc(1, sizeof *st);
+  if (!st) {
+    br_fail(err, "out of memory");
+    return NULL;
+  }
+  MDB_txn *txn = NULL;
+  int rc;
+  if ((rc = mdb_env_create(&st->env)) || (rc = mdb_env_set_maxdbs(st->env, 4)) ||
+      (rc = mdb_env_set_mapsize(st->env, (size_t)64 << 30)) ||
+      (rc = mdb_env_open(st->env, dir, MDB_NOTLS, 0600)) ||
+      (rc = mdb_txn_begin(st->env, NULL, 0, &txn)) ||
+      (rc = mdb_dbi_open(txn, "files", MDB_CREATE, &st->files)) ||
+      (rc = mdb_dbi_open(txn, "runs", MDB_CREATE, &st->runs)) || (rc = mdb_txn_commit(txn))) {
+    if (txn && rc) mdb_txn_abort(txn);
+    fail(err, dir, rc);
+    if (st->env) mdb_env_close(st->env);
+    free(st);
+    return NULL;
+  }
+  return st;
+}
+
+static int batch_flush(rstate *st, br_err *err) {
+  if (!st->batch) return 0;
+  int rc = mdb_txn_commit(st->batch);
+  st->batch = NULL;
+  st->batch_entries = 0;
+  return rc ? fail(err, "commit", rc) : 0;
+}
+
+void rstate_close(rstate *st) {
+  if (!st) return;
+  br_err err;
+  if (batch_flush(st, &err) < 0) br_warn("%s", err.msg);
+  mdb_env_close(st->env);
+  free(st);
+}
+
+void rstate_file_id(const char *path, int64_t size, int64_t count, const char *column, int form,
+                    uint8_t id[D]) {
+  EVP_MD_CTX *c = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+  EVP_DigestUpdate(c, path, strlen(path) + 1);
+  EVP_DigestUpdate(c, &size, sizeof size);
+  EVP_DigestUpdate(c, &count, sizeof count);
+  EVP_DigestUpdate(c, column, strlen(column) + 1);
+  EVP_DigestUpdate(c, &form, sizeof form);
+  EVP_DigestFinal_ex(c, id, NULL);
+  EVP_MD_CTX_free(c);
+}
+
+/* Key: id, then the chunk number big-endian; chunk 0 is the header (u32 number of chunks). */
+static void chunk_key(const uint8_t id[D], uint32_t chunk, uint8_t key[D + 4]) {
+  memcpy(key, id, D);
+  key[D] = (uint8_t)(chunk >> 24), key[D + 1] = (uint8_t)(chunk >> 16);
+  key[D + 2] = (uint8_t)(chunk >> 8), key[D + 3] = (uint8_t)chunk;
+}
+
+int rstate_cached(rstate *st, const uint8_t id[D], int (*fn)(void *ud, const uint8_t d[D]),
+                  void *ud, br_err *err) {
+  MDB_txn *txn = st->batch; /* sees the entries not committed yet */
+  int rc = txn ? 0 : mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
+  if (rc) return fail(err, "read", rc);
+  uint8_t key[D + 4];
+  chunk_key(id, 0, key);
+  MDB_val k = {sizeof key, key}, v;
+  rc = mdb_get(txn, st->files, &k, &v);
+  int out = 0;
+  if (rc == MDB_NOTFOUND) {
+    out = 0;
+  } else if (rc) {
+    out = fail(err, "read", rc);
+  } else if (v.mv_size != 4) {
+    out = br_fail(err, "reconcile state: damaged cache header");
+  } else {
+    const uint8_t *h = v.mv_data;
+    uint32_t chunks = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
+    out = 1;
+    for (uint32_t c = 1; c <= chunks && out == 1; c++) {
+      chunk_key(id, c, key);
+      rc = mdb_get(txn, st->files, &k, &v);
+      if (rc || v.mv_size % D) {
+        out = rc ? fail(err, "read", rc) : br_fail(err, "reconcile state: damaged cache chunk");
+        break;
+      }
+      for (size_t i = 0; i < v.mv_size / D; i++)
+        if (fn(ud, (const uint8_t *)v.mv_data + i * D) != 0) {
+          out = -1;
+          break;
+        }
+    }
+  }
+  if (txn != st->batch) mdb_txn_abort(txn);
+  return out;
+}
+
+static int put_one(rstate *st, MDB_dbi dbi, const void *key, size_t klen, const void *val,
+                   size_t vlen, br_err *err) {
+  if (batch_flush(st, err) < 0) return -1;
+  MDB_txn *txn;
+  int rc = mdb_txn_begin(st->env, NULL, 0, &txn);
+  if (rc) return fail(err, "write", rc);
+  MDB_val k = {klen, (void *)key}, v = {vlen, (void *)val};
+  rc = mdb_put(txn, dbi, &k, &v, 0);
+  if (rc) {
+    mdb_txn_abort(txn);
+    return fail(err, "write", rc);
+  }
+  rc = mdb_txn_commit(txn);
+  return rc ? fail(err, "commit", rc) : 0;
+}
+
+rstate_entry *rstate_entry_begin(rstate *st, const uint8_t id[D], br_err *err) {
+  rstate_entry *e = calloc(1, sizeof *e);
+  if (e) e->buf = malloc((size_t)CHUNK * D);
+  if (!e || !e->buf) {
+    if (e) free(e);
+    br_fail(err, "out of memory");
+    return NULL;
+  }
+  e->st = st;
+  memcpy(e->id, id, D);
+  int rc = st->batch ? 0 : mdb_txn_begin(st->env, NULL, 0, &st->batch);
+  if (!rc) rc = mdb_txn_begin(st->env, st->batch, 0, &e->txn);
+  if (rc) {
+    fail(err, "write", rc);
+    free(e->buf);
+    free(e);
+    return NULL;
+  }
+  return e;
+}
+
+static int flush_chunk(rstate_entry *e, br_err *err) {
+  if (!e->n) return 0;
+  uint8_t key[D + 4];
+  chunk_key(e->id, ++e->chunks, key);
+  if (!e->txn) { /* a large entry: chunk by chunk, each durable (see below) */
+    int rc = put_one(e->st, e->st->files, key, sizeof key, e->buf, e->n * D, err);
+    e->n = 0;
+    return rc;
+  }
+  MDB_val k = {sizeof key, key}, v = {e->n * D, e->buf};
+  int rc = mdb_put(e->txn, e->st->files, &k, &v, 0);
+  e->n = 0;
+  if (rc) return fail(err, "write", rc);
+  /* An LMDB transaction holds at most 512 MiB of dirty pages: a data file with millions of
+   * hashes leaves the batch (what it wrote so far goes in now, still without its header, so
+   * still invisible) and writes the rest of its chunks one durable commit each. */
+  if (e->chunks >= LARGE_ENTRY_CHUNKS) {
+    rc = mdb_txn_commit(e->txn);
+    e->txn = NULL;
+    if (rc) return fail(err, "write", rc);
+    return batch_flush(e->st, err);
+  }
+  return 0;
+}
+
+int rstate_entry_add(rstate_entry *e, const uint8_t d[D], br_err *err) {
+  if (e->n == CHUNK && flush_chunk(e, err) < 0) return -1;
+  memcpy(e->buf + e->n * D, d, D);
+  e->n++;
+  return 0;
+}
+
+int rstate_entry_commit(rstate_entry *e, br_err *err) {
+  int rc = flush_chunk(e, err);
+  if (rc == 0) {
+    uint8_t key[D + 4], h[4] = {(uint8_t)(e->chunks >> 24), (uint8_t)(e->chunks >> 16),
+                                (uint8_t)(e->chunks >> 8), (uint8_t)e->chunks};
+    chunk_key(e->id, 0, key);
+    if (!e->txn) {
+      rc = put_one(e->st, e->st->files, key, sizeof key, h, sizeof h, err);
+    } else {
+      MDB_val k = {sizeof key, key}, v = {sizeof h, h};
+      int mrc = mdb_put(e->txn, e->st->files, &k, &v, 0);
+      if (!mrc) {
+        mrc = mdb_txn_commit(e->txn); /* into the batch */
+        e->txn = NULL;
+      }
+      if (mrc) rc = fail(err, "write", mrc);
+    }
+  }
+  if (e->txn) mdb_txn_abort(e->txn);
+  rstate *st = e->st;
+  free(e->buf);
+  free(e);
+  if (rc == 0 && ++st->batch_entries >= BATCH_ENTRIES) rc = batch_flush(st, err);
+  return rc;
+}
+
+void rstate_entry_abort(rstate_entry *e) {
+  if (!e) return;
+  if (e->txn) mdb_txn_abort(e->txn);
+  free(e->buf);
+  free(e);
+}
+
+static int id_kept(const uint8_t *keep, size_t n, const uint8_t *id) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = memcmp(keep + mid * D, id, D);
+    if (c == 0) return 1;
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return 0;
+}
+
+int rstate_prune(rstate *st, const uint8_t *keep, size_t n, br_err *err) {
+  if (batch_flush(st, err) < 0) return -1;
+  MDB_txn *txn;
+  int rc = mdb_txn_begin(st->env, NULL, 0, &txn);
+  if (rc) return fail(err, "prune", rc);
+  MDB_cursor *cur;
+  rc = mdb_cursor_open(txn, st->files, &cur);
+  MDB_val k, v;
+  int op = MDB_FIRST;
+  while (rc == 0 && (rc = mdb_cursor_get(cur, &k, &v, op)) == 0) {
+    op = MDB_NEXT;
+    if (k.mv_size == D + 4 && !id_kept(keep, n, k.mv_data)) rc = mdb_cursor_del(cur, 0);
+  }
+  if (rc == MDB_NOTFOUND) rc = 0;
+  mdb_cursor_close(cur);
+  if (rc) {
+    mdb_txn_abort(txn);
+    return fail(err, "prune", rc);
+  }
+  rc = mdb_txn_commit(txn);
+  return rc ? fail(err, "prune", rc) : 0;
+}
+
+static void id_key(uint64_t id, uint8_t key[8]) {
+  for (int i = 0; i < 8; i++) key[i] = (uint8_t)(id >> (56 - 8 * i));
+}
+
+uint64_t rstate_next_run_id(rstate *st, br_err *err) {
+  MDB_txn *txn;
+  int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
+  if (rc) {
+    fail(err, "read", rc);
+    return 0;
+  }
+  MDB_cursor *cur;
+  uint64_t next = 1;
+  if (mdb_cursor_open(txn, st->runs, &cur) == 0) {
+    MDB_val k, v;
+    if (mdb_cursor_get(cur, &k, &v, MDB_LAST) == 0 && k.mv_size == 8) {
+      const uint8_t *p = k.mv_data;
+      uint64_t last = 0;
+      for (int i = 0; i < 8; i++) last = last << 8 | p[i];
+      next = last + 1;
+    }
+    mdb_cursor_close(cur);
+  }
+  mdb_txn_abort(txn);
+  return next;
+}
+
+int rstate_put_report(rstate *st, uint64_t id, const char *json, br_err *err) {
+  uint8_t key[8];
+  id_key(id, key);
+  int rc = put_one(st, st->runs, key, sizeof key, json, strlen(json), err);
+  if (rc == 0 && id > KEEP_REPORTS) { /* keep the newest ones */
+    MDB_txn *txn;
+    if (mdb_txn_begin(st->env, NULL, 0, &txn) == 0) {
+      MDB_cursor *cur;
+      if (mdb_cursor_open(txn, st->runs, &cur) == 0) {
+        MDB_val k, v;
+        int op = MDB_FIRST;
+        while (mdb_cursor_get(cur, &k, &v, op) == 0) {
+          op = MDB_NEXT;
+          const uint8_t *p = k.mv_data;
+          uint64_t kid = 0;
+          for (int i = 0; i < 8 && k.mv_size == 8; i++) kid = kid << 8 | p[i];
+          if (kid + KEEP_REPORTS > id) break;
+          mdb_cursor_del(cur, 0);
+        }
+        mdb_cursor_close(cur);
+      }
+      mdb_txn_commit(txn);
+    }
+  }
+  return rc;
+}
+
+char *rstate_get_report(rstate *st, uint64_t id, int *found, br_err *err) {
+  *found = 0;
+  MDB_txn *txn;
+  int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
+  if (rc) {
+    fail(err, "read", rc);
+    return NULL;
+  }
+  uint8_t key[8];
+  id_key(id, key);
+  MDB_val k = {sizeof key, key}, v;
+  char *out = NULL;
+  rc = mdb_get(txn, st->runs, &k, &v);
+  if (rc == 0) {
+    out = malloc(v.mv_size + 1);
+    if (out) {
+      memcpy(out, v.mv_data, v.mv_size);
+      out[v.mv_size] = '\0';
+      *found = 1;
+    } else {
+      br_fail(err, "out of memory");
+    }
+  } else if (rc != MDB_NOTFOUND) {
+    fail(err, "read", rc);
+  }
+  mdb_txn_abort(txn);
+  return out;
+}
+
+int rstate_each_report(rstate *st, size_t limit, int (*fn)(void *ud, uint64_t id, const char *json),
+                       void *ud, br_err *err) {
+  MDB_txn *txn;
+  int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
+  if (rc) return fail(err, "read", rc);
+  MDB_cursor *cur;
+  rc = mdb_cursor_open(txn, st->runs, &cur);
+  MDB_val k, v;
+  int op = MDB_LAST;
+  size_t n = 0;
+  int out = 0;
+  while (rc == 0 && n < limit && mdb_cursor_get(cur, &k, &v, op) == 0) {
+    op = MDB_PREV;
+    char *text = malloc(v.mv_size + 1);
+    if (!text) {
+      out = br_fail(err, "out of memory");
+      break;
+    }
+    memcpy(text, v.mv_data, v.mv_size);
+    text[v.mv_size] = '\0';
+    const uint8_t *p = k.mv_data;
+    uint64_t id = 0;
+    for (int i = 0; i < 8 && k.mv_size == 8; i++) id = id << 8 | p[i];
+    int stop = fn(ud, id, text);
+    free(text);
+    n++;
+    if (stop) break;
+  }
+  if (rc == 0) mdb_cursor_close(cur);
+  mdb_txn_abort(txn);
+  return out;
+}

@@ -1,0 +1,969 @@
+/* The s3 store: blobs as objects in an S3 bucket (AWS, Ceph radosgw, MinIO, R2), SigV4-signed.
+ *
+ * Uploads never block a network thread on S3: the body is appended to a local spool file as it
+ * arrives, and part workers send each full part (part_size) to S3 as a multipart upload while the
+ * rest still arrives, each part signed with its own SHA-256 so that S3 verifies every byte. The
+ * commit (on a finisher thread) sends what is left and completes the upload; a blob that fits in
+ * one part goes up as one PUT whose x-amz-content-sha256 is the blob id itself. A failure aborts
+ * the multipart upload: nothing is ever visible under the content key before the whole blob was
+ * verified and S3 confirmed it. Parts already sent are punched out of the spool file, so a
+ * 2 GiB upload holds at most a part or two of disk and no more than a buffer of memory. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "store/s3_client.h"
+#include "store/s3_url_cache.h"
+#include "store/internal.h"
+
+#define PART_WORKERS 4
+#define MAX_PARTS 10000
+#define HASH_CHUNK (1u << 20)
+#define COPY_PART (1ull << 30)       /* UploadPartCopy size for copies over 5 GiB */
+#define SINGLE_COPY_MAX (5ull << 30) /* S3's limit for one CopyObject */
+#define PRESIGN_CACHE 8192           /* presigned redirect URLs kept per store */
+
+struct s3_writer;
+
+struct s3_store {
+  s3_target t;
+  s3_url_cache *urls; /* presigned redirect URLs (serve = redirect without cdn_url), else NULL */
+  char spool_dir[PATH_MAX];
+  uint64_t part_size;
+  pthread_t workers[PART_WORKERS];
+  int nworkers;
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+  struct s3_writer *queue_head, *queue_tail; /* writers with a part to send, or to abort */
+  int stopping;
+  /* multipart uploads whose abort failed (S3 down): retried by the health check */
+  struct failed_abort {
+    char key[1200];
+    char upload_id[512];
+  } * aborts;
+  size_t naborts;
+};
+
+struct part {
+  char etag[80];
+  char sha_b64[48];
+};
+
+struct s3_writer {
+  br_store_writer base;
+  struct s3_store *s3;
+  int fd;
+  char spool_path[PATH_MAX + 64];
+  uint64_t written; /* bytes spooled */
+  /* shared with the part workers, under s3->lock */
+  int queued, in_flight, failed, abandoned;
+  int fail_errno;
+  char fail_msg[sizeof(br_err)];
+  char upload_id[512]; /* "" until the multipart upload was created */
+  char mp_key[1200];   /* the key it was created under: the intended key, or a staging key */
+  struct part *parts;
+  size_t nparts; /* parts sent */
+  pthread_cond_t done_cv;
+  struct s3_writer *next;
+};
+
+static struct s3_store *s3_of(br_store *st) { return st->impl; }
+
+/* errno for a failed request: unreachable (503) or refused by S3 (502). */
+static int request_errno(const s3_response *r) { return r->status ? EPROTO : EHOSTUNREACH; }
+
+/* ---- part uploads -----------------------------------------------------------------------------
+ */
+
+/* SHA-256 of len bytes of fd at off, as hex and base64. */
+static int hash_range(int fd, uint64_t off, uint64_t len, char hex[65], char b64[48], br_err *err) {
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  char *buf = malloc(HASH_CHUNK);
+  int rc =
+      ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) ? 0 : br_fail(err, "out of memory");
+  for (uint64_t done = 0; rc == 0 && done < len;) {
+    size_t n = len - done < HASH_CHUNK ? (size_t)(len - done) : HASH_CHUNK;
+    ssize_t r = pread(fd, buf, n, (off_t)(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      rc = br_fail(err, "spool read: %s", r < 0 ? strerror(errno) : "short file");
+      break;
+    }
+    EVP_DigestUpdate(ctx, buf, (size_t)r);
+    done += (uint64_t)r;
+  }
+  uint8_t d[32];
+  if (rc == 0) {
+    EVP_DigestFinal_ex(ctx, d, NULL);
+    br_hex_encode(d, hex);
+    EVP_EncodeBlock((unsigned char *)b64, d, 32);
+  }
+  free(buf);
+  EVP_MD_CTX_free(ctx);
+  return rc;
+}
+
+/* On failure *fail_errno says whom to blame: EHOSTUNREACH (no answer) or EPROTO (S3 refused). */
+static int create_multipart(struct s3_store *s3, const char *key, char *upload_id, size_t idlen,
+                            int *fail_errno, br_err *err) {
+  s3_request rq = {.method = "POST", .key = key, .query = "uploads="};
+  rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-checksum-algorithm", "SHA256"};
+  s3_response rs;
+  int rc = s3_perform(&s3->t, &rq, &rs, err);
+  if (rc == 0 && (rs.status != 200 ||
+                  s3_xml_text(rs.body, "UploadId", NULL, upload_id, idlen) < 0 || !*upload_id))
+    rc = rs.status == 200 ? br_fail(err, "store %s: CreateMultipartUpload: no UploadId", s3->t.name)
+                          : s3_fail_status(err, &s3->t, "CreateMultipartUpload", &rs);
+  if (rc < 0 && fail_errno) *fail_errno = request_errno(&rs);
+  s3_response_free(&rs);
+  return rc;
+}
+
+/* The key a multipart upload is created under: the blob's own key when the caller said it in
+ * advance (PUT with the hash in the URL; nothing shows there until the upload completes), else a
+ * per-upload staging key that is copied to the content key once the hash is known. */
+static void choose_mp_key(struct s3_writer *w) {
+  if (w->mp_key[0]) return;
+  if (w->base.key_hint[0]) {
+    snprintf(w->mp_key, sizeof w->mp_key, "%s", w->base.key_hint);
+    return;
+  }
+  snprintf(w->mp_key, sizeof w->mp_key, "%s.staging/%s", w->base.store->cfg.prefix,
+           strrchr(w->spool_path, '/') + 1);
+}
+
+static int upload_part(struct s3_store *s3, struct s3_writer *w, size_t index, uint64_t off,
+                       uint64_t len, br_err *err) {
+  char hex[65], b64[48], query[1700];
+  if (hash_range(w->fd, off, len, hex, b64, err) < 0) return -1;
+  const char *key = w->mp_key;
+  char idenc[1600];
+  if (!br_sigv4_uri_encode(w->upload_id, 0, idenc, sizeof idenc))
+    return br_fail(err, "upload id too long");
+  snprintf(query, sizeof query, "partNumber=%zu&uploadId=%s", index + 1, idenc);
+  s3_request rq = {.method = "PUT",
+                   .key = key,
+                   .query = query,
+                   .payload_hash = hex,
+                   .body = {.fd = w->fd, .off = off, .len = len}};
+  rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-checksum-sha256", b64};
+  s3_response rs;
+  int rc = s3_perform(&s3->t, &rq, &rs, err);
+  if (rc == 0 && (rs.status != 200 || !rs.etag[0]))
+    rc = s3_fail_status(err, &s3->t, "UploadPart", &rs);
+  if (rc == 0) {
+    snprintf(w->parts[index].etag, sizeof w->parts[index].etag, "%s", rs.etag);
+    memcpy(w->parts[index].sha_b64, b64, sizeof b64);
+    /* the part is safe in S3: give its disk space back */
+    fallocate(w->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
+  } else {
+    w->base.saved_errno = request_errno(&rs);
+  }
+  s3_response_free(&rs);
+  return rc;
+}
+
+#define MAX_FAILED_ABORTS 4096
+
+/* AbortMultipartUpload of upload_id under key. Returns 0 when S3 no longer has it. */
+static int abort_upload(struct s3_store *s3, const char *key, const char *upload_id,
+                        br_err *err) {
+  char query[1700], idenc[1600];
+  if (!br_sigv4_uri_encode(upload_id, 0, idenc, sizeof idenc))
+    return br_fail(err, "upload id too long");
+  snprintf(query, sizeof query, "uploadId=%s", idenc);
+  s3_request rq = {.method = "DELETE", .key = key, .query = query};
+  s3_response rs;
+  int rc = s3_perform(&s3->t, &rq, &rs, err);
+  if (rc == 0 && rs.status != 204 && rs.status != 200 && rs.status != 404)
+    rc = s3_fail_status(err, &s3->t, "AbortMultipartUpload", &rs);
+  s3_response_free(&rs);
+  return rc;
+}
+
+/* Aborts w's multipart upload; one that cannot be aborted now (S3 down) is remembered and
+ * retried by the health check, so that no incomplete upload is left behind. */
+static void abort_multipart(struct s3_store *s3, struct s3_writer *w) {
+  if (!w->upload_id[0]) return;
+  br_err err;
+  if (abort_upload(s3, w->mp_key, w->upload_id, &err) < 0) {
+    pthread_mutex_lock(&s3->lock);
+    if (s3->naborts < MAX_FAILED_ABORTS) {
+      struct failed_abort *fa = &s3->aborts[s3->naborts++];
+      snprintf(fa->key, sizeof fa->key, "%s", w->mp_key);
+      snprintf(fa->upload_id, sizeof fa->upload_id, "%s", w->upload_id);
+      br_warn("%s (will retry)", err.msg);
+    } else {
+      br_warn("%s (an incomplete multipart upload is left for the bucket's lifecycle rule)",
+              err.msg);
+    }
+    pthread_mutex_unlock(&s3->lock);
+  }
+  w->upload_id[0] = '\0';
+}
+
+/* Retries the aborts that failed (health thread). */
+static void retry_failed_aborts(struct s3_store *s3) {
+  pthread_mutex_lock(&s3->lock);
+  size_t n = s3->naborts;
+  pthread_mutex_unlock(&s3->lock);
+  for (size_t i = 0; i < n; i++) {
+    struct failed_abort fa;
+    pthread_mutex_lock(&s3->lock);
+    if (i >= s3->naborts) {
+      pthread_mutex_unlock(&s3->lock);
+      break;
+    }
+    fa = s3->aborts[i];
+    pthread_mutex_unlock(&s3->lock);
+    br_err err;
+    if (abort_upload(s3, fa.key, fa.upload_id, &err) < 0) continue;
+    pthread_mutex_lock(&s3->lock);
+    for (size_t j = 0; j < s3->naborts; j++)
+      if (!strcmp(s3->aborts[j].upload_id, fa.upload_id)) {
+        s3->aborts[j] = s3->aborts[--s3->naborts];
+        break;
+      }
+    pthread_mutex_unlock(&s3->lock);
+    i--; /* the slot now holds another entry */
+    n--;
+  }
+}
+
+static void writer_free(struct s3_writer *w) {
+  if (w->fd >= 0) close(w->fd);
+  unlink(w->spool_path);
+  pthread_cond_destroy(&w->done_cv);
+  free(w->parts);
+  free(w);
+}
+
+/* Number of parts that are complete in the spool and known not to be the last one. */
+static size_t sendable_parts(const struct s3_writer *w) {
+  if (!w->written) return 0;
+  size_t n = (size_t)((w->written - 1) / w->s3->part_size);
+  return n > MAX_PARTS - 1 ? MAX_PARTS - 1 : n;
+}
+
+/* Sends the parts that are ready, one at a time, outside the lock. Called by a worker with the
+ * lock held and w->in_flight set; returns with the lock held. */
+static void send_ready_parts(struct s3_store *s3, struct s3_writer *w) {
+  while (!w->failed && !w->abandoned && w->nparts < sendable_parts(w)) {
+    size_t index = w->nparts;
+    pthread_mutex_unlock(&s3->lock);
+    br_err err;
+    int rc = 0;
+    if (!w->upload_id[0]) {
+      choose_mp_key(w);
+      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id,
+                            &w->base.saved_errno, &err);
+    }
+    if (rc == 0)
+      rc = upload_part(s3, w, index, (uint64_t)index * s3->part_size, s3->part_size, &err);
+    pthread_mutex_lock(&s3->lock);
+    if (rc < 0) {
+      w->failed = 1;
+      w->fail_errno = w->base.saved_errno ? w->base.saved_errno : EIO;
+      snprintf(w->fail_msg, sizeof w->fail_msg, "%s", err.msg);
+    } else {
+      w->nparts++;
+    }
+  }
+}
+
+static void *part_worker(void *arg) {
+  struct s3_store *s3 = arg;
+  pthread_mutex_lock(&s3->lock);
+  for (;;) {
+    while (!s3->queue_head && !s3->stopping) pthread_cond_wait(&s3->cv, &s3->lock);
+    if (!s3->queue_head) break;
+    struct s3_writer *w = s3->queue_head;
+    s3->queue_head = w->next;
+    if (!s3->queue_head) s3->queue_tail = NULL;
+    w->queued = 0;
+    w->in_flight = 1;
+    send_ready_parts(s3, w);
+    w->in_flight = 0;
+    if (w->abandoned) { /* the upload was dropped while a part was on its way */
+      pthread_mutex_unlock(&s3->lock);
+      abort_multipart(s3, w);
+      writer_free(w);
+      pthread_mutex_lock(&s3->lock);
+      continue;
+    }
+    pthread_cond_broadcast(&w->done_cv);
+  }
+  pthread_mutex_unlock(&s3->lock);
+  return NULL;
+}
+
+/* Queues w for a worker (lock held). */
+static void enqueue(struct s3_store *s3, struct s3_writer *w) {
+  if (w->queued || w->in_flight) return;
+  w->queued = 1;
+  w->next = NULL;
+  if (s3->queue_tail)
+    s3->queue_tail->next = w;
+  else
+    s3->queue_head = w;
+  s3->queue_tail = w;
+  pthread_cond_signal(&s3->cv);
+}
+
+/* ---- the store --------------------------------------------------------------------------------
+ */
+
+static int mkdir_p(const char *path) {
+  char buf[PATH_MAX];
+  snprintf(buf, sizeof buf, "%s", path);
+  for (char *p = buf + 1; *p; p++)
+    if (*p == '/') {
+      *p = '\0';
+      if (mkdir(buf, 0700) < 0 && errno != EEXIST) return -1;
+      *p = '/';
+    }
+  return mkdir(buf, 0700) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Removes spool files of processes that are gone (a crash mid-upload). */
+static void clean_spool(struct s3_store *s3) {
+  DIR *d = opendir(s3->spool_dir);
+  if (!d) return;
+  for (struct dirent *e = readdir(d); e; e = readdir(d)) {
+    int pid = 0;
+    if (sscanf(e->d_name, "up-%d-", &pid) != 1 || pid <= 0) continue;
+    if (pid == getpid() || kill(pid, 0) == 0 || errno != ESRCH) continue;
+    unlinkat(dirfd(d), e->d_name, 0);
+  }
+  closedir(d);
+}
+
+static int s3_open(br_store *st, br_err *err) {
+  struct s3_store *s3 = calloc(1, sizeof *s3);
+  if (!s3) return br_fail(err, "out of memory");
+  const br_store_config *c = &st->cfg;
+  s3_target_options o = {.name = c->name,
+                         .endpoint = c->endpoint,
+                         .region = c->region,
+                         .bucket = c->bucket,
+                         .access_key = c->access_key,
+                         .secret_key = c->secret_key,
+                         .session_token = c->session_token,
+                         .path_style = c->path_style,
+                         .connect_timeout_ms = c->connect_timeout_ms,
+                         .timeout_ms = c->timeout_ms,
+                         .stall_ms = c->stall_timeout_ms,
+                         .max_retries = (unsigned)c->retries};
+  if (s3_target_init(&s3->t, &o, err) < 0) {
+    free(s3);
+    return -1;
+  }
+  s3->part_size = c->part_size ? c->part_size : 16u << 20;
+  s3->aborts = calloc(MAX_FAILED_ABORTS, sizeof *s3->aborts);
+  int presigns = c->serve == BR_SERVE_REDIRECT && !(c->cdn_url && *c->cdn_url);
+  if (presigns) s3->urls = s3_url_cache_new(PRESIGN_CACHE);
+  if (!s3->aborts || (presigns && !s3->urls)) {
+    s3_url_cache_free(s3->urls);
+    free(s3->aborts);
+    s3_target_destroy(&s3->t);
+    free(s3);
+    return br_fail(err, "out of memory");
+  }
+  snprintf(s3->spool_dir, sizeof s3->spool_dir, "%s", c->spool_dir ? c->spool_dir : "");
+  pthread_mutex_init(&s3->lock, NULL);
+  pthread_cond_init(&s3->cv, NULL);
+  st->impl = s3;
+  if (c->read_only || !*s3->spool_dir) return 0; /* tools that only read: no spool, no workers */
+  if (mkdir_p(s3->spool_dir) < 0) {
+    br_fail(err, "store %s: cannot create spool_dir %s: %s", c->name, s3->spool_dir,
+            strerror(errno));
+    s3_target_destroy(&s3->t);
+    s3_url_cache_free(s3->urls);
+    free(s3->aborts);
+    free(s3);
+    return -1;
+  }
+  clean_spool(s3);
+  for (; s3->nworkers < PART_WORKERS; s3->nworkers++)
+    if (pthread_create(&s3->workers[s3->nworkers], NULL, part_worker, s3)) break;
+  return 0;
+}
+
+static void s3_close(br_store *st) {
+  struct s3_store *s3 = s3_of(st);
+  pthread_mutex_lock(&s3->lock);
+  s3->stopping = 1;
+  pthread_cond_broadcast(&s3->cv);
+  pthread_mutex_unlock(&s3->lock);
+  for (int i = 0; i < s3->nworkers; i++) pthread_join(s3->workers[i], NULL);
+  s3_target_destroy(&s3->t);
+  s3_url_cache_free(s3->urls);
+  free(s3->aborts);
+  free(s3);
+}
+
+static br_store_writer *s3_write_begin(br_store *st, br_err *err) {
+  struct s3_store *s3 = s3_of(st);
+  if (!s3->nworkers) {
+    br_fail(err, "store %s: opened read-only", st->cfg.name);
+    return NULL;
+  }
+  if (s3_target_down(&s3->t)) {
+    errno = EHOSTUNREACH;
+    br_fail(err, "store %s: %s is unreachable", st->cfg.name, s3->t.host);
+    return NULL;
+  }
+  struct s3_writer *w = calloc(1, sizeof *w);
+  if (!w || !(w->parts = calloc(MAX_PARTS, sizeof *w->parts))) {
+    free(w);
+    br_fail(err, "out of memory");
+    return NULL;
+  }
+  w->base.store = st;
+  w->s3 = s3;
+  pthread_cond_init(&w->done_cv, NULL);
+  for (int attempt = 0; attempt < 8; attempt++) {
+    uint64_t r = ((uint64_t)random() << 31) ^ (uint64_t)random() ^ br_now_ms();
+    snprintf(w->spool_path, sizeof w->spool_path, "%s/up-%d-%016llx", s3->spool_dir, (int)getpid(),
+             (unsigned long long)r);
+    w->fd = open(w->spool_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (w->fd >= 0 || errno != EEXIST) break;
+  }
+  if (w->fd < 0) {
+    int e = errno;
+    br_fail(err, "store %s: create spool file: %s", st->cfg.name, strerror(e));
+    free(w->parts);
+    pthread_cond_destroy(&w->done_cv);
+    free(w);
+    errno = e;
+    return NULL;
+  }
+  return &w->base;
+}
+
+static int s3_write(br_store_writer *bw, const void *buf, size_t len, br_err *err) {
+  struct s3_writer *w = (struct s3_writer *)bw;
+  struct s3_store *s3 = w->s3;
+  const char *p = buf;
+  size_t left = len;
+  while (left) {
+    ssize_t n = pwrite(w->fd, p, left, (off_t)w->written + (off_t)(len - left));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      bw->saved_errno = errno;
+      return br_fail(err, "store %s: spool write: %s", bw->store->cfg.name, strerror(errno));
+    }
+    p += n;
+    left -= (size_t)n;
+  }
+  pthread_mutex_lock(&s3->lock);
+  w->written += len;
+  int failed = w->failed;
+  if (failed) {
+    bw->saved_errno = w->fail_errno;
+    br_fail(err, "%s", w->fail_msg);
+  } else if (w->nparts < sendable_parts(w)) {
+    enqueue(s3, w);
+  }
+  pthread_mutex_unlock(&s3->lock);
+  return failed ? -1 : 0;
+}
+
+/* Waits until no worker holds w (lock held). */
+static void wait_idle(struct s3_store *s3, struct s3_writer *w) {
+  while (w->queued || w->in_flight) pthread_cond_wait(&w->done_cv, &s3->lock);
+}
+
+static void s3_write_abort(br_store_writer *bw) {
+  struct s3_writer *w = (struct s3_writer *)bw;
+  struct s3_store *s3 = w->s3;
+  pthread_mutex_lock(&s3->lock);
+  w->abandoned = 1;
+  if (w->queued || w->in_flight || w->upload_id[0]) {
+    /* a worker finishes or aborts the multipart upload and frees w: this may be a network
+     * thread, which must not wait for S3 */
+    enqueue(s3, w);
+    pthread_mutex_unlock(&s3->lock);
+    return;
+  }
+  pthread_mutex_unlock(&s3->lock);
+  writer_free(w);
+}
+
+static int put_single(struct s3_store *s3, struct s3_writer *w, const char *key, br_err *err) {
+  char hex[65], b64[48];
+  if (w->base.has_digest) {
+    br_hex_encode(w->base.digest, hex);
+    EVP_EncodeBlock((unsigned char *)b64, w->base.digest, 32);
+  } else if (hash_range(w->fd, 0, w->written, hex, b64, err) < 0) {
+    return -1;
+  }
+  s3_request rq = {.method = "PUT",
+                   .key = key,
+                   .payload_hash = hex,
+                   .body = {.fd = w->fd, .off = 0, .len = w->written}};
+  rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-checksum-sha256", b64};
+  s3_response rs;
+  int rc = s3_perform(&s3->t, &rq, &rs, err);
+  if (rc == 0 && rs.status != 200) rc = s3_fail_status(err, &s3->t, "PutObject", &rs);
+  if (rc < 0) w->base.saved_errno = request_errno(&rs);
+  s3_response_free(&rs);
+  return rc;
+}
+
+/* CompleteMultipartUpload of w's parts under w->mp_key. */
+static int complete_multipart(struct s3_store *s3, struct s3_writer *w, br_err *err) {
+  size_t cap = w->nparts * 220 + 128;
+  char *xml = malloc(cap);
+  if (!xml) return br_fail(err, "out of memory");
+  size_t used = (size_t)snprintf(xml, cap, "<CompleteMultipartUpload>");
+  for (size_t i = 0; i < w->nparts; i++)
+    used += (size_t)snprintf(xml + used, cap - used,
+                             "<Part><PartNumber>%zu</PartNumber><ETag>%s</ETag>"
+                             "<ChecksumSHA256>%s</ChecksumSHA256></Part>",
+                             i + 1, w->parts[i].etag, w->parts[i].sha_b64);
+  used += (size_t)snprintf(xml + used, cap - used, "</CompleteMultipartUpload>");
+  uint8_t d[32];
+  char hex[65], query[1700], idenc[1600];
+  EVP_Digest(xml, used, d, NULL, EVP_sha256(), NULL);
+  br_hex_encode(d, hex);
+  br_sigv4_uri_encode(w->upload_id, 0, idenc, sizeof idenc);
+  snprintf(query, sizeof query, "uploadId=%s", idenc);
+  s3_request rq = {.method = "POST",
+                   .key = w->mp_key,
+                   .query = query,
+                   .payload_hash = hex,
+                   .body = {.mem = xml, .len = used}};
+  s3_response rs;
+  int rc = s3_perform(&s3->t, &rq, &rs, err);
+  /* S3 may answer 200 with an error document when completion fails late */
+  if (rc == 0 && (rs.status != 200 || (rs.body && strstr(rs.body, "<Error>"))))
+    rc = s3_fail_status(err, &s3->t, "CompleteMultipartUpload", &rs);
+  if (rc < 0) w->base.saved_errno = request_errno(&rs);
+  s3_response_free(&rs);
+  free(xml);
+  if (rc == 0) w->upload_id[0] = '\0'; /* completed: nothing to abort any more */
+  return rc;
+}
+
+static int delete_object(struct s3_store *s3, const char *key, br_err *err);
+static int server_copy(struct s3_store *s3, const char *src_key, uint64_t size, const char *dst_key,
+                       br_err *err);
+
+static int s3_write_commit(br_store_writer *bw, const char *key, br_err *err) {
+  struct s3_writer *w = (struct s3_writer *)bw;
+  struct s3_store *s3 = w->s3;
+  pthread_mutex_lock(&s3->lock);
+  wait_idle(s3, w);
+  int failed = w->failed;
+  pthread_mutex_unlock(&s3->lock);
+  int rc = 0;
+  if (failed) {
+    bw->saved_errno = w->fail_errno;
+    rc = br_fail(err, "%s", w->fail_msg);
+  } else if (!w->upload_id[0] && w->written <= s3->part_size) {
+    rc = put_single(s3, w, key, err);
+  } else {
+    /* the rest of the parts, from this (finisher) thread */
+    size_t total = (size_t)((w->written + s3->part_size - 1) / s3->part_size);
+    if (total > MAX_PARTS)
+      rc = br_fail(err,
+                   "store %s: the blob needs over %d parts of %" PRIu64 " bytes (raise part_size)",
+                   s3->t.name, MAX_PARTS, s3->part_size);
+    if (rc == 0 && !w->upload_id[0]) {
+      choose_mp_key(w);
+      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &bw->saved_errno,
+                            err);
+    }
+    for (size_t i = w->nparts; rc == 0 && i < total; i++) {
+      uint64_t off = (uint64_t)i * s3->part_size;
+      uint64_t len = w->written - off < s3->part_size ? w->written - off : s3->part_size;
+      rc = upload_part(s3, w, i, off, len, err);
+      if (rc == 0) w->nparts++;
+    }
+    if (rc == 0)
+      rc = complete_multipart(s3, w, err);
+    else
+      abort_multipart(s3, w);
+    if (rc == 0 && strcmp(w->mp_key, key)) {
+      /* completed under a staging key (the hash was not known in advance): copy it server-side
+       * to its content key, then drop the staging object */
+      rc = server_copy(s3, w->mp_key, w->written, key, err);
+      if (rc < 0 && !bw->saved_errno) bw->saved_errno = EPROTO;
+      br_err derr;
+      if (delete_object(s3, w->mp_key, &derr) < 0)
+        br_warn("%s (staging object left behind)", derr.msg);
+    }
+  }
+  int saved = bw->saved_errno;
+  writer_free(w);
+  errno = saved ? saved : EIO;
+  return rc;
+}
+
+/* ---- reading ----------------------------------------------------------------------------------
+ */
+
+static int delete_object(struct s3_store *s3, const char *key, br_err *err) {
+  s3_request rq = {.method = "DELETE", .key = key, .query = ""};
+  s3_response rs;
+  int rc = s3_perform(&s3->t, &rq, &rs, err);
+  if (rc == 0 && rs.status != 204 && rs.status != 200 && rs.status != 404)
+    rc = s3_fail_status(err, &s3->t, "DeleteObject", &rs);
+  s3_response_free(&rs);
+  return rc;
+}
+
+/* HEAD of key: 0 with *size, 1 if absent, -1 on error. */
+static int head_object(struct s3_store *s3, const char *key, uint64_t *size, br_err *err) {
+  s3_request rq = {.method = "HEAD", .key = key, .query = ""};
+  s3_response rs;
+  int rc = s3_perform(&s3->t, &rq, &rs, err);
+  if (rc == 0) {
+    if (rs.status == 404)
+      rc = 1;
+    else if (rs.status != 200 || rs.content_length == UINT64_MAX)
+      rc = s3_fail_status(err, &s3->t, "HeadObject", &rs);
+    else
+      *size = rs.content_length;
+  }
+  s3_response_free(&rs);
+  return rc;
+}
+
+struct object_source {
+  br_source base;
+  struct s3_store *s3;
+  char key[1100];
+};
+
+static int object_pread(br_source *src, void *buf, size_t len, uint64_t off, br_err *err) {
+  struct object_source *os = (struct object_source *)src;
+  if (off > src->size || len > src->size - off)
+    return br_fail(err, "%s: read of %zu bytes at %" PRIu64 " is past the end (%" PRIu64 " bytes)",
+                   os->key, len, off, src->size);
+  if (!len) return 0;
+  s3_request rq = {.method = "GET",
+                   .key = os->key,
+                   .query = "",
+                   .has_range = 1,
+                   .range_first = off,
+                   .range_last = off + len - 1,
+                   .into = buf,
+                   .into_cap = len};
+  s3_response rs;
+  int rc = s3_perform(&os->s3->t, &rq, &rs, err);
+  if (rc == 0 && rs.status != 206 && !(rs.status == 200 && off == 0 && len == src->size))
+    rc = s3_fail_status(err, &os->s3->t, os->key, &rs);
+  if (rc == 0 && rs.body_len != len)
+    rc = br_fail(err, "store %s: %s: %zu bytes at %" PRIu64 " came back as %zu (object changed?)",
+                 os->s3->t.name, os->key, len, off, rs.body_len);
+  s3_response_free(&rs);
+  return rc;
+}
+
+static void object_close(br_source *src) { free(src); }
+
+static int s3_open_read(br_store *st, const char *key, br_store_reader *out, br_err *err) {
+  struct s3_store *s3 = s3_of(st);
+  uint64_t size = 0;
+  int rc = head_object(s3, key, &size, err);
+  if (rc != 0) return rc;
+  struct object_source *os = calloc(1, sizeof *os);
+  if (!os) return br_fail(err, "out of memory");
+  os->base.size = size;
+  os->base.pread = object_pread;
+  os->base.close = object_close;
+  os->s3 = s3;
+  snprintf(os->key, sizeof os->key, "%s", key);
+  out->fd = -1;
+  out->size = size;
+  out->source = &os->base;
+  return 0;
+}
+
+static int s3_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
+  return head_object(s3_of(st), key, size, err);
+}
+
+static int s3_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+                           uint64_t *valid_ms, br_err *err) {
+  const char *cdn = st->cfg.cdn_url;
+  if (cdn && *cdn) {
+    char enc[3200];
+    if (!br_sigv4_uri_encode(key, 1, enc, sizeof enc)) return br_fail(err, "key too long");
+    size_t clen = strlen(cdn);
+    int n = snprintf(out, outlen, "%s%s%s", cdn, clen && cdn[clen - 1] == '/' ? "" : "/", enc);
+    if (n < 0 || (size_t)n >= outlen) return br_fail(err, "redirect URL too long");
+    *valid_ms = UINT64_MAX;
+    return 0;
+  }
+  /* a URL signed less than half a TTL ago is reused: *valid_ms is what is left of it */
+  uint64_t ttl_s = st->cfg.presign_ttl_ms / 1000;
+  if (ttl_s < 1) ttl_s = 1;
+  struct s3_store *s3 = s3_of(st);
+  return s3_url_cache_presign(s3->urls, &s3->t, key, br_now_ms(), ttl_s, out, outlen, valid_ms,
+                              err);
+}
+
+static int s3_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err) {
+  /* long enough for the slowest proxied read to start; the URL never leaves this process */
+  return s3_presign_get(&s3_of(st)->t, key, 3600, out, outlen, err);
+}
+
+static int s3_remove(br_store *st, const char *key, br_err *err) {
+  return delete_object(s3_of(st), key, err);
+}
+
+/* DeleteObjects, 1,000 keys per request (S3's limit), Quiet mode: only failures are listed. */
+static int s3_remove_many(br_store *st, const char *const *keys, size_t n, br_err *err) {
+  struct s3_store *s3 = s3_of(st);
+  for (size_t base = 0; base < n; base += 1000) {
+    size_t count = n - base < 1000 ? n - base : 1000;
+    size_t cap = 128;
+    for (size_t i = 0; i < count; i++) cap += strlen(keys[base + i]) * 6 + 40;
+    char *xml = malloc(cap);
+    if (!xml) return br_fail(err, "out of memory");
+    size_t used = (size_t)snprintf(xml, cap, "<Delete><Quiet>true</Quiet>");
+    for (size_t i = 0; i < count; i++) {
+      used += (size_t)snprintf(xml + used, cap - used, "<Object><Key>");
+      for (const char *k = keys[base + i]; *k; k++) {
+        const char *ent = *k == '&' ? "&amp;" : *k == '<' ? "&lt;" : *k == '>' ? "&gt;" : NULL;
+        if (ent)
+          used += (size_t)snprintf(xml + used, cap - used, "%s", ent);
+        else
+          xml[used++] = *k;
+      }
+      used += (size_t)snprintf(xml + used, cap - used, "</Key></Object>");
+    }
+    used += (size_t)snprintf(xml + used, cap - used, "</Delete>");
+    uint8_t d[32], md5[16];
+    char hex[65], md5b64[32];
+    EVP_Digest(xml, used, d, NULL, EVP_sha256(), NULL);
+    EVP_Digest(xml, used, md5, NULL, EVP_md5(), NULL);
+    br_hex_encode(d, hex);
+    EVP_EncodeBlock((unsigned char *)md5b64, md5, 16);
+    s3_request rq = {.method = "POST",
+                     .key = NULL,
+                     .query = "delete=",
+                     .payload_hash = hex,
+                     .body = {.mem = xml, .len = used}};
+    rq.headers[rq.nheaders++] = (br_sigv4_header){"content-md5", md5b64};
+    rq.headers[rq.nheaders++] = (br_sigv4_header){"content-type", "application/xml"};
+    s3_response rs;
+    int rc = s3_perform(&s3->t, &rq, &rs, err);
+    free(xml);
+    if (rc == 0 && rs.status != 200) rc = s3_fail_status(err, &s3->t, "DeleteObjects", &rs);
+    if (rc == 0 && rs.body && strstr(rs.body, "<Error>")) {
+      const char *from = strstr(rs.body, "<Error>");
+      char key[1100] = "", code[64] = "";
+      s3_xml_text(from, "Key", NULL, key, sizeof key);
+      s3_xml_text(from, "Code", NULL, code, sizeof code);
+      rc = br_fail(err, "store %s: DeleteObjects: %s: %s", s3->t.name, key, code);
+    }
+    s3_response_free(&rs);
+    if (rc < 0) return -1;
+  }
+  return 0;
+}
+
+/* ListObjectsV2, 1,000 keys a page, in key order. */
+static int s3_list(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err) {
+  struct s3_store *s3 = s3_of(st);
+  char token[1200] = "", penc[3200], tenc[3700], query[7200];
+  if (!br_sigv4_uri_encode(prefix ? prefix : "", 0, penc, sizeof penc) && prefix && *prefix)
+    return br_fail(err, "prefix too long");
+  for (;;) {
+    if (token[0] && !br_sigv4_uri_encode(token, 0, tenc, sizeof tenc))
+      return br_fail(err, "continuation token too long");
+    snprintf(query, sizeof query, "list-type=2&max-keys=1000&prefix=%s%s%s",
+             prefix && *prefix ? penc : "", token[0] ? "&continuation-token=" : "",
+             token[0] ? tenc : "");
+    s3_request rq = {.method = "GET", .key = NULL, .query = query};
+    s3_response rs;
+    if (s3_perform(&s3->t, &rq, &rs, err) < 0) return -1;
+    if (rs.status != 200) {
+      int rc = s3_fail_status(err, &s3->t, "ListObjectsV2", &rs);
+      s3_response_free(&rs);
+      return rc;
+    }
+    int stop = 0;
+    const char *at = rs.body;
+    while (!stop && at && (at = strstr(at, "<Contents>"))) {
+      const char *end = strstr(at, "</Contents>");
+      if (!end) break;
+      char key[1100], size[32];
+      /* look inside this <Contents> element only */
+      size_t elen = (size_t)(end - at);
+      char *elem = strndup(at, elen);
+      if (elem && s3_xml_text(elem, "Key", NULL, key, sizeof key) == 0 &&
+          s3_xml_text(elem, "Size", NULL, size, sizeof size) == 0)
+        stop = fn(ud, key, strtoull(size, NULL, 10));
+      free(elem);
+      at = end;
+    }
+    char truncated[8] = "false";
+    s3_xml_text(rs.body, "IsTruncated", NULL, truncated, sizeof truncated);
+    token[0] = '\0';
+    s3_xml_text(rs.body, "NextContinuationToken", NULL, token, sizeof token);
+    s3_response_free(&rs);
+    if (stop || strcmp(truncated, "true") || !token[0]) return 0;
+  }
+}
+
+/* CopyObject (up to 5 GiB) or a multipart copy in 1 GiB parts, within this store's bucket. */
+static int server_copy(struct s3_store *s3, const char *src_key, uint64_t size, const char *dst_key,
+                       br_err *err) {
+  char src[3400];
+  char enc[3200];
+  if (!br_sigv4_uri_encode(src_key, 1, enc, sizeof enc)) return br_fail(err, "key too long");
+  snprintf(src, sizeof src, "/%s/%s", s3->t.bucket, enc);
+  if (size <= SINGLE_COPY_MAX) {
+    s3_request rq = {.method = "PUT", .key = dst_key, .query = ""};
+    rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-copy-source", src};
+    s3_response rs;
+    int rc = s3_perform(&s3->t, &rq, &rs, err);
+    if (rc == 0 && (rs.status != 200 || !rs.body || strstr(rs.body, "<Error>")))
+      rc = s3_fail_status(err, &s3->t, "CopyObject", &rs);
+    s3_response_free(&rs);
+    return rc;
+  }
+  char upload_id[512], idenc[1600], query[1800], range[80];
+  if (create_multipart(s3, dst_key, upload_id, sizeof upload_id, NULL, err) < 0) return -1;
+  br_sigv4_uri_encode(upload_id, 0, idenc, sizeof idenc);
+  size_t nparts = (size_t)((size + COPY_PART - 1) / COPY_PART);
+  size_t cap = nparts * 160 + 128, used = 0;
+  char *xml = malloc(cap);
+  int rc = xml ? 0 : br_fail(err, "out of memory");
+  if (rc == 0) used = (size_t)snprintf(xml, cap, "<CompleteMultipartUpload>");
+  for (size_t i = 0; rc == 0 && i < nparts; i++) {
+    uint64_t first = (uint64_t)i * COPY_PART;
+    uint64_t last = first + COPY_PART - 1 < size - 1 ? first + COPY_PART - 1 : size - 1;
+    snprintf(query, sizeof query, "partNumber=%zu&uploadId=%s", i + 1, idenc);
+    snprintf(range, sizeof range, "bytes=%" PRIu64 "-%" PRIu64, first, last);
+    s3_request rq = {.method = "PUT", .key = dst_key, .query = query};
+    rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-copy-source", src};
+    rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-copy-source-range", range};
+    s3_response rs;
+    char etag[80] = "";
+    rc = s3_perform(&s3->t, &rq, &rs, err);
+    if (rc == 0 && (rs.status != 200 || s3_xml_text(rs.body, "ETag", NULL, etag, sizeof etag) < 0))
+      rc = s3_fail_status(err, &s3->t, "UploadPartCopy", &rs);
+    s3_response_free(&rs);
+    if (rc == 0)
+      used +=
+          (size_t)snprintf(xml + used, cap - used,
+                           "<Part><PartNumber>%zu</PartNumber><ETag>%s</ETag></Part>", i + 1, etag);
+  }
+  if (rc == 0) {
+    used += (size_t)snprintf(xml + used, cap - used, "</CompleteMultipartUpload>");
+    uint8_t d[32];
+    char hex[65];
+    EVP_Digest(xml, used, d, NULL, EVP_sha256(), NULL);
+    br_hex_encode(d, hex);
+    snprintf(query, sizeof query, "uploadId=%s", idenc);
+    s3_request rq = {.method = "POST",
+                     .key = dst_key,
+                     .query = query,
+                     .payload_hash = hex,
+                     .body = {.mem = xml, .len = used}};
+    s3_response rs;
+    rc = s3_perform(&s3->t, &rq, &rs, err);
+    if (rc == 0 && (rs.status != 200 || (rs.body && strstr(rs.body, "<Error>"))))
+      rc = s3_fail_status(err, &s3->t, "CompleteMultipartUpload", &rs);
+    s3_response_free(&rs);
+  }
+  if (rc < 0) {
+    snprintf(query, sizeof query, "uploadId=%s", idenc);
+    s3_request rq = {.method = "DELETE", .key = dst_key, .query = query};
+    s3_response rs;
+    br_err aerr;
+    s3_perform(&s3->t, &rq, &rs, &aerr);
+    s3_response_free(&rs);
+  }
+  free(xml);
+  return rc;
+}
+
+/* Server-side copy when both stores are buckets of the same endpoint and account. */
+static int s3_copy_from(br_store *dst, const char *dst_key, br_store *src, const char *src_key,
+                        br_err *err) {
+  struct s3_store *d = s3_of(dst), *s = s3_of(src);
+  if (strcmp(d->t.host, s->t.host) || strcmp(d->t.signer.access_key, s->t.signer.access_key))
+    return 1;
+  uint64_t size = 0;
+  int rc = head_object(s, src_key, &size, err);
+  if (rc != 0) return rc > 0 ? br_fail(err, "%s: %s: no such object", s->t.name, src_key) : -1;
+  char enc[3200], source[3400];
+  if (!br_sigv4_uri_encode(src_key, 1, enc, sizeof enc)) return br_fail(err, "key too long");
+  snprintf(source, sizeof source, "/%s/%s", s->t.bucket, enc);
+  if (!strcmp(d->t.bucket, s->t.bucket)) return server_copy(d, src_key, size, dst_key, err);
+  if (size > SINGLE_COPY_MAX) return 1; /* stream it */
+  s3_request rq = {.method = "PUT", .key = dst_key, .query = ""};
+  rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-copy-source", source};
+  s3_response rs;
+  rc = s3_perform(&d->t, &rq, &rs, err);
+  if (rc == 0 && (rs.status != 200 || !rs.body || strstr(rs.body, "<Error>")))
+    rc = s3_fail_status(err, &d->t, "CopyObject", &rs);
+  s3_response_free(&rs);
+  return rc;
+}
+
+/* HEAD of the bucket: reachable, credentials accepted, bucket present. */
+static int s3_check(br_store *st, br_err *err) {
+  struct s3_store *s3 = s3_of(st);
+  /* an endpoint that accepts connections but does not answer (an overloaded or frozen server)
+   * must fail the probe in seconds, not after the whole-request timeout (5 minutes) */
+  s3_request rq = {.method = "HEAD",
+                   .key = NULL,
+                   .query = "",
+                   .no_retry = 1,
+                   .timeout_ms = 2 * s3->t.connect_timeout_ms};
+  s3_response rs;
+  atomic_store(&s3->t.down_until_ms, 0); /* a probe always goes out */
+  int rc = s3_perform(&s3->t, &rq, &rs, err);
+  if (rc == 0 && rs.status != 200) {
+    if (rs.status == 404)
+      rc = br_fail(err, "store %s: bucket %s does not exist", s3->t.name, s3->t.bucket);
+    else if (rs.status == 403)
+      rc = br_fail(err, "store %s: access to bucket %s denied (check the credentials)", s3->t.name,
+                   s3->t.bucket);
+    else
+      rc = s3_fail_status(err, &s3->t, "HeadBucket", &rs);
+  }
+  s3_response_free(&rs);
+  if (rc == 0) retry_failed_aborts(s3);
+  return rc;
+}
+
+static int s3_unavailable(br_store *st) { return s3_target_down(&s3_of(st)->t); }
+
+const struct store_ops br_store_s3_ops = {
+    .kind = "s3",
+    .open = s3_open,
+    .close = s3_close,
+    .write_begin = s3_write_begin,
+    .write = s3_write,
+    .write_commit = s3_write_commit,
+    .write_abort = s3_write_abort,
+    .open_read = s3_open_read,
+    .stat = s3_stat,
+    .redirect_url = s3_redirect_url,
+    .remove = s3_remove,
+    .list = s3_list,
+    .fetch_url = s3_fetch_url,
+    .remove_many = s3_remove_many,
+    .check = s3_check,
+    .unavailable = s3_unavailable,
+    .copy_from = s3_copy_from,
+};

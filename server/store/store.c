@@ -1,0 +1,200 @@
+/* The store interface: dispatch to the kind (fs, s3, http) and the generic parts. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "store/internal.h"
+
+static const struct store_ops *const kinds[] = {&br_store_fs_ops, &br_store_s3_ops,
+                                                &br_store_http_ops};
+
+br_store *br_store_open(const br_store_config *cfg, br_err *err) {
+  const struct store_ops *ops = NULL;
+  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+    if (!strcmp(kinds[i]->kind, cfg->kind)) ops = kinds[i];
+  if (!ops) {
+    br_fail(err, "store %s: kind '%s' is not supported by this build", cfg->name, cfg->kind);
+    return NULL;
+  }
+  br_store *st = calloc(1, sizeof *st);
+  if (!st) {
+    br_fail(err, "out of memory");
+    return NULL;
+  }
+  st->ops = ops;
+  st->cfg = *cfg;
+  if (ops->open(st, err) < 0) {
+    free(st);
+    return NULL;
+  }
+  return st;
+}
+
+void br_store_close(br_store *st) {
+  if (!st) return;
+  st->ops->close(st);
+  free(st);
+}
+
+const char *br_store_name(const br_store *st) { return st->cfg.name; }
+const char *br_store_kind(const br_store *st) { return st->ops->kind; }
+enum br_serve_mode br_store_serve_mode(const br_store *st) { return st->cfg.serve; }
+uint64_t br_store_stall_ms(const br_store *st) { return st->cfg.stall_timeout_ms; }
+
+size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_LEN], char *out,
+                            size_t outlen) {
+  char hex[BR_HEX_LEN + 1];
+  br_hex_encode(digest, hex);
+  int n = snprintf(out, outlen, "%ssha256/%.2s/%.2s/%s", st->cfg.prefix ? st->cfg.prefix : "", hex,
+                   hex + 2, hex);
+  return n < 0 || (size_t)n >= outlen ? 0 : (size_t)n;
+}
+
+int br_store_key_valid(const char *key) {
+  if (!*key || key[0] == '/' || strlen(key) > 1024) return -1;
+  const char *seg = key;
+  for (const char *p = key;; p++) {
+    if ((unsigned char)*p < 0x20 && *p) return -1;
+    if (*p == '\\' || *p == 0x7f) return -1;
+    if (*p == '/' || !*p) {
+      size_t len = (size_t)(p - seg);
+      if (len == 0 || (len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
+        return -1;
+      if (!*p) break;
+      seg = p + 1;
+    }
+  }
+  return 0;
+}
+
+br_store_writer *br_store_write_begin(br_store *st, br_err *err) {
+  return st->ops->write_begin(st, err);
+}
+
+int br_store_write(br_store_writer *w, const void *buf, size_t len, br_err *err) {
+  return w->store->ops->write(w, buf, len, err);
+}
+
+int br_store_writer_errno(const br_store_writer *w) { return w->saved_errno; }
+
+int br_store_write_commit(br_store_writer *w, const char *key, br_err *err) {
+  if (br_store_key_valid(key) < 0) {
+    br_store_write_abort(w);
+    return br_fail(err, "invalid object key '%s'", key);
+  }
+  return w->store->ops->write_commit(w, key, err);
+}
+
+void br_store_write_abort(br_store_writer *w) {
+  if (w) w->store->ops->write_abort(w);
+}
+
+int br_store_open_read(br_store *st, const char *key, br_store_reader *out, br_err *err) {
+  memset(out, 0, sizeof *out);
+  out->fd = -1;
+  if (br_store_key_valid(key) < 0) return br_fail(err, "invalid object key '%s'", key);
+  return st->ops->open_read(st, key, out, err);
+}
+
+void br_store_reader_close(br_store_reader *r) {
+  br_source_close(r->source);
+  r->source = NULL;
+  if (r->fd >= 0) {
+    close(r->fd);
+  }
+  r->fd = -1;
+}
+
+int br_store_reader_take_fd(br_store_reader *r) {
+  int fd = r->fd;
+  r->fd = -1;
+  return fd;
+}
+
+int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
+  if (br_store_key_valid(key) < 0) return br_fail(err, "invalid object key '%s'", key);
+  return st->ops->stat(st, key, size, err);
+}
+
+int br_store_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+                          uint64_t *valid_ms, br_err *err) {
+  *valid_ms = UINT64_MAX;
+  if (!st->ops->redirect_url) return 1;
+  return st->ops->redirect_url(st, key, out, outlen, valid_ms, err);
+}
+
+int br_store_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err) {
+  if (!st->ops->fetch_url) return 1;
+  if (br_store_key_valid(key) < 0) return br_fail(err, "invalid object key '%s'", key);
+  return st->ops->fetch_url(st, key, out, outlen, err);
+}
+
+void br_store_write_set_digest(br_store_writer *w, const uint8_t digest[BR_SHA256_LEN]) {
+  memcpy(w->digest, digest, BR_SHA256_LEN);
+  w->has_digest = 1;
+}
+
+void br_store_write_key_hint(br_store_writer *w, const char *key) {
+  snprintf(w->key_hint, sizeof w->key_hint, "%s", key);
+}
+
+int br_store_check(br_store *st, br_err *err) {
+  return st->ops->check ? st->ops->check(st, err) : 0;
+}
+
+int br_store_unavailable(br_store *st) {
+  return st->ops->unavailable ? st->ops->unavailable(st) : 0;
+}
+
+int br_store_delete(br_store *st, const char *key, br_err *err) {
+  if (br_store_key_valid(key) < 0) return br_fail(err, "invalid object key '%s'", key);
+  return st->ops->remove(st, key, err);
+}
+
+int br_store_delete_many(br_store *st, const char *const *keys, size_t n, br_err *err) {
+  for (size_t i = 0; i < n; i++)
+    if (br_store_key_valid(keys[i]) < 0) return br_fail(err, "invalid object key '%s'", keys[i]);
+  if (st->ops->remove_many) return st->ops->remove_many(st, keys, n, err);
+  for (size_t i = 0; i < n; i++)
+    if (st->ops->remove(st, keys[i], err) < 0) return -1;
+  return 0;
+}
+
+int br_store_list(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err) {
+  return st->ops->list(st, prefix, fn, ud, err);
+}
+
+int br_store_copy(br_store *src, const char *src_key, br_store *dst, const char *dst_key,
+                  br_err *err) {
+  if (br_store_key_valid(src_key) < 0 || br_store_key_valid(dst_key) < 0)
+    return br_fail(err, "invalid object key");
+  if (dst->ops->copy_from && src->ops == dst->ops) {
+    int sc = dst->ops->copy_from(dst, dst_key, src, src_key, err);
+    if (sc <= 0) return sc;
+  }
+  br_store_reader r;
+  int rc = br_store_open_read(src, src_key, &r, err);
+  if (rc != 0) return rc > 0 ? br_fail(err, "%s: %s: no such object", src->cfg.name, src_key) : -1;
+  br_store_writer *w = br_store_write_begin(dst, err);
+  if (!w) {
+    br_store_reader_close(&r);
+    return -1;
+  }
+  enum { CHUNK = 1 << 20 };
+  char *buf = malloc(CHUNK);
+  rc = buf ? 0 : br_fail(err, "out of memory");
+  for (uint64_t off = 0; rc == 0 && off < r.size;) {
+    size_t n = r.size - off < CHUNK ? (size_t)(r.size - off) : CHUNK;
+    rc = r.source->pread(r.source, buf, n, off, err);
+    if (rc == 0) rc = br_store_write(w, buf, n, err);
+    off += n;
+  }
+  free(buf);
+  br_store_reader_close(&r);
+  if (rc < 0) {
+    br_store_write_abort(w);
+    return -1;
+  }
+  return br_store_write_commit(w, dst_key, err);
+}
