@@ -128,7 +128,7 @@ test:
 
 # libFuzzer targets (clang); each runs FUZZ_SECONDS on its seed corpus in tests/fuzz/corpus/NAME.
 FUZZ_SECONDS ?= 30
-$(BUILD_ROOT)/fuzz/bin/%: $(OBJ)/tests/fuzz/%.o $(UI_OBJ) $(HTTP_LIB) $(LIB)
+$(BUILD_ROOT)/fuzz/bin/%: $(OBJ)/tests/fuzz/%.o $(HTTP_LIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(OPT) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
 

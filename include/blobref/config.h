@@ -3,7 +3,6 @@
 #define BLOBREF_CONFIG_H
 
 #include "blobref/common.h"
-#include "blobref/store.h"
 
 #define BR_MAX_STORES 32
 #define BR_MAX_TABLES 64
@@ -11,6 +10,36 @@
 #define BR_MAX_REWRITES 16
 #define BR_MAX_CDNS 8
 #define BR_MAX_CDN_HEADERS 8
+
+enum br_serve_mode { BR_SERVE_PROXY, BR_SERVE_REDIRECT };
+
+/* Everything a store kind needs to open; filled from a `[store NAME]` section. Strings are owned
+ * by the config that holds this struct. */
+typedef struct br_store_config {
+  char *name;
+  char *kind;       /* "fs" | "s3" | "http" */
+  char *root;       /* fs: directory */
+  char *public_url; /* fs/http: base URL for redirects ("" = none) */
+  char *prefix;     /* key prefix, e.g. "" or "blobs/" */
+  enum br_serve_mode serve;
+  uint64_t presign_ttl_ms;
+  /* s3 */
+  char *endpoint; /* "http(s)://host[:port]" */
+  char *region;
+  char *bucket;
+  int path_style; /* 1: endpoint/bucket/key; 0: bucket.endpoint/key */
+  char *access_key, *secret_key, *session_token; /* "" = from AWS_* environment variables */
+  char *cdn_url;   /* s3: base URL that replaces the endpoint in redirects ("" = presign) */
+  char *spool_dir; /* s3: local directory where upload bodies wait for their part upload */
+  uint64_t part_size;
+  /* s3 and http */
+  char *url; /* http: the origin's base URL */
+  uint64_t connect_timeout_ms, timeout_ms;
+  uint64_t stall_timeout_ms; /* s3: no byte moving for this long fails the request */
+  uint64_t retries;
+  int line;      /* where the section starts in the config file, for messages */
+  int read_only; /* set by tools that only look (fsck): no directories made, no clean-up */
+} br_store_config;
 
 enum br_table_form { BR_FORM_HEX, BR_FORM_BINARY, BR_FORM_URL };
 
@@ -74,10 +103,10 @@ typedef struct br_config {
   uint64_t max_json_inflight; /* bytes of JSON request bodies buffered at once, all requests */
   uint64_t request_header_timeout_ms; /* an incomplete request head (or idle connection) is cut */
   uint64_t min_body_rate;             /* bytes/s a body must average after the header timeout */
-  char *tls_cert;     /* PEM certificate chain: listen serves HTTPS ("" = plain HTTP) */
-  char *tls_key;      /* PEM private key of tls_cert */
-  char *listen_plain; /* an extra plain-HTTP listener ("" = none) */
-  uint64_t drain_grace_ms;          /* a moved blob's old copy is deleted after this long */
+  char *tls_cert;          /* PEM certificate chain: listen serves HTTPS ("" = plain HTTP) */
+  char *tls_key;           /* PEM private key of tls_cert */
+  char *listen_plain;      /* an extra plain-HTTP listener ("" = none) */
+  uint64_t drain_grace_ms; /* a moved blob's old copy is deleted after this long */
   /* [reconcile] */
   uint64_t reconcile_interval_ms;
   uint64_t grace_ms;

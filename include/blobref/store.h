@@ -5,40 +5,11 @@
 #define BLOBREF_STORE_H
 
 #include "blobref/common.h"
+#include "blobref/config.h"
 #include "blobref/source.h"
 
 typedef struct br_store br_store;
 typedef struct br_store_writer br_store_writer;
-
-enum br_serve_mode { BR_SERVE_PROXY, BR_SERVE_REDIRECT };
-
-/* Everything a store kind needs to open; filled from a `[store NAME]` section. Strings are owned
- * by the config that holds this struct. */
-typedef struct br_store_config {
-  char *name;
-  char *kind;       /* "fs" | "s3" | "http" */
-  char *root;       /* fs: directory */
-  char *public_url; /* fs/http: base URL for redirects ("" = none) */
-  char *prefix;     /* key prefix, e.g. "" or "blobs/" */
-  enum br_serve_mode serve;
-  uint64_t presign_ttl_ms;
-  /* s3 */
-  char *endpoint; /* "http(s)://host[:port]" */
-  char *region;
-  char *bucket;
-  int path_style; /* 1: endpoint/bucket/key; 0: bucket.endpoint/key */
-  char *access_key, *secret_key, *session_token; /* "" = from AWS_* environment variables */
-  char *cdn_url;   /* s3: base URL that replaces the endpoint in redirects ("" = presign) */
-  char *spool_dir; /* s3: local directory where upload bodies wait for their part upload */
-  uint64_t part_size;
-  /* s3 and http */
-  char *url; /* http: the origin's base URL */
-  uint64_t connect_timeout_ms, timeout_ms;
-  uint64_t stall_timeout_ms; /* s3: no byte moving for this long fails the request */
-  uint64_t retries;
-  int line;      /* where the section starts in the config file, for messages */
-  int read_only; /* set by tools that only look (fsck): no directories made, no clean-up */
-} br_store_config;
 
 /* An open read handle on one object. For stores that can hand out a file descriptor (fs), fd is a
  * descriptor positioned nowhere in particular (use pread/sendfile at an offset) and owned by the

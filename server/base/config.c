@@ -1,5 +1,6 @@
 /* Configuration: one table of keys with types, defaults and bounds; INI parsing via inih. */
 #include "blobref/config.h"
+#include "blobref/source.h"
 
 #include <ini.h>
 #include <stddef.h>

@@ -7,28 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "http/httpd.h"
-
-void request_free_upload(struct request *req) {
-  if (req->writer) br_store_write_abort(req->writer);
-  req->writer = NULL;
-  if (req->sha) EVP_MD_CTX_free(req->sha);
-  req->sha = NULL;
-}
-
-enum br_api_error store_error_code(int e) {
-  switch (e) {
-    case ENOSPC:
-    case EDQUOT:
-      return E_NO_SPACE;
-    case EHOSTUNREACH:
-      return E_STORE_UNAVAILABLE;
-    case EPROTO:
-      return E_STORE_ERROR;
-    default:
-      return E_INTERNAL;
-  }
-}
+#include "http/handlers.h"
 
 static const char *header(struct request *req, const char *name) {
   return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
@@ -43,10 +22,10 @@ static enum MHD_Result answer_dedup(struct request *req, const br_record *rec) {
   req->received = rec->size;
   if (rec->last_upload_ms > now ||
       now - rec->last_upload_ms < req->srv->cfg->dedup_touch_interval_ms) {
-    atomic_fetch_add(&req->srv->uploads_dedup, 1);
+    atomic_fetch_add(&req->http->uploads_dedup, 1);
     return reply_json(req, MHD_HTTP_OK, upload_result_json(req->digest, rec->size, 1));
   }
-  if (br_server_finish_async(req, JOB_TOUCH) < 0)
+  if (request_finish_async(req, JOB_TOUCH) < 0)
     return reply_error(req, E_NOT_READY, "the server is stopping");
   return MHD_YES;
 }
@@ -89,7 +68,7 @@ static enum MHD_Result open_writer(struct request *req) {
   errno = 0;
   req->writer = br_store_write_begin(req->store, &err);
   if (!req->writer) {
-    ops_store_error(req->srv, req->store, STORE_OP_WRITE);
+    br_server_store_error(req->srv, req->store, STORE_OP_WRITE);
     return reply_error(req, store_error_code(errno), "%s", err.msg);
   }
   if (req->has_digest) { /* PUT: the key is known before the body */
@@ -108,7 +87,7 @@ static enum MHD_Result refuse_held(struct request *req) {
                      "restored (POST /v1/blobs/{hash}/restore)");
 }
 
-static enum MHD_Result put_begin(struct request *req) {
+enum MHD_Result put_begin(struct request *req) {
   enum MHD_Result r = upload_begin_common(req);
   if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
   br_record rec;
@@ -128,15 +107,15 @@ static enum MHD_Result put_begin(struct request *req) {
   return open_writer(req);
 }
 
-static enum MHD_Result post_begin(struct request *req) {
+enum MHD_Result post_begin(struct request *req) {
   enum MHD_Result r = upload_begin_common(req);
   if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
   return open_writer(req);
 }
 
-static int upload_body(struct request *req, const char *data, size_t len) {
+int upload_body(struct request *req, const char *data, size_t len) {
   req->received += len;
-  atomic_fetch_add(&req->srv->bytes_in, len);
+  atomic_fetch_add(&req->http->bytes_in, len);
   if (req->received > req->srv->cfg->max_blob_size) {
     request_fail(req, E_TOO_LARGE, "the blob is over the limit of %" PRIu64 " bytes",
                  req->srv->cfg->max_blob_size);
@@ -146,13 +125,13 @@ static int upload_body(struct request *req, const char *data, size_t len) {
   uint64_t t0 = br_mono_ns();
   EVP_DigestUpdate(req->sha, data, len);
   uint64_t t1 = br_mono_ns();
-  atomic_fetch_add(&req->srv->upload_step_ns[STEP_HASH], t1 - t0);
+  atomic_fetch_add(&req->http->upload_step_ns[STEP_HASH], t1 - t0);
   if (req->writer) {
     br_err err;
     int rc = br_store_write(req->writer, data, len, &err);
-    atomic_fetch_add(&req->srv->upload_step_ns[STEP_STORE_WRITE], br_mono_ns() - t1);
+    atomic_fetch_add(&req->http->upload_step_ns[STEP_STORE_WRITE], br_mono_ns() - t1);
     if (rc < 0) {
-      ops_store_error(req->srv, req->store, STORE_OP_WRITE);
+      br_server_store_error(req->srv, req->store, STORE_OP_WRITE);
       request_fail(req, store_error_code(br_store_writer_errno(req->writer)), "%s", err.msg);
       request_free_upload(req);
       return -1;
@@ -161,7 +140,7 @@ static int upload_body(struct request *req, const char *data, size_t len) {
   return 0;
 }
 
-static enum MHD_Result upload_finish(struct request *req) {
+enum MHD_Result upload_finish(struct request *req) {
   if (req->phase == PHASE_RESUMED) {
     enum MHD_Result r;
     if (req->job == JOB_TOUCH && req->finish_rc == 0 && req->gone) {
@@ -177,7 +156,7 @@ static enum MHD_Result upload_finish(struct request *req) {
     if (req->finish_rc < 0) {
       r = reply_error(req, req->finish_error, "%s", req->finish_message);
     } else {
-      atomic_fetch_add(req->created ? &req->srv->uploads_created : &req->srv->uploads_dedup, 1);
+      atomic_fetch_add(req->created ? &req->http->uploads_created : &req->http->uploads_dedup, 1);
       r = reply_json(req, req->created ? MHD_HTTP_CREATED : MHD_HTTP_OK,
                      upload_result_json(req->digest, req->received, !req->created));
     }
@@ -213,14 +192,14 @@ static enum MHD_Result upload_finish(struct request *req) {
   if (!req->writer) /* discarded body of a blob quarantined or gone meanwhile: send it again */
     return reply_error(req, E_TRY_AGAIN, "the blob changed state during the upload; retry");
   /* fsync, rename, index commit on a finisher thread; then this handler runs again */
-  if (br_server_finish_async(req, JOB_UPLOAD) < 0) {
+  if (request_finish_async(req, JOB_UPLOAD) < 0) {
     request_free_upload(req);
     return reply_error(req, E_NOT_READY, "the server is stopping; nothing was kept");
   }
   return MHD_YES;
 }
 
-static enum MHD_Result blob_get(struct request *req) {
+enum MHD_Result blob_get(struct request *req) {
   br_record rec;
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
@@ -243,44 +222,11 @@ static enum MHD_Result blob_get(struct request *req) {
   }
   enum MHD_Result r = reply_blob(req, &rec, store, loc->key);
   if (req->phase == PHASE_ANSWERED && req->status >= 500) /* the store failed us */
-    ops_store_error(req->srv, store, STORE_OP_READ);
+    br_server_store_error(req->srv, store, STORE_OP_READ);
   return r;
 }
 
-static const char *role_name(enum br_role r) {
-  return r == BR_ROLE_PRIMARY ? "primary" : r == BR_ROLE_COPY ? "copy" : "draining";
-}
-
-json_t *blob_record_json(const uint8_t digest[BR_SHA256_LEN], const br_record *rec) {
-  char hex[BR_HEX_LEN + 1], created[40], uploaded[40], changed[40];
-  br_hex_encode(digest, hex);
-  format_time_ms(rec->created_ms, created, sizeof created);
-  format_time_ms(rec->last_upload_ms, uploaded, sizeof uploaded);
-  format_time_ms(rec->state_ms, changed, sizeof changed);
-  json_t *locs = json_array();
-  for (int i = 0; i < rec->nlocations; i++) {
-    const br_location *l = &rec->locations[i];
-    json_t *v = json_null();
-    if (l->verified_at_ms) {
-      char t[40];
-      format_time_ms(l->verified_at_ms, t, sizeof t);
-      v = json_string(t);
-    }
-    json_array_append_new(locs, json_pack("{s:s,s:s,s:s,s:o}", "store", l->store, "key", l->key,
-                                          "role", role_name(l->role), "verified_at", v));
-  }
-  json_t *body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "sha256", hex, "size",
-                           (json_int_t)rec->size, "content_type", rec->content_type, "created_at",
-                           created, "last_upload_at", uploaded, "state",
-                           rec->state == BR_STATE_LIVE ? "live" : "quarantined", "locations", locs);
-  if (body && rec->state != BR_STATE_LIVE)
-    json_object_set_new(body, "quarantine",
-                        json_pack("{s:s,s:s,s:s}", "reason", rec->reason, "at", changed, "by",
-                                  rec->state == BR_STATE_HELD ? "admin" : "reconcile"));
-  return body;
-}
-
-static enum MHD_Result blob_meta(struct request *req) {
+enum MHD_Result blob_meta(struct request *req) {
   br_record rec;
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
@@ -288,43 +234,3 @@ static enum MHD_Result blob_meta(struct request *req) {
   if (rc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
   return reply_json(req, MHD_HTTP_OK, blob_record_json(req->digest, &rec));
 }
-
-/* Implemented in http_lookup.c and http_misc.c. */
-enum MHD_Result lookup_finish(struct request *req);
-enum MHD_Result health_get(struct request *req);
-enum MHD_Result ready_get(struct request *req);
-enum MHD_Result metrics_get(struct request *req);
-enum MHD_Result reconcile_post(struct request *req);
-enum MHD_Result reconcile_runs_get(struct request *req);
-enum MHD_Result reconcile_run_get(struct request *req);
-enum MHD_Result blob_hold(struct request *req);
-enum MHD_Result blob_release(struct request *req);
-enum MHD_Result list_get(struct request *req);
-enum MHD_Result blob_location_put(struct request *req);
-enum MHD_Result import_post(struct request *req);
-enum MHD_Result ui_get(struct request *req);      /* http_ui.c */
-enum MHD_Result ui_redirect(struct request *req); /* http_ui.c */
-
-const struct route br_routes[] = {
-    {"PUT", "/v1/blobs/{hash}", BR_SCOPE_WRITE, put_begin, upload_body, upload_finish},
-    {"GET", "/v1/blobs/{hash}", BR_SCOPE_READ, NULL, NULL, blob_get},
-    {"POST", "/v1/blobs", BR_SCOPE_WRITE, post_begin, upload_body, upload_finish},
-    {"GET", "/v1/blobs", BR_SCOPE_READ, NULL, NULL, list_get},
-    {"GET", "/v1/blobs/{hash}/meta", BR_SCOPE_READ, NULL, NULL, blob_meta},
-    {"DELETE", "/v1/blobs/{hash}", BR_SCOPE_ADMIN, NULL, NULL, blob_hold},
-    {"POST", "/v1/blobs/{hash}/restore", BR_SCOPE_ADMIN, NULL, NULL, blob_release},
-    {"PUT", "/v1/blobs/{hash}/location", BR_SCOPE_ADMIN, NULL, json_body, blob_location_put},
-    {"POST", "/v1/import", BR_SCOPE_ADMIN, NULL, json_body, import_post},
-    {"POST", "/v1/reconcile", BR_SCOPE_ADMIN, NULL, NULL, reconcile_post},
-    {"GET", "/v1/reconcile/runs", BR_SCOPE_READ, NULL, NULL, reconcile_runs_get},
-    {"GET", "/v1/reconcile/runs/{id}", BR_SCOPE_READ, NULL, NULL, reconcile_run_get},
-    {"POST", "/v1/lookup", BR_SCOPE_READ, NULL, json_body, lookup_finish},
-    {"GET", "/healthz", 0, NULL, NULL, health_get},
-    {"GET", "/readyz", 0, NULL, NULL, ready_get},
-    {"GET", "/metrics", 0, NULL, NULL, metrics_get},
-    {"GET", "/ui", 0, NULL, NULL, ui_redirect},
-    {"GET", "/ui/{file}", 0, NULL, NULL, ui_get},
-};
-const size_t br_nroutes = sizeof br_routes / sizeof br_routes[0];
-_Static_assert(sizeof br_routes / sizeof br_routes[0] <= BR_MAX_ROUTES,
-               "raise BR_MAX_ROUTES: every route has its own counters");

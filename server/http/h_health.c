@@ -6,14 +6,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http/httpd.h"
+#include "core/cdn_purge.h"
+#include "core/reconcile_runner.h"
+#include "http/handlers.h"
 
 enum MHD_Result health_get(struct request *req) {
   return reply_json(req, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
 }
 
 enum MHD_Result ready_get(struct request *req) {
-  if (!atomic_load(&req->srv->ready)) return reply_error(req, E_NOT_READY, "starting or stopping");
+  if (!atomic_load(&req->http->ready)) return reply_error(req, E_NOT_READY, "starting or stopping");
   char msg[sizeof(br_err)];
   if (br_server_store_health(req->srv, msg, sizeof msg) < 0)
     return reply_error(req, E_NOT_READY, "%s", msg);
@@ -108,35 +110,36 @@ static void census_refresh(struct request *req) {
  * (tests/integration/test_metrics.py) finds nothing to say. */
 enum MHD_Result metrics_get(struct request *req) {
   br_server *srv = req->srv;
+  br_http *http = req->http;
   int stale;
   struct census census = census_now(&stale);
   if (stale && req->phase != PHASE_RESUMED) {
     req->job_fn = census_refresh; /* answered when it is done (or now, when stopping) */
-    if (br_server_finish_async(req, JOB_CALL) == 0) return MHD_YES;
+    if (request_finish_async(req, JOB_CALL) == 0) return MHD_YES;
   }
   if (req->phase == PHASE_RESUMED) census = census_now(&stale);
   struct text t = {0};
   appendf(&t,
           "# HELP blobref_http_requests_total HTTP requests answered, by route and status "
           "class.\n# TYPE blobref_http_requests_total counter\n");
-  for (size_t r = 0; r < br_nroutes && r < BR_MAX_ROUTES; r++)
+  for (size_t r = 0; r < http->nroutes && r < BR_MAX_ROUTES; r++)
     for (int c = 1; c <= 5; c++) {
-      uint64_t v = atomic_load(&srv->requests[r][c]);
+      uint64_t v = atomic_load(&http->requests[r][c]);
       if (v)
         appendf(&t,
                 "blobref_http_requests_total{route=\"%s\",method=\"%s\",code=\"%dxx\"} %" PRIu64
                 "\n",
-                br_routes[r].pattern, br_routes[r].method, c, v);
+                http->routes[r].pattern, http->routes[r].method, c, v);
     }
   appendf(&t,
           "# HELP blobref_http_request_duration_seconds Time from a request's complete head to "
           "its completion, by route.\n"
           "# TYPE blobref_http_request_duration_seconds histogram\n");
-  for (size_t r = 0; r < br_nroutes && r < BR_MAX_ROUTES; r++) {
+  for (size_t r = 0; r < http->nroutes && r < BR_MAX_ROUTES; r++) {
     uint64_t cum = 0;
-    const char *pat = br_routes[r].pattern, *m = br_routes[r].method;
+    const char *pat = http->routes[r].pattern, *m = http->routes[r].method;
     for (int b = 0; b <= LATENCY_BUCKETS; b++) {
-      cum += atomic_load(&srv->latency[r][b]);
+      cum += atomic_load(&http->latency[r][b]);
       if (b < LATENCY_BUCKETS)
         appendf(&t,
                 "blobref_http_request_duration_seconds_bucket{route=\"%s\",method=\"%s\","
@@ -151,14 +154,14 @@ enum MHD_Result metrics_get(struct request *req) {
     appendf(&t,
             "blobref_http_request_duration_seconds_sum{route=\"%s\",method=\"%s\"} %.9f\n"
             "blobref_http_request_duration_seconds_count{route=\"%s\",method=\"%s\"} %" PRIu64 "\n",
-            pat, m, (double)atomic_load(&srv->latency_sum_ns[r]) / 1e9, pat, m, cum);
+            pat, m, (double)atomic_load(&http->latency_sum_ns[r]) / 1e9, pat, m, cum);
   }
   appendf(&t,
           "# HELP blobref_upload_step_seconds_total Time uploads spent in each step, summed "
           "over all uploads.\n# TYPE blobref_upload_step_seconds_total counter\n");
   for (int s = 0; s < UPLOAD_STEPS; s++)
     appendf(&t, "blobref_upload_step_seconds_total{step=\"%s\"} %.9f\n", br_upload_step_names[s],
-            (double)atomic_load(&srv->upload_step_ns[s]) / 1e9);
+            (double)atomic_load(&http->upload_step_ns[s]) / 1e9);
   appendf(&t,
           "# HELP blobref_store_errors_total Failed store operations, by store and operation.\n"
           "# TYPE blobref_store_errors_total counter\n");
@@ -168,7 +171,7 @@ enum MHD_Result metrics_get(struct request *req) {
       appendf(&t, "blobref_store_errors_total{store=\"%s\",op=\"%s\"} %" PRIu64 "\n",
               br_store_name(srv->stores[i]), ops[o], atomic_load(&srv->store_errors[i][o]));
   unsigned conns = 0;
-  struct MHD_Daemon *daemons[2] = {srv->daemon, srv->daemon_plain};
+  struct MHD_Daemon *daemons[2] = {http->daemon, http->daemon_plain};
   for (int d = 0; d < 2; d++) {
     const union MHD_DaemonInfo *di =
         daemons[d] ? MHD_get_daemon_info(daemons[d], MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
@@ -202,10 +205,10 @@ enum MHD_Result metrics_get(struct request *req) {
           "blobref_slow_clients_cut_total{phase=\"head\"} %" PRIu64
           "\n"
           "blobref_slow_clients_cut_total{phase=\"body\"} %" PRIu64 "\n",
-          atomic_load(&srv->uploads_created), atomic_load(&srv->uploads_dedup),
-          atomic_load(&srv->cache_hits), atomic_load(&srv->cache_misses), conns,
-          atomic_load(&srv->json_inflight), atomic_load(&srv->json_refused),
-          atomic_load(&srv->slow_cut[0]), atomic_load(&srv->slow_cut[1]));
+          atomic_load(&http->uploads_created), atomic_load(&http->uploads_dedup),
+          atomic_load(&http->cache_hits), atomic_load(&http->cache_misses), conns,
+          atomic_load(&http->json_inflight), atomic_load(&http->json_refused),
+          atomic_load(&http->slow_cut[0]), atomic_load(&http->slow_cut[1]));
   appendf(&t,
           "# HELP blobref_received_bytes_total Upload body bytes received.\n"
           "# TYPE blobref_received_bytes_total counter\nblobref_received_bytes_total %" PRIu64
@@ -231,12 +234,14 @@ enum MHD_Result metrics_get(struct request *req) {
           "# HELP blobref_index_record_cache_total Index reads answered from the record cache "
           "or not.\n# TYPE blobref_index_record_cache_total counter\n"
           "blobref_index_record_cache_total{result=\"hit\"} %" PRIu64
-          "\nblobref_index_record_cache_total{result=\"miss\"} %" PRIu64 "\n"
+          "\nblobref_index_record_cache_total{result=\"miss\"} %" PRIu64
+          "\n"
           "# HELP blobref_start_time_seconds When the server started, in seconds since the "
           "epoch.\n"
           "# TYPE blobref_start_time_seconds gauge\nblobref_start_time_seconds %" PRIu64 "\n",
-          atomic_load(&srv->bytes_in), atomic_load(&srv->bytes_out), is.commits, is.ops, is.entries,
-          is.map_size, is.map_used, is.cache_hits, is.cache_misses, srv->started_ms / 1000);
+          atomic_load(&http->bytes_in), atomic_load(&http->bytes_out), is.commits, is.ops,
+          is.entries, is.map_size, is.map_used, is.cache_hits, is.cache_misses,
+          srv->started_ms / 1000);
   appendf(&t,
           "# HELP blobref_index_blobs Blobs in the index by state (refreshed at most every "
           "10 s).\n# TYPE blobref_index_blobs gauge\n");
@@ -256,7 +261,19 @@ enum MHD_Result metrics_get(struct request *req) {
   for (int i = 0; i < srv->nstores; i++)
     appendf(&t, "blobref_store_up{store=\"%s\"} %d\n", br_store_name(srv->stores[i]),
             atomic_load(&srv->store_ok[i]) == 1 ? 1 : 0);
-  reconcile_metrics(srv, emit_line, &t);
+  cdn_purge_stats ps;
+  cdn_purger_stats(srv->purger, &ps);
+  appendf(&t,
+          "# HELP blobref_cdn_purges_total CDN purges sent, by result (failures are retried).\n"
+          "# TYPE blobref_cdn_purges_total counter\n"
+          "blobref_cdn_purges_total{result=\"sent\"} %" PRIu64
+          "\n"
+          "blobref_cdn_purges_total{result=\"failed\"} %" PRIu64
+          "\n"
+          "# HELP blobref_cdn_purges_pending CDN purges queued and not yet accepted.\n"
+          "# TYPE blobref_cdn_purges_pending gauge\nblobref_cdn_purges_pending %" PRIu64 "\n",
+          ps.sent, ps.failed, ps.pending);
+  reconcile_runner_metrics(srv, emit_line, &t);
   if (!t.buf) return reply_error(req, E_INTERNAL, "out of memory");
   req->bytes_out = t.len;
   struct MHD_Response *resp = MHD_create_response_from_buffer(t.len, t.buf, MHD_RESPMEM_MUST_FREE);

@@ -1,42 +1,12 @@
-/* POST /v1/lookup: which of many hashes exist (size, URL) and which are missing. Also the
- * bounded JSON body reader shared by routes that take JSON. */
+/* POST /v1/lookup: which of many hashes exist (size, URL) and which are missing. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "http/httpd.h"
+#include "http/handlers.h"
 
 #define MAX_JSON_DEPTH 32
-
-/* Accumulates a JSON request body up to max_json_size. */
-int json_body(struct request *req, const char *data, size_t len) {
-  uint64_t max = req->srv->cfg->max_json_size;
-  if (req->body_len + len > max) {
-    request_fail(req, E_BODY_TOO_LARGE, "the JSON body is over %" PRIu64 " bytes", max);
-    return -1;
-  }
-  if (req->body_len + len + 1 > req->body_cap) {
-    size_t cap = req->body_cap ? req->body_cap : 4096;
-    while (cap < req->body_len + len + 1) cap *= 2;
-    if (cap > max + 1) cap = (size_t)max + 1;
-    /* the buffer counts against max_json_inflight, the bound on all JSON bodies together */
-    if (cap > req->json_reserved && ops_json_reserve(req, cap - req->json_reserved) < 0) {
-      request_fail(req, E_TRY_AGAIN, "too many JSON request bodies in flight; retry");
-      return -1;
-    }
-    char *grown = realloc(req->body, cap);
-    if (!grown) {
-      request_fail(req, E_INTERNAL, "out of memory");
-      return -1;
-    }
-    req->body = grown;
-    req->body_cap = cap;
-  }
-  memcpy(req->body + req->body_len, data, len);
-  req->body_len += len;
-  return 0;
-}
 
 /* Nesting depth of JSON text (brackets outside strings), so that hostile nesting is refused
  * before the recursive parser sees it; *commas: the commas outside strings (one less than the

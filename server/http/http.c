@@ -1,5 +1,5 @@
-/* The HTTP front: libmicrohttpd daemon, route table dispatch, auth, request lifecycle, and the
- * finisher threads that make uploads durable without blocking the network threads. */
+/* The HTTP dispatcher: the libmicrohttpd daemons, header checks, route table dispatch, auth, the
+ * request lifecycle, and the front's start and stop order. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -11,18 +11,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "http/httpd.h"
+#include "http/handlers.h"
+#include "http/ops.h"
+#include "http/proxy.h"
+#include "http/tls.h"
 
-#define FINISHER_THREADS 32
 /* After an error in the middle of a body, at most this much more is read (so that the client can
  * see the error) before the connection is cut. */
 #define DROP_MAX (16u << 20)
-
-br_store *br_server_store(br_server *srv, const char *name) {
-  for (int i = 0; i < srv->nstores; i++)
-    if (!strcmp(br_store_name(srv->stores[i]), name)) return srv->stores[i];
-  return NULL;
-}
 
 /* Matches url against a route pattern; a "{hash}", "{id}" or "{file}" segment captures one path
  * segment (possibly empty). */
@@ -169,16 +165,6 @@ static const char *origin_path(const char *url) {
   return slash ? slash : "/";
 }
 
-void request_fail(struct request *req, enum br_api_error e, const char *fmt, ...) {
-  if (req->has_pending) return; /* the first error is the one that counts */
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(req->pending_message, sizeof req->pending_message, fmt, ap);
-  va_end(ap);
-  req->has_pending = 1;
-  req->pending = e;
-}
-
 /* Remembers an error found on the first call. Requests with a body are answered at once (the
  * body is not wanted; libmicrohttpd then closes the connection); body-less ones on their final
  * call, which keeps the connection alive. */
@@ -299,19 +285,20 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls) {
-  br_server *srv = cls;
+  br_http *http = cls;
   struct request *req = *con_cls;
   if (!req || (void *)req == &query_cut) { /* first call: headers known */
     int cut = req != NULL;
     req = calloc(1, sizeof *req);
     if (!req) return MHD_NO;
-    req->srv = srv;
+    req->http = http;
+    req->srv = http->srv;
     req->conn = conn;
     req->method = method;
     req->is_head = !strcmp(method, MHD_HTTP_METHOD_HEAD);
     req->query_cut = cut;
     req->path = url;
-    atomic_fetch_add(&srv->requests_in_progress, 1);
+    atomic_fetch_add(&http->requests_in_progress, 1);
     *con_cls = req;
     ops_request_begin(req);
     ops_track(req, TRACK_BODY);
@@ -324,7 +311,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   } else if (req->phase != PHASE_SUSPENDED) {
     ops_track(req, TRACK_BUSY);
     if (req->body_start_ns && req->route && req->route->scope == BR_SCOPE_WRITE) {
-      atomic_fetch_add(&srv->upload_step_ns[STEP_RECEIVE], br_mono_ns() - req->body_start_ns);
+      atomic_fetch_add(&http->upload_step_ns[STEP_RECEIVE], br_mono_ns() - req->body_start_ns);
       req->body_start_ns = 0;
     }
   }
@@ -353,18 +340,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
   (void)conn;
-  br_server *srv = cls;
+  br_http *http = cls;
   struct request *req = *con_cls;
   *con_cls = NULL;
   if (!req || (void *)req == &query_cut) return;
-  if (req->route_index >= 0 && req->route_index < BR_MAX_ROUTES && req->status >= 100 && req->status < 600)
-    atomic_fetch_add(&srv->requests[req->route_index][req->status / 100], 1);
+  if (req->route_index >= 0 && req->route_index < BR_MAX_ROUTES && req->status >= 100 &&
+      req->status < 600)
+    atomic_fetch_add(&http->requests[req->route_index][req->status / 100], 1);
   ops_request_end(req);
   ops_track(req, TRACK_HEAD);
   if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && req->writer)
     br_info("%s %s: client went away after %llu bytes; nothing kept", req->method,
             req->route ? req->route->pattern : "-", (unsigned long long)req->received);
-  atomic_fetch_sub(&srv->requests_in_progress, 1);
+  atomic_fetch_sub(&http->requests_in_progress, 1);
   request_free_upload(req);
   proxy_request_done(req);
   free(req->body);
@@ -373,200 +361,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   *con_cls = NULL;
 }
 
-/* ---- finishers --------------------------------------------------------------------------------
- */
-
-/* The API error for a failed index write: a full map or a full volume is a 507. */
-static enum br_api_error index_error(int rc) {
-  return rc == BR_INDEX_FULL ? E_INDEX_FULL : rc == BR_INDEX_NO_SPACE ? E_NO_SPACE : E_INTERNAL;
-}
-
-void br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int lock) {
-  pthread_mutex_t *m = &srv->blob_locks[(digest[0] | (unsigned)digest[1] << 8) % BLOB_LOCKS];
-  if (lock)
-    pthread_mutex_lock(m);
-  else
-    pthread_mutex_unlock(m);
-}
-
-static void finish_upload_locked(struct request *req);
-
-/* The bytes and the record of an upload, under the blob's lock: reconcile's final delete of the
- * same hash runs either wholly before (the upload then writes anew) or wholly after (and finds
- * the blob live again). */
-static void finish_upload(struct request *req) {
-  br_server_lock_blob(req->srv, req->digest, 1);
-  finish_upload_locked(req);
-  br_server_lock_blob(req->srv, req->digest, 0);
-}
-
-static void finish_upload_locked(struct request *req) {
-  br_server *srv = req->srv;
-  br_err err;
-  char key[BR_MAX_KEY + 1];
-  br_store_writer *w = req->writer;
-  req->writer = NULL;
-  req->finish_rc = -1;
-  if (!br_store_default_key(req->store, req->digest, key, sizeof key)) {
-    br_store_write_abort(w);
-    req->finish_error = E_INTERNAL;
-    snprintf(req->finish_message, sizeof req->finish_message, "object key too long");
-    return;
-  }
-  uint64_t t0 = br_mono_ns();
-  int committed = br_store_write_commit(w, key, &err);
-  uint64_t t1 = br_mono_ns();
-  atomic_fetch_add(&srv->upload_step_ns[STEP_STORE_COMMIT], t1 - t0);
-  if (committed < 0) {
-    ops_store_error(srv, req->store, STORE_OP_WRITE);
-    req->finish_error = store_error_code(errno);
-    snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
-    return;
-  }
-  uint64_t now = br_now_ms();
-  br_record rec = {.size = req->received,
-                   .created_ms = now,
-                   .last_upload_ms = now,
-                   .state = BR_STATE_LIVE,
-                   .state_ms = now,
-                   .nlocations = 1};
-  snprintf(rec.content_type, sizeof rec.content_type, "%s", req->content_type);
-  br_location *loc = &rec.locations[0];
-  snprintf(loc->store, sizeof loc->store, "%s", br_store_name(req->store));
-  snprintf(loc->key, sizeof loc->key, "%s", key);
-  loc->role = BR_ROLE_PRIMARY;
-  loc->verified_at_ms = now;
-  int rc = br_index_record_upload(srv->index, req->digest, &rec, &req->created, NULL, &err);
-  atomic_fetch_add(&srv->upload_step_ns[STEP_INDEX_COMMIT], br_mono_ns() - t1);
-  if (rc < 0) {
-    req->finish_error = index_error(rc);
-    snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
-    return;
-  }
-  req->finish_rc = 0;
-}
-
-static void *finisher_main(void *arg) {
-  br_server *srv = arg;
-  pthread_mutex_lock(&srv->job_lock);
-  for (;;) {
-    while (!srv->job_head && !srv->jobs_stopping) pthread_cond_wait(&srv->job_cv, &srv->job_lock);
-    if (!srv->job_head) break;
-    struct request *req = srv->job_head;
-    srv->job_head = req->next_job;
-    if (!srv->job_head) srv->job_tail = NULL;
-    pthread_mutex_unlock(&srv->job_lock);
-    if (req->job == JOB_UPLOAD) {
-      finish_upload(req);
-    } else if (req->job == JOB_CALL) {
-      req->job_fn(req);
-    } else {
-      br_err err;
-      int rc = br_index_touch(srv->index, req->digest, br_now_ms(), &err);
-      req->finish_rc = rc < 0 ? -1 : 0;
-      req->gone = rc == 1;
-      req->created = 0;
-      if (rc < 0) {
-        req->finish_error = index_error(rc);
-        snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
-      }
-    }
-    req->phase = PHASE_RESUMED;
-    MHD_resume_connection(req->conn);
-    atomic_fetch_sub(&srv->jobs_in_flight, 1);
-    pthread_mutex_lock(&srv->job_lock);
-  }
-  pthread_mutex_unlock(&srv->job_lock);
-  return NULL;
-}
-
-int br_server_finish_async(struct request *req, enum job_kind job) {
-  br_server *srv = req->srv;
-  pthread_mutex_lock(&srv->job_lock);
-  if (srv->stopping) {
-    pthread_mutex_unlock(&srv->job_lock);
-    return -1;
-  }
-  req->job = job;
-  req->phase = PHASE_SUSPENDED;
-  atomic_fetch_add(&srv->jobs_in_flight, 1);
-  MHD_suspend_connection(req->conn);
-  req->next_job = NULL;
-  if (srv->job_tail)
-    srv->job_tail->next_job = req;
-  else
-    srv->job_head = req;
-  srv->job_tail = req;
-  pthread_cond_signal(&srv->job_cv);
-  pthread_mutex_unlock(&srv->job_lock);
-  return 0;
-}
-
-/* ---- store health ------------------------------------------------------------------------------
- */
-
-/* Checks every store that can fail (S3, http origins) every few seconds, more often while one is
- * failing, so that /readyz can answer from memory and say which store is wrong and why. */
-static void *health_main(void *arg) {
-  br_server *srv = arg;
-  pthread_mutex_lock(&srv->health_lock);
-  while (srv->health_running) {
-    int all_ok = 1;
-    for (int i = 0; i < srv->nstores; i++) {
-      pthread_mutex_unlock(&srv->health_lock);
-      br_err err;
-      int rc = br_store_check(srv->stores[i], &err);
-      pthread_mutex_lock(&srv->health_lock);
-      int was = atomic_load(&srv->store_ok[i]);
-      if (rc < 0) {
-        ops_store_error(srv, srv->stores[i], STORE_OP_CHECK);
-        snprintf(srv->store_error[i], sizeof srv->store_error[i], "%s", err.msg);
-        if (was != 0) br_warn("not ready: %s", err.msg);
-        all_ok = 0;
-      } else if (was == 0) {
-        br_info("store %s is reachable again", br_store_name(srv->stores[i]));
-      }
-      atomic_store(&srv->store_ok[i], rc < 0 ? 0 : 1);
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += all_ok ? 5 : 1;
-    if (srv->health_running) pthread_cond_timedwait(&srv->health_cv, &srv->health_lock, &ts);
-  }
-  pthread_mutex_unlock(&srv->health_lock);
-  return NULL;
-}
-
-int br_server_store_health(br_server *srv, char *msg, size_t msglen) {
-  int ok = 1;
-  pthread_mutex_lock(&srv->health_lock);
-  for (int i = 0; i < srv->nstores && ok; i++) {
-    int v = atomic_load(&srv->store_ok[i]);
-    if (v < 0) {
-      snprintf(msg, msglen, "store %s: not checked yet", br_store_name(srv->stores[i]));
-      ok = 0;
-    } else if (v == 0) {
-      snprintf(msg, msglen, "%s", srv->store_error[i]);
-      ok = 0;
-    } else if (br_store_unavailable(srv->stores[i])) {
-      /* the circuit breaker fails requests fast after a connection failure, between checks */
-      snprintf(msg, msglen, "store %s: unreachable a moment ago; requests fail fast for now",
-               br_store_name(srv->stores[i]));
-      ok = 0;
-    }
-  }
-  pthread_mutex_unlock(&srv->health_lock);
-  return ok ? 0 : -1;
-}
-
 /* ---- daemon -----------------------------------------------------------------------------------
  */
 
 /* Accept policy: every connection, until the server starts stopping. */
 static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
   (void)addr, (void)addrlen;
-  br_server *srv = cls;
-  return atomic_load(&srv->refuse_connections) ? MHD_NO : MHD_YES;
+  br_http *http = cls;
+  return atomic_load(&http->refuse_connections) ? MHD_NO : MHD_YES;
 }
 
 static void log_mhd(void *cls, const char *fmt, va_list ap) {
@@ -617,9 +419,9 @@ static int parse_listen(const char *listen, struct sockaddr_storage *ss, socklen
 }
 
 /* One libmicrohttpd daemon on listen (HTTPS when tls), with every handler. NULL with err. */
-static struct MHD_Daemon *start_daemon(br_server *srv, const char *listen, int tls,
-                                       unsigned threads, br_err *err) {
-  const br_config *cfg = srv->cfg;
+static struct MHD_Daemon *start_daemon(br_http *http, const char *listen, int tls, unsigned threads,
+                                       br_err *err) {
+  const br_config *cfg = http->srv->cfg;
   struct sockaddr_storage ss;
   socklen_t sslen;
   if (parse_listen(listen, &ss, &sslen, err) < 0) return NULL;
@@ -632,14 +434,14 @@ static struct MHD_Daemon *start_daemon(br_server *srv, const char *listen, int t
       {tls ? MHD_OPTION_HTTPS_CERT_CALLBACK : MHD_OPTION_END, 0, tls_cert_callback()},
       {MHD_OPTION_END, 0, NULL}};
   struct MHD_Daemon *d = MHD_start_daemon(
-      flags, 0, accept_policy, srv, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+      flags, 0, accept_policy, http, on_request, http, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
       MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE, threads,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)(cfg->connection_timeout_ms / 1000), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-      (size_t)cfg->connection_memory, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-      MHD_OPTION_UNESCAPE_CALLBACK, unescape_path, NULL, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
+      (size_t)cfg->connection_memory, MHD_OPTION_NOTIFY_COMPLETED, on_completed, http,
+      MHD_OPTION_UNESCAPE_CALLBACK, unescape_path, NULL, MHD_OPTION_URI_LOG_CALLBACK, on_uri, http,
       MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, MHD_OPTION_NOTIFY_CONNECTION, ops_notify_connection,
-      srv, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
+      http, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
       MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
   if (!d) {
     br_fail(err, "cannot listen on %s%s: %s", listen, tls ? " (HTTPS)" : "", strerror(errno));
@@ -653,104 +455,81 @@ static struct MHD_Daemon *start_daemon(br_server *srv, const char *listen, int t
   return d;
 }
 
-int br_server_start(br_server *srv, br_err *err) {
+br_http *br_http_new(void) { return calloc(1, sizeof(br_http)); }
+
+void br_http_free(br_http *http) { free(http); }
+
+int br_http_start(br_http *http, br_server *srv, br_err *err) {
   const br_config *cfg = srv->cfg;
+  http->srv = srv;
+  http->routes = br_routes;
+  http->nroutes = br_nroutes;
   struct sockaddr_storage ss;
   socklen_t sslen;
   if (parse_listen(cfg->listen, &ss, &sslen, err) < 0) return -1;
   if (*cfg->listen_plain && parse_listen(cfg->listen_plain, &ss, &sslen, err) < 0) return -1;
   if (*cfg->tls_cert && tls_load(cfg->tls_cert, cfg->tls_key, err) < 0) return -1;
-  srv->started_ms = br_now_ms();
-  if (ops_start(srv, err) < 0) return -1;
-  pthread_mutex_init(&srv->job_lock, NULL);
-  pthread_mutex_init(&srv->health_lock, NULL);
-  for (int i = 0; i < BLOB_LOCKS; i++) pthread_mutex_init(&srv->blob_locks[i], NULL);
-  pthread_cond_init(&srv->health_cv, NULL);
-  for (int i = 0; i < srv->nstores; i++)
-    atomic_store(&srv->store_ok[i], strcmp(br_store_kind(srv->stores[i]), "fs") ? -1 : 1);
-  srv->health_running = 1;
-  if (pthread_create(&srv->health_thread, NULL, health_main, srv)) {
-    srv->health_running = 0;
-    return br_fail(err, "cannot start the health thread");
-  }
-  if (proxy_engine_start(srv, err) < 0) return -1;
-  if (reconcile_start(srv, err) < 0) return -1;
-  if (move_start(srv, err) < 0) return -1;
-  pthread_cond_init(&srv->job_cv, NULL);
-  srv->finishers = calloc(FINISHER_THREADS, sizeof *srv->finishers);
-  if (!srv->finishers) return br_fail(err, "out of memory");
-  for (; srv->nfinishers < FINISHER_THREADS; srv->nfinishers++)
-    if (pthread_create(&srv->finishers[srv->nfinishers], NULL, finisher_main, srv))
-      return br_fail(err, "cannot start finisher threads");
+  if (ops_start(http, err) < 0) return -1;
+  if (proxy_engine_start(http, err) < 0) return -1;
+  if (request_finishers_start(http, err) < 0) return -1;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   unsigned threads = cfg->threads ? (unsigned)cfg->threads : (unsigned)(cores > 0 ? cores : 1);
-  srv->daemon = start_daemon(srv, cfg->listen, *cfg->tls_cert != '\0', threads, err);
-  if (!srv->daemon) return -1;
+  http->daemon = start_daemon(http, cfg->listen, *cfg->tls_cert != '\0', threads, err);
+  if (!http->daemon) return -1;
   if (*cfg->listen_plain) {
-    srv->daemon_plain = start_daemon(srv, cfg->listen_plain, 0, threads, err);
-    if (!srv->daemon_plain) return -1;
+    http->daemon_plain = start_daemon(http, cfg->listen_plain, 0, threads, err);
+    if (!http->daemon_plain) return -1;
   }
-  atomic_store(&srv->ready, 1);
+  atomic_store(&http->ready, 1);
   return 0;
 }
 
-void br_server_stop(br_server *srv) {
-  atomic_store(&srv->ready, 0);
-  if (srv->daemon) {
+void br_http_stop(br_http *http) {
+  atomic_store(&http->ready, 0);
+  if (http->daemon) {
+    const br_config *cfg = http->srv->cfg;
     /* no new connections: the accept policy refuses them from now on. (MHD_quiesce_daemon races
      * the thread pool's own removal of the listening socket from its epoll sets in 0.9.75 and
      * can abort the process: "Failed to remove listen FD from epoll set", seen under load.) */
-    atomic_store(&srv->refuse_connections, 1);
+    atomic_store(&http->refuse_connections, 1);
     /* Requests in progress, uploads still streaming their body included, run to their end (up to
      * shutdown_timeout); their answers close the connection. Idle keep-alive connections hold
      * nothing up: MHD_stop_daemon closes them. */
-    atomic_store(&srv->draining, 1);
-    uint64_t drain_end = br_now_ms() + srv->cfg->shutdown_timeout_ms;
-    while (atomic_load(&srv->requests_in_progress) > 0 && br_now_ms() < drain_end) usleep(5000);
-    int cut = atomic_load(&srv->requests_in_progress) - atomic_load(&srv->jobs_in_flight);
+    atomic_store(&http->draining, 1);
+    uint64_t drain_end = br_now_ms() + cfg->shutdown_timeout_ms;
+    while (atomic_load(&http->requests_in_progress) > 0 && br_now_ms() < drain_end) usleep(5000);
+    int cut = atomic_load(&http->requests_in_progress) - atomic_load(&http->jobs_in_flight);
     if (cut > 0)
       br_warn("stopping: cutting %d request(s) still in progress after %llu ms", cut,
-              (unsigned long long)srv->cfg->shutdown_timeout_ms);
+              (unsigned long long)cfg->shutdown_timeout_ms);
     /* Uploads that complete their body from now on get 503; those already with a finisher
      * complete (bounded by one fsync and one index commit each). libmicrohttpd must not be
      * stopped while a connection is suspended. */
-    pthread_mutex_lock(&srv->job_lock);
-    srv->stopping = 1;
-    pthread_mutex_unlock(&srv->job_lock);
-    uint64_t deadline = br_now_ms() + srv->cfg->shutdown_timeout_ms;
-    while (atomic_load(&srv->jobs_in_flight) > 0) {
+    pthread_mutex_lock(&http->job_lock);
+    http->stopping = 1;
+    pthread_mutex_unlock(&http->job_lock);
+    uint64_t deadline = br_now_ms() + cfg->shutdown_timeout_ms;
+    while (atomic_load(&http->jobs_in_flight) > 0) {
       if (br_now_ms() > deadline) {
         br_warn("stopping: still waiting for %d upload(s) to become durable",
-                (int)atomic_load(&srv->jobs_in_flight));
-        deadline = br_now_ms() + srv->cfg->shutdown_timeout_ms;
+                (int)atomic_load(&http->jobs_in_flight));
+        deadline = br_now_ms() + cfg->shutdown_timeout_ms;
       }
       usleep(5000);
     }
     /* proxied reads in progress end now: their suspended connections resume with an error */
-    proxy_engine_stop(srv);
-    MHD_stop_daemon(srv->daemon);
-    srv->daemon = NULL;
-    if (srv->daemon_plain) MHD_stop_daemon(srv->daemon_plain);
-    srv->daemon_plain = NULL;
+    proxy_engine_stop(http);
+    MHD_stop_daemon(http->daemon);
+    http->daemon = NULL;
+    if (http->daemon_plain) MHD_stop_daemon(http->daemon_plain);
+    http->daemon_plain = NULL;
   }
-  pthread_mutex_lock(&srv->job_lock);
-  srv->jobs_stopping = 1;
-  pthread_cond_broadcast(&srv->job_cv);
-  pthread_mutex_unlock(&srv->job_lock);
-  for (int i = 0; i < srv->nfinishers; i++) pthread_join(srv->finishers[i], NULL);
-  proxy_engine_stop(srv); /* when the daemon never started */
-  move_stop(srv);
-  reconcile_stop(srv); /* a run in progress completes first */
-  if (srv->health_running) {
-    pthread_mutex_lock(&srv->health_lock);
-    srv->health_running = 0;
-    pthread_cond_broadcast(&srv->health_cv);
-    pthread_mutex_unlock(&srv->health_lock);
-    pthread_join(srv->health_thread, NULL);
-  }
-  free(srv->finishers);
-  srv->finishers = NULL;
-  srv->nfinishers = 0;
-  ops_stop(srv);
+  request_finishers_stop(http);
+  proxy_engine_stop(http); /* when the daemon never started */
+  ops_stop(http);
   tls_unload();
+}
+
+int br_http_reload(br_http *http, const br_config *fresh, br_err *err) {
+  return ops_reload(http, fresh, err);
 }

@@ -1,6 +1,8 @@
-/* Private to the daemon: server state, request context, routes, the error table and replies. */
-#ifndef BLOBREF_HTTPD_H
-#define BLOBREF_HTTPD_H
+/* Private to the HTTP front (server/http/): its state, the request context, routes, the error
+ * table, replies and the request services that every handler uses. The only header besides the
+ * other http/ ones that includes <microhttpd.h>. */
+#ifndef BLOBREF_HTTP_HTTPD_H
+#define BLOBREF_HTTP_HTTPD_H
 
 #include <jansson.h>
 #include <microhttpd.h>
@@ -12,6 +14,8 @@
 #include "blobref/config.h"
 #include "blobref/index.h"
 #include "blobref/store.h"
+#include "core/server.h"
+#include "http/front.h"
 
 /* Every error the API returns: a stable code, its HTTP status. */
 enum br_api_error {
@@ -40,13 +44,19 @@ enum br_api_error {
   E_STORE_UNAVAILABLE,
   E_STORE_ERROR,
   E_RECONCILE_RUNNING,
+  E_LOCATION_CHANGED,
+  E_VERIFY_FAILED,
+  E_TOO_MANY_LOCATIONS,
   E_INTERNAL,
   E__COUNT
 };
 const char *br_api_error_code(enum br_api_error e);
 unsigned br_api_error_status(enum br_api_error e);
+/* The API error for a failed index write: a full map or a full volume is a 507, else 500. */
+enum br_api_error index_error(int rc);
+/* The API error for a store errno (br_store_writer_errno). */
+enum br_api_error store_error_code(int e);
 
-typedef struct br_server br_server;
 struct request;
 
 /* Latency histogram buckets (upper bounds in seconds) and the upload steps timed. */
@@ -61,15 +71,6 @@ enum upload_step {
   UPLOAD_STEPS
 };
 extern const char *const br_upload_step_names[UPLOAD_STEPS];
-/* Store errors counted by operation. */
-enum store_op { STORE_OP_READ, STORE_OP_WRITE, STORE_OP_CHECK, STORE_OPS };
-
-/* Monotonic nanoseconds, for step timings. */
-static inline uint64_t br_mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* What a route's handler returns: the usual MHD result. Handlers queue exactly one response on
  * their final call, through the reply_* functions. */
@@ -92,7 +93,8 @@ struct route {
 enum request_phase { PHASE_NEW, PHASE_BODY, PHASE_SUSPENDED, PHASE_RESUMED, PHASE_ANSWERED };
 
 struct request {
-  br_server *srv;
+  br_http *http;  /* the front that took the request */
+  br_server *srv; /* http->srv: the core (config, index, stores) */
   struct MHD_Connection *conn;
   const struct route *route;
   enum request_phase phase;
@@ -148,33 +150,22 @@ struct request {
   struct conn_track *track; /* the connection's slow-client record */
 };
 
-#define BLOB_LOCKS 256
-#define BR_MAX_ROUTES 32 /* per-route counters; a check in http_blobs.c keeps the table within it */
+#define BR_MAX_ROUTES 32 /* per-route counters; a check in routes.c keeps the table within it */
 
-struct br_server {
-  br_config *cfg;
-  br_index *index;
-  br_store *stores[BR_MAX_STORES];
-  int nstores;
-  br_store *upload_store;
-  struct blobcache *cache;    /* small blobs' bytes; NULL when cache_size = 0 */
-  struct proxy_engine *proxy; /* the curl multi loop behind proxied reads */
-  /* store health, refreshed by the health thread: 0 ok, else the message in store_error */
-  atomic_int store_ok[BR_MAX_STORES];
-  char store_error[BR_MAX_STORES][sizeof(br_err)];
-  pthread_mutex_t health_lock;
-  pthread_mutex_t blob_locks[BLOB_LOCKS]; /* uploads vs reconcile's deletes, by hash */
-  struct reconcile_runner *reconcile;     /* http_reconcile.c */
-  struct cdn_purger *purger;              /* cdn_purge.c: purges when blobs go */
-  struct mover *mover;                    /* http_move.c: deletes draining copies */
-  pthread_t health_thread;
-  int health_running;
-  pthread_cond_t health_cv;
+/* The HTTP front's state: its daemons, the finisher threads and their queue, and the request
+ * counters. Owned by blobrefd between br_http_start and br_http_stop; srv outlives it. */
+struct br_http {
+  br_server *srv;
+  const struct route *routes; /* the route table (routes.c), for labels and Allow headers */
+  size_t nroutes;
+  struct proxy_engine *proxy;      /* the curl multi loop behind proxied reads (proxy.c) */
+  struct ops *ops;                 /* access log, request ids, auth table, slow clients (ops.c) */
   struct MHD_Daemon *daemon;       /* listen: HTTPS when tls_cert is set */
   struct MHD_Daemon *daemon_plain; /* listen_plain, when set: plain HTTP, same handlers */
   atomic_int ready;
   atomic_int refuse_connections; /* stopping: new connections are closed at once */
-  /* upload finishers: fsync + rename + index commit off the network threads */
+  /* finishers: fsync + rename + index commit, and other slow calls, off the network threads.
+   * job_lock guards the queue and the two flags; it is never held while a job runs. */
   pthread_t *finishers;
   int nfinishers;
   pthread_mutex_t job_lock;
@@ -188,122 +179,41 @@ struct br_server {
   atomic_int draining; /* SIGTERM seen: every answer closes its connection */
   /* metrics */
   atomic_uint_fast64_t requests[BR_MAX_ROUTES][6]; /* [route index][status class 0, 1xx..5xx] */
-  atomic_uint_fast64_t latency[BR_MAX_ROUTES][LATENCY_BUCKETS + 1]; /* [route][bucket], not cumulative */
+  atomic_uint_fast64_t latency[BR_MAX_ROUTES]
+                              [LATENCY_BUCKETS + 1]; /* [route][bucket], not cumulative */
   atomic_uint_fast64_t latency_sum_ns[BR_MAX_ROUTES];
   atomic_uint_fast64_t upload_step_ns[UPLOAD_STEPS];
   atomic_uint_fast64_t cache_hits, cache_misses;
-  atomic_uint_fast64_t store_errors[BR_MAX_STORES][STORE_OPS];
   atomic_uint_fast64_t json_inflight; /* bytes reserved by buffered JSON bodies */
   atomic_uint_fast64_t json_refused;  /* JSON bodies refused for want of budget */
   atomic_uint_fast64_t slow_cut[2];   /* connections cut: [0] slow head, [1] slow body */
-  struct ops *ops;                    /* access log, request ids, auth table, slow clients */
   atomic_uint_fast64_t bytes_in, bytes_out, uploads_created, uploads_dedup;
-  uint64_t started_ms;
 };
 
-/* http_ops.c: the operator's side of requests. */
-/* Sets up the access log, request ids, trusted proxies, the auth table and the slow-client
- * sweeper from srv->cfg. Returns -1 with err (a bad trusted_proxies, an access log that cannot be
- * opened). */
-int ops_start(br_server *srv, br_err *err);
-void ops_stop(br_server *srv);
-/* SIGHUP: takes what can change safely from a freshly loaded config (tokens, anonymous scopes,
- * access log path, trusted proxies, request limits) and reopens the access log; logs each setting
- * that differs but needs a restart. Returns -1 with err when nothing was applied. */
-int ops_reload(br_server *srv, const br_config *fresh, br_err *err);
-/* First handler call: request id, remote address, start time. */
-void ops_request_begin(struct request *req);
-/* Completion: latency histogram, access log line. */
-void ops_request_end(struct request *req);
-/* Scopes of the request (see http.c); fills req->token_name. -1: an unknown bearer token. */
-int ops_granted_scopes(struct request *req, unsigned *scopes);
-/* Takes n more bytes of the global JSON budget for req. -1 when it would go over. */
-int ops_json_reserve(struct request *req, uint64_t n);
-void ops_json_release(struct request *req);
-/* libmicrohttpd's connection notifications (slow-client tracking). */
-void ops_notify_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
-                           enum MHD_ConnectionNotificationCode toe);
-/* Where the connection's request is, for the slow-client sweeper: waiting for a head
- * (TRACK_HEAD: after it opened or its previous request ended), reading a body (TRACK_BODY: the
- * head is complete), or neither (TRACK_BUSY: body complete, being answered). */
-enum { TRACK_HEAD, TRACK_BODY, TRACK_BUSY, TRACK_CUT };
-void ops_track(struct request *req, int state);
-/* req->bytes_in changed (TRACK_BODY). */
-void ops_track_body(struct request *req);
-/* Counts a failure of store (by pointer) for blobref_store_errors_total. */
-void ops_store_error(br_server *srv, const br_store *store, enum store_op op);
-
-/* http_tls.c: the certificate for HTTPS handshakes. */
-/* Loads and checks (key matches, not expired) a PEM pair and makes it the one new handshakes
- * use. Returns -1 with err (the previous pair, if any, stays). Not thread-safe against itself. */
-int tls_load(const char *cert_path, const char *key_path, br_err *err);
-/* The gnutls_certificate_retrieve_function2 for MHD_OPTION_HTTPS_CERT_CALLBACK. */
-void *tls_cert_callback(void);
-void tls_unload(void);
-
-/* http.c */
-int br_server_start(br_server *srv, br_err *err);
-void br_server_stop(br_server *srv);
-br_store *br_server_store(br_server *srv, const char *name);
-/* Locks (lock = 1) or unlocks the stripe of digest: held by an upload's commit and by reconcile's
- * final delete of the same hash, and by admin state changes. */
-void br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int lock);
-/* A blob stopped being servable (quarantined, held, deleted): forget its cached bytes and queue
- * its purge at the CDNs. */
-void br_server_blob_gone(br_server *srv, const uint8_t digest[BR_SHA256_LEN]);
-/* http_reconcile.c: the run thread (periodic and on demand). */
-int reconcile_start(br_server *srv, br_err *err);
-void reconcile_stop(br_server *srv);
-/* Appends reconcile's Prometheus lines. */
-struct text;
-void reconcile_metrics(br_server *srv, void (*emit)(void *ud, const char *line), void *ud);
-
-/* http_move.c: the drain thread (deletes moved blobs' old copies after drain_grace). */
-int move_start(br_server *srv, br_err *err);
-void move_stop(br_server *srv);
-
-/* 0 when every store passed its last health check, else -1 with the first problem in msg. */
-int br_server_store_health(br_server *srv, char *msg, size_t msglen);
-/* Hands a job (an upload to make durable and index, or a dedup touch) to a finisher thread and
- * suspends the connection until it is done; the route's finish handler then runs again with
- * phase PHASE_RESUMED. Returns -1 (nothing queued) when the server is stopping. */
-int br_server_finish_async(struct request *req, enum job_kind job);
-
-/* http_proxy.c: reads from stores that are read over HTTP, without blocking network threads. */
-int proxy_engine_start(br_server *srv, br_err *err);
-/* Fails every proxied read in progress (their connections resume) and stops the loop. */
-void proxy_engine_stop(br_server *srv);
-/* One piece of a proxied body: literal bytes (literal_len > 0), or len bytes of the object from
- * first. */
-struct proxy_part {
-  const char *literal;
-  size_t literal_len;
-  uint64_t first, len;
-};
-/* Starts fetching the pieces from url and suspends req; the route's finish handler runs again
- * (PHASE_RESUMED, req->proxy set) once the origin answered (collect = 0) or the whole body is
- * in memory (collect = 1). Returns 0, or -1 with err (nothing started, not suspended). */
-int proxy_start(struct request *req, const char *url, const struct proxy_part *parts, size_t n,
-                int collect, uint64_t stall_ms, br_err *err);
-/* After the resume: 0, or -1 with the failure in msg (*status: the origin's HTTP status, 0 when
- * it could not be reached). */
-int proxy_result(struct request *req, long *status, char *msg, size_t msglen);
-/* collect = 1: the bytes received. */
-const char *proxy_collected(struct request *req, size_t *len);
-/* A response whose size-byte body streams from the transfer. */
-struct MHD_Response *proxy_response(struct request *req, uint64_t size);
-/* Releases the request's hold on its proxied read (on completion). */
-void proxy_request_done(struct request *req);
-
+/* request.c: services every handler uses. */
 /* Remembers an error that is answered on the request's final call. */
 void request_fail(struct request *req, enum br_api_error e, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Hands a job (an upload to make durable and index, a dedup touch, or req->job_fn for JOB_CALL)
+ * to a finisher thread and suspends the connection until it is done; the route's finish handler
+ * then runs again with phase PHASE_RESUMED. Returns -1 (nothing queued) when the front is
+ * stopping. */
+int request_finish_async(struct request *req, enum job_kind job);
+/* The bounded JSON body reader that routes taking JSON use as their body callback. */
+int json_body(struct request *req, const char *data, size_t len);
+/* Drops an upload's writer and hash context (an upload that is not kept). */
+void request_free_upload(struct request *req);
+/* Starts and stops the finisher threads (br_http_start, br_http_stop). */
+int request_finishers_start(br_http *http, br_err *err);
+void request_finishers_stop(br_http *http);
 
 /* reply.c: every response goes through these. Each returns the MHD result of queueing. */
 enum MHD_Result reply_json(struct request *req, unsigned status, json_t *body); /* steals body */
 enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 enum MHD_Result reply_response(struct request *req, unsigned status, struct MHD_Response *resp);
+/* The body of an error reply, {"error":{"code","message"}}, for a reply that adds fields. */
+json_t *error_body(enum br_api_error e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Serves a blob's bytes (or headers only, for HEAD), honouring Range, If-Range, If-None-Match. */
 enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *store,
                            const char *key);
@@ -316,21 +226,5 @@ json_t *blob_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size);
 json_t *upload_result_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size, int dedup);
 /* The JSON view of an index record (GET /v1/blobs/{hash}/meta, one entry of GET /v1/blobs). */
 json_t *blob_record_json(const uint8_t digest[BR_SHA256_LEN], const br_record *rec);
-/* Formats milliseconds since the epoch as RFC 3339 UTC. */
-void format_time_ms(uint64_t ms, char *out, size_t outlen);
-
-/* Parses a lookup body {"hashes":[...]} (bounded depth and count) into a malloc'd array of n
- * digests. Returns 0, or -1 with the error and its message. */
-int lookup_parse(const char *body, size_t len, uint64_t max_hashes, uint8_t **digests, size_t *n,
-                 enum br_api_error *e, char *msg, size_t msglen);
-
-/* http_blobs.c, http_lookup.c, http_misc.c: the route handlers. */
-extern const struct route br_routes[];
-extern const size_t br_nroutes;
-/* The bounded JSON body reader (http_lookup.c) that routes taking JSON use as their body. */
-int json_body(struct request *req, const char *data, size_t len);
-void request_free_upload(struct request *req);
-/* The API error for a store errno (br_store_writer_errno). */
-enum br_api_error store_error_code(int e);
 
 #endif

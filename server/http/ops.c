@@ -17,7 +17,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "http/httpd.h"
+#include "http/ops.h"
+#include "http/tls.h"
 
 const double br_latency_bounds[LATENCY_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                    0.1,    0.25,  0.5,    1,     2.5,  5,     10};
@@ -229,11 +230,11 @@ static const char *outcome_name(const struct request *req) {
   return "";
 }
 
-static void log_request(br_server *srv, struct request *req, uint64_t duration_ns) {
-  int fd = atomic_load(&srv->ops->log_fd);
+static void log_request(br_http *http, struct request *req, uint64_t duration_ns) {
+  int fd = atomic_load(&http->ops->log_fd);
   if (fd < 0) return;
   char when[40], method[64], path[6 * 1024 + 8], token[6 * 128 + 8], line[8192];
-  format_time_ms(br_now_ms(), when, sizeof when);
+  br_format_time_ms(br_now_ms(), when, sizeof when);
   json_escape(method, sizeof method, req->method, 16);
   json_escape(path, sizeof path, req->path, 1024);
   json_escape(token, sizeof token, req->token_name, sizeof req->token_name);
@@ -265,8 +266,8 @@ static int request_id_ok(const char *v) {
 }
 
 void ops_request_begin(struct request *req) {
-  br_server *srv = req->srv;
-  struct ops *o = srv->ops;
+  br_http *http = req->http;
+  struct ops *o = http->ops;
   req->start_ns = br_mono_ns();
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
@@ -298,22 +299,22 @@ void ops_request_begin(struct request *req) {
 }
 
 void ops_request_end(struct request *req) {
-  br_server *srv = req->srv;
+  br_http *http = req->http;
   uint64_t ns = br_mono_ns() - req->start_ns;
   int r = req->route_index;
   if (r >= 0 && r < BR_MAX_ROUTES && req->status) {
     double s = (double)ns / 1e9;
     int b = 0;
     while (b < LATENCY_BUCKETS && s > br_latency_bounds[b]) b++;
-    atomic_fetch_add(&srv->latency[r][b], 1);
-    atomic_fetch_add(&srv->latency_sum_ns[r], ns);
+    atomic_fetch_add(&http->latency[r][b], 1);
+    atomic_fetch_add(&http->latency_sum_ns[r], ns);
   }
-  log_request(srv, req, ns);
+  log_request(http, req, ns);
   ops_json_release(req);
 }
 
 int ops_granted_scopes(struct request *req, unsigned *scopes) {
-  struct auth_table *a = atomic_load(&req->srv->ops->auth);
+  struct auth_table *a = atomic_load(&req->http->ops->auth);
   if (a->n == 0) {
     *scopes = BR_SCOPE_READ | BR_SCOPE_WRITE | BR_SCOPE_ADMIN;
     return 0;
@@ -344,35 +345,30 @@ int ops_granted_scopes(struct request *req, unsigned *scopes) {
 }
 
 int ops_json_reserve(struct request *req, uint64_t n) {
-  br_server *srv = req->srv;
-  uint64_t max = __atomic_load_n(&srv->cfg->max_json_inflight, __ATOMIC_RELAXED);
-  uint64_t cur = atomic_load(&srv->json_inflight);
+  br_http *http = req->http;
+  uint64_t max = __atomic_load_n(&http->srv->cfg->max_json_inflight, __ATOMIC_RELAXED);
+  uint64_t cur = atomic_load(&http->json_inflight);
   do {
     if (cur + n > max) {
-      atomic_fetch_add(&srv->json_refused, 1);
+      atomic_fetch_add(&http->json_refused, 1);
       return -1;
     }
-  } while (!atomic_compare_exchange_weak(&srv->json_inflight, &cur, cur + n));
+  } while (!atomic_compare_exchange_weak(&http->json_inflight, &cur, cur + n));
   req->json_reserved += n;
   return 0;
 }
 
 void ops_json_release(struct request *req) {
-  if (req->json_reserved) atomic_fetch_sub(&req->srv->json_inflight, req->json_reserved);
+  if (req->json_reserved) atomic_fetch_sub(&req->http->json_inflight, req->json_reserved);
   req->json_reserved = 0;
-}
-
-void ops_store_error(br_server *srv, const br_store *store, enum store_op op) {
-  for (int i = 0; i < srv->nstores; i++)
-    if (srv->stores[i] == store) atomic_fetch_add(&srv->store_errors[i][op], 1);
 }
 
 /* ---- slow clients ---------------------------------------------------------------------------- */
 
 void ops_notify_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                            enum MHD_ConnectionNotificationCode toe) {
-  br_server *srv = cls;
-  struct ops *o = srv->ops;
+  br_http *http = cls;
+  struct ops *o = http->ops;
   if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -420,13 +416,14 @@ void ops_track_body(struct request *req) {
  * min_body_rate since one request_header_timeout of grace, is shut down; libmicrohttpd then sees
  * the end of the stream and closes it (the request ends as not completed: uploads keep nothing). */
 static void *sweep_main(void *arg) {
-  br_server *srv = arg;
-  struct ops *o = srv->ops;
+  br_http *http = arg;
+  struct ops *o = http->ops;
   pthread_mutex_lock(&o->track_lock);
   while (o->sweeping) {
     uint64_t now = br_now_ms();
-    uint64_t head_ms = __atomic_load_n(&srv->cfg->request_header_timeout_ms, __ATOMIC_RELAXED);
-    uint64_t rate = __atomic_load_n(&srv->cfg->min_body_rate, __ATOMIC_RELAXED);
+    uint64_t head_ms =
+        __atomic_load_n(&http->srv->cfg->request_header_timeout_ms, __ATOMIC_RELAXED);
+    uint64_t rate = __atomic_load_n(&http->srv->cfg->min_body_rate, __ATOMIC_RELAXED);
     for (struct conn_track *t = o->head.next; t != &o->head; t = t->next) {
       int state = atomic_load(&t->state);
       uint64_t since = atomic_load(&t->since_ms), age = now > since ? now - since : 0;
@@ -439,7 +436,7 @@ static void *sweep_main(void *arg) {
       }
       if (cut < 0) continue;
       atomic_store(&t->state, TRACK_CUT);
-      atomic_fetch_add(&srv->slow_cut[cut], 1);
+      atomic_fetch_add(&http->slow_cut[cut], 1);
       shutdown(t->fd, SHUT_RDWR);
     }
     struct timespec ts;
@@ -454,10 +451,10 @@ static void *sweep_main(void *arg) {
 
 /* ---- lifecycle ------------------------------------------------------------------------------- */
 
-int ops_start(br_server *srv, br_err *err) {
+int ops_start(br_http *http, br_err *err) {
   struct ops *o = calloc(1, sizeof *o);
   if (!o) return br_fail(err, "out of memory");
-  srv->ops = o;
+  http->ops = o;
   pthread_mutex_init(&o->lock, NULL);
   pthread_mutex_init(&o->track_lock, NULL);
   pthread_cond_init(&o->sweep_cv, NULL);
@@ -465,8 +462,8 @@ int ops_start(br_server *srv, br_err *err) {
   atomic_store(&o->log_fd, -1);
   if (RAND_bytes((unsigned char *)&o->id_base, sizeof o->id_base) != 1)
     o->id_base = br_now_ms() << 20;
-  struct proxy_table *pt = parse_proxies(srv->cfg->trusted_proxies, err);
-  struct auth_table *a = make_auth(srv->cfg);
+  struct proxy_table *pt = parse_proxies(http->srv->cfg->trusted_proxies, err);
+  struct auth_table *a = make_auth(http->srv->cfg);
   if (!pt || !a) {
     free(pt);
     free(a);
@@ -474,17 +471,17 @@ int ops_start(br_server *srv, br_err *err) {
   }
   atomic_store(&o->proxies, pt);
   atomic_store(&o->auth, a);
-  if (open_log(o, srv->cfg->access_log, err) < 0) return -1;
+  if (open_log(o, http->srv->cfg->access_log, err) < 0) return -1;
   o->sweeping = 1;
-  if (pthread_create(&o->sweeper, NULL, sweep_main, srv)) {
+  if (pthread_create(&o->sweeper, NULL, sweep_main, http)) {
     o->sweeping = 0;
     return br_fail(err, "cannot start the slow-client sweeper");
   }
   return 0;
 }
 
-void ops_stop(br_server *srv) {
-  struct ops *o = srv->ops;
+void ops_stop(br_http *http) {
+  struct ops *o = http->ops;
   if (!o) return;
   if (o->sweeping) {
     pthread_mutex_lock(&o->track_lock);
@@ -508,7 +505,7 @@ void ops_stop(br_server *srv) {
   pthread_mutex_destroy(&o->track_lock);
   pthread_cond_destroy(&o->sweep_cv);
   free(o);
-  srv->ops = NULL;
+  http->ops = NULL;
 }
 
 /* Numbers that are read on every request: stored whole (a reader sees the old or the new). */
@@ -524,9 +521,9 @@ static void note_fixed(const char *what, int differs) {
   if (differs) br_warn("reload: %s changed but needs a restart; the old value stays", what);
 }
 
-int ops_reload(br_server *srv, const br_config *fresh, br_err *err) {
-  struct ops *o = srv->ops;
-  br_config *cfg = srv->cfg;
+int ops_reload(br_http *http, const br_config *fresh, br_err *err) {
+  struct ops *o = http->ops;
+  br_config *cfg = http->srv->cfg;
   struct proxy_table *pt = parse_proxies(fresh->trusted_proxies, err);
   if (!pt) return -1;
   struct auth_table *a = make_auth(fresh);

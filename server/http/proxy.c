@@ -11,7 +11,7 @@
 
 #include <curl/curl.h>
 
-#include "http/httpd.h"
+#include "http/proxy.h"
 
 #define RING_SIZE (256u * 1024)
 
@@ -35,7 +35,7 @@ struct proxy_job {
   char *ring;
   size_t cap, head, len;
   int collect;      /* resume the handler only when everything arrived */
-  long stall_s; /* an origin moving no byte this long fails the read */
+  long stall_s;     /* an origin moving no byte this long fails the read */
   int headers_seen; /* the first remote answer's headers arrived */
   long status;      /* of the current remote answer */
   int failed, done;
@@ -342,7 +342,7 @@ static void *engine_main(void *arg) {
   return NULL;
 }
 
-int proxy_engine_start(br_server *srv, br_err *err) {
+int proxy_engine_start(br_http *http, br_err *err) {
   struct proxy_engine *e = calloc(1, sizeof *e);
   if (!e) return br_fail(err, "out of memory");
   curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -355,12 +355,12 @@ int proxy_engine_start(br_server *srv, br_err *err) {
   }
   curl_multi_setopt(e->multi, CURLMOPT_MAX_HOST_CONNECTIONS, 256L);
   e->started = 1;
-  srv->proxy = e;
+  http->proxy = e;
   return 0;
 }
 
-void proxy_engine_stop(br_server *srv) {
-  struct proxy_engine *e = srv->proxy;
+void proxy_engine_stop(br_http *http) {
+  struct proxy_engine *e = http->proxy;
   if (!e) return;
   pthread_mutex_lock(&e->lock);
   e->stopping = 1;
@@ -379,7 +379,7 @@ void proxy_engine_stop(br_server *srv) {
   curl_multi_cleanup(e->multi);
   pthread_mutex_destroy(&e->lock);
   free(e);
-  srv->proxy = NULL;
+  http->proxy = NULL;
 }
 
 /* ---- the request side -------------------------------------------------------------------------
@@ -387,7 +387,7 @@ void proxy_engine_stop(br_server *srv) {
 
 int proxy_start(struct request *req, const char *url, const struct proxy_part *parts, size_t n,
                 int collect, uint64_t stall_ms, br_err *err) {
-  struct proxy_engine *e = req->srv->proxy;
+  struct proxy_engine *e = req->http->proxy;
   if (!e) return br_fail(err, "proxying is not running");
   struct proxy_job *j = calloc(1, sizeof *j);
   size_t lit_total = 0;

@@ -14,6 +14,7 @@
 #include "core/blobcache.h"
 #include "blobref/range.h"
 #include "http/httpd.h"
+#include "http/proxy.h"
 
 static const struct {
   const char *code;
@@ -44,15 +45,36 @@ static const struct {
     [E_STORE_UNAVAILABLE] = {"store_unavailable", 503},
     [E_STORE_ERROR] = {"store_error", 502},
     [E_RECONCILE_RUNNING] = {"reconcile_running", 409},
+    [E_LOCATION_CHANGED] = {"location_changed", 409},
+    [E_VERIFY_FAILED] = {"verify_failed", 422},
+    [E_TOO_MANY_LOCATIONS] = {"too_many_locations", 409},
     [E_INTERNAL] = {"internal", 500},
 };
 
 const char *br_api_error_code(enum br_api_error e) { return errors[e].code; }
 unsigned br_api_error_status(enum br_api_error e) { return errors[e].status; }
 
+enum br_api_error index_error(int rc) {
+  return rc == BR_INDEX_FULL ? E_INDEX_FULL : rc == BR_INDEX_NO_SPACE ? E_NO_SPACE : E_INTERNAL;
+}
+
+enum br_api_error store_error_code(int e) {
+  switch (e) {
+    case ENOSPC:
+    case EDQUOT:
+      return E_NO_SPACE;
+    case EHOSTUNREACH:
+      return E_STORE_UNAVAILABLE;
+    case EPROTO:
+      return E_STORE_ERROR;
+    default:
+      return E_INTERNAL;
+  }
+}
+
 enum MHD_Result reply_response(struct request *req, unsigned status, struct MHD_Response *resp) {
   if (!resp) return MHD_NO;
-  if (req->close_after || atomic_load(&req->srv->draining))
+  if (req->close_after || atomic_load(&req->http->draining))
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   if (req->request_id[0]) MHD_add_response_header(resp, "X-Request-Id", req->request_id);
   req->status = status;
@@ -81,9 +103,17 @@ static struct MHD_Response *json_response(json_t *body, uint64_t *size) {
   return resp;
 }
 
-static struct MHD_Response *error_response(enum br_api_error e, const char *msg, uint64_t *size) {
-  return json_response(json_pack("{s:{s:s,s:s}}", "error", "code", errors[e].code, "message", msg),
-                       size);
+static json_t *error_json(enum br_api_error e, const char *msg) {
+  return json_pack("{s:{s:s,s:s}}", "error", "code", errors[e].code, "message", msg);
+}
+
+json_t *error_body(enum br_api_error e, const char *fmt, ...) {
+  char msg[sizeof(br_err) + 256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return error_json(e, msg);
 }
 
 enum MHD_Result reply_json(struct request *req, unsigned status, json_t *body) {
@@ -91,7 +121,7 @@ enum MHD_Result reply_json(struct request *req, unsigned status, json_t *body) {
 }
 
 enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char *fmt, ...) {
-  char msg[512];
+  char msg[sizeof(br_err) + 256];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
@@ -103,15 +133,16 @@ enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char
   else if (e != E_NOT_FOUND)
     br_info("%s %s: %u %s: %s", req->method, req->route ? req->route->pattern : "-", status,
             errors[e].code, msg);
-  struct MHD_Response *resp = error_response(e, msg, &req->bytes_out);
+  struct MHD_Response *resp = json_response(error_json(e, msg), &req->bytes_out);
   if (!resp) return MHD_NO;
   if (e == E_METHOD_NOT_ALLOWED && req->route) {
     char allow[128] = "";
-    for (size_t i = 0; i < br_nroutes; i++)
-      if (!strcmp(br_routes[i].pattern, req->route->pattern)) {
+    const struct route *routes = req->http->routes;
+    for (size_t i = 0; i < req->http->nroutes; i++)
+      if (!strcmp(routes[i].pattern, req->route->pattern)) {
         if (*allow) strncat(allow, ", ", sizeof allow - strlen(allow) - 1);
-        strncat(allow, br_routes[i].method, sizeof allow - strlen(allow) - 1);
-        if (!strcmp(br_routes[i].method, MHD_HTTP_METHOD_GET))
+        strncat(allow, routes[i].method, sizeof allow - strlen(allow) - 1);
+        if (!strcmp(routes[i].method, MHD_HTTP_METHOD_GET))
           strncat(allow, ", HEAD", sizeof allow - strlen(allow) - 1);
       }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
@@ -141,8 +172,6 @@ enum MHD_Result reply_redirect(struct request *req, const char *url, uint64_t va
   return reply_response(req, MHD_HTTP_TEMPORARY_REDIRECT, resp);
 }
 
-void format_time_ms(uint64_t ms, char *out, size_t outlen) { br_format_time_ms(ms, out, outlen); }
-
 json_t *blob_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size) {
   char hex[BR_HEX_LEN + 1], url[80];
   br_hex_encode(digest, hex);
@@ -154,6 +183,39 @@ json_t *upload_result_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size, i
   json_t *j = blob_json(digest, size);
   if (j) json_object_set_new(j, "dedup", json_boolean(dedup));
   return j;
+}
+
+static const char *role_name(enum br_role r) {
+  return r == BR_ROLE_PRIMARY ? "primary" : r == BR_ROLE_COPY ? "copy" : "draining";
+}
+
+json_t *blob_record_json(const uint8_t digest[BR_SHA256_LEN], const br_record *rec) {
+  char hex[BR_HEX_LEN + 1], created[40], uploaded[40], changed[40];
+  br_hex_encode(digest, hex);
+  br_format_time_ms(rec->created_ms, created, sizeof created);
+  br_format_time_ms(rec->last_upload_ms, uploaded, sizeof uploaded);
+  br_format_time_ms(rec->state_ms, changed, sizeof changed);
+  json_t *locs = json_array();
+  for (int i = 0; i < rec->nlocations; i++) {
+    const br_location *l = &rec->locations[i];
+    json_t *v = json_null();
+    if (l->verified_at_ms) {
+      char t[40];
+      br_format_time_ms(l->verified_at_ms, t, sizeof t);
+      v = json_string(t);
+    }
+    json_array_append_new(locs, json_pack("{s:s,s:s,s:s,s:o}", "store", l->store, "key", l->key,
+                                          "role", role_name(l->role), "verified_at", v));
+  }
+  json_t *body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "sha256", hex, "size",
+                           (json_int_t)rec->size, "content_type", rec->content_type, "created_at",
+                           created, "last_upload_at", uploaded, "state",
+                           rec->state == BR_STATE_LIVE ? "live" : "quarantined", "locations", locs);
+  if (body && rec->state != BR_STATE_LIVE)
+    json_object_set_new(body, "quarantine",
+                        json_pack("{s:s,s:s,s:s}", "reason", rec->reason, "at", changed, "by",
+                                  rec->state == BR_STATE_HELD ? "admin" : "reconcile"));
+  return body;
 }
 
 /* ---- blob bodies ---------------------------------------------------------------------------- */
@@ -366,7 +428,7 @@ static struct MHD_Response *multipart_response(br_store_reader *r, const br_reco
 /* Counts a small-blob cache lookup (/metrics) and notes it for the access log. */
 static void cache_outcome(struct request *req, int hit) {
   req->outcome = hit ? OUTCOME_CACHE_HIT : OUTCOME_CACHE_MISS;
-  atomic_fetch_add(hit ? &req->srv->cache_hits : &req->srv->cache_misses, 1);
+  atomic_fetch_add(hit ? &req->http->cache_hits : &req->http->cache_misses, 1);
 }
 
 /* The blob's bytes from the small-blob cache, read (and checked against the hash) into it on a
@@ -426,7 +488,7 @@ static enum MHD_Result finish_blob_reply(struct request *req, const br_record *r
     body_bytes = rec->size;
   else
     for (size_t i = 0; i < n; i++) body_bytes += ranges[i].last - ranges[i].first + 1;
-  if (!req->is_head) atomic_fetch_add(&req->srv->bytes_out, body_bytes);
+  if (!req->is_head) atomic_fetch_add(&req->http->bytes_out, body_bytes);
   req->bytes_out = body_bytes;
   return reply_response(req, status, resp);
 }
@@ -592,12 +654,11 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     char cr[48];
     snprintf(cr, sizeof cr, "bytes */%" PRIu64, rec->size);
     enum br_api_error e = rr == BR_RANGE_UNSATISFIABLE ? E_RANGE_NOT_SATISFIABLE : E_BAD_RANGE;
-    struct MHD_Response *resp =
-        error_response(e,
-                       rr == BR_RANGE_UNSATISFIABLE ? "no requested range is satisfiable"
-                       : rr == BR_RANGE_TOO_MANY    ? "too many ranges (at most 64)"
-                                                    : "malformed Range header",
-                       &req->bytes_out);
+    struct MHD_Response *resp = json_response(
+        error_json(e, rr == BR_RANGE_UNSATISFIABLE ? "no requested range is satisfiable"
+                      : rr == BR_RANGE_TOO_MANY    ? "too many ranges (at most 64)"
+                                                   : "malformed Range header"),
+        &req->bytes_out);
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
     return reply_response(req, MHD_HTTP_RANGE_NOT_SATISFIABLE, resp);

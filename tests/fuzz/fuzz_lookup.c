@@ -1,7 +1,7 @@
 /* libFuzzer: the POST /v1/lookup body parser (depth check, jansson, type and hash checks). */
 #include <stdlib.h>
 
-#include "http/httpd.h"
+#include "http/handlers.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   uint8_t *digests = NULL;

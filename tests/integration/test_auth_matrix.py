@@ -16,7 +16,7 @@ import requests
 from conftest import ROOT, Server
 from util_http import TIMEOUT, sha
 
-# (method, pattern, scope) for every entry of br_routes in server/http_blobs.c
+# (method, pattern, scope) for every entry of br_routes in server/http/routes.c
 ROUTES = [
     ("PUT", "/v1/blobs/{hash}", "write"),
     ("GET", "/v1/blobs/{hash}", "read"),
@@ -45,7 +45,7 @@ CALLERS = ["none", "unknown", "read", "write", "admin"]
 
 
 def test_routes_list_matches_the_route_table():
-    src = (ROOT / "server" / "http_blobs.c").read_text()
+    src = (ROOT / "server" / "http" / "routes.c").read_text()
     table = src[src.index("const struct route br_routes[]"):]
     table = table[:table.index("};")]
     entries = re.findall(r'\{"(\w+)",\s*"([^"]+)",\s*(\w+),', table)

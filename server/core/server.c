@@ -1,0 +1,113 @@
+/* The server's core state below HTTP: stores by name, blob locks by hash, the blob-gone hook
+ * (cache and CDN purge) and every store's health (its thread and the figures /readyz reads). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/blobcache.h"
+#include "core/cdn_purge.h"
+#include "core/server.h"
+
+br_store *br_server_store(br_server *srv, const char *name) {
+  for (int i = 0; i < srv->nstores; i++)
+    if (!strcmp(br_store_name(srv->stores[i]), name)) return srv->stores[i];
+  return NULL;
+}
+
+void br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int lock) {
+  pthread_mutex_t *m = &srv->blob_locks[(digest[0] | (unsigned)digest[1] << 8) % BLOB_LOCKS];
+  if (lock)
+    pthread_mutex_lock(m);
+  else
+    pthread_mutex_unlock(m);
+}
+
+void br_server_blob_gone(br_server *srv, const uint8_t digest[BR_SHA256_LEN]) {
+  if (srv->cache) blobcache_remove(srv->cache, digest);
+  br_err err;
+  if (cdn_purge_enqueue(srv->purger, digest, &err) < 0) br_error("%s", err.msg);
+}
+
+void br_server_store_error(br_server *srv, const br_store *store, enum store_op op) {
+  for (int i = 0; i < srv->nstores; i++)
+    if (srv->stores[i] == store) atomic_fetch_add(&srv->store_errors[i][op], 1);
+}
+
+/* ---- store health ------------------------------------------------------------------------- */
+
+/* Checks every store that can fail (S3, http origins) every few seconds, more often while one is
+ * failing, so that /readyz can answer from memory and say which store is wrong and why. */
+static void *health_main(void *arg) {
+  br_server *srv = arg;
+  pthread_mutex_lock(&srv->health_lock);
+  while (srv->health_running) {
+    int all_ok = 1;
+    for (int i = 0; i < srv->nstores; i++) {
+      pthread_mutex_unlock(&srv->health_lock);
+      br_err err;
+      int rc = br_store_check(srv->stores[i], &err);
+      pthread_mutex_lock(&srv->health_lock);
+      int was = atomic_load(&srv->store_ok[i]);
+      if (rc < 0) {
+        br_server_store_error(srv, srv->stores[i], STORE_OP_CHECK);
+        snprintf(srv->store_error[i], sizeof srv->store_error[i], "%s", err.msg);
+        if (was != 0) br_warn("not ready: %s", err.msg);
+        all_ok = 0;
+      } else if (was == 0) {
+        br_info("store %s is reachable again", br_store_name(srv->stores[i]));
+      }
+      atomic_store(&srv->store_ok[i], rc < 0 ? 0 : 1);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += all_ok ? 5 : 1;
+    if (srv->health_running) pthread_cond_timedwait(&srv->health_cv, &srv->health_lock, &ts);
+  }
+  pthread_mutex_unlock(&srv->health_lock);
+  return NULL;
+}
+
+int br_server_store_health(br_server *srv, char *msg, size_t msglen) {
+  int ok = 1;
+  pthread_mutex_lock(&srv->health_lock);
+  for (int i = 0; i < srv->nstores && ok; i++) {
+    int v = atomic_load(&srv->store_ok[i]);
+    if (v < 0) {
+      snprintf(msg, msglen, "store %s: not checked yet", br_store_name(srv->stores[i]));
+      ok = 0;
+    } else if (v == 0) {
+      snprintf(msg, msglen, "%s", srv->store_error[i]);
+      ok = 0;
+    } else if (br_store_unavailable(srv->stores[i])) {
+      /* the circuit breaker fails requests fast after a connection failure, between checks */
+      snprintf(msg, msglen, "store %s: unreachable a moment ago; requests fail fast for now",
+               br_store_name(srv->stores[i]));
+      ok = 0;
+    }
+  }
+  pthread_mutex_unlock(&srv->health_lock);
+  return ok ? 0 : -1;
+}
+
+int br_server_health_start(br_server *srv, br_err *err) {
+  pthread_mutex_init(&srv->health_lock, NULL);
+  pthread_cond_init(&srv->health_cv, NULL);
+  for (int i = 0; i < srv->nstores; i++)
+    atomic_store(&srv->store_ok[i], strcmp(br_store_kind(srv->stores[i]), "fs") ? -1 : 1);
+  srv->health_running = 1;
+  if (pthread_create(&srv->health_thread, NULL, health_main, srv)) {
+    srv->health_running = 0;
+    return br_fail(err, "cannot start the health thread");
+  }
+  return 0;
+}
+
+void br_server_health_stop(br_server *srv) {
+  if (!srv->health_running) return;
+  pthread_mutex_lock(&srv->health_lock);
+  srv->health_running = 0;
+  pthread_cond_broadcast(&srv->health_cv);
+  pthread_mutex_unlock(&srv->health_lock);
+  pthread_join(srv->health_thread, NULL);
+}

@@ -1,0 +1,42 @@
+/* The admin's changes of one blob's state: DELETE /v1/blobs/{hash} (quarantine, "hold") and
+ * POST /v1/blobs/{hash}/restore. */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/server.h"
+#include "http/handlers.h"
+
+/* DELETE /v1/blobs/{hash} (HOLD) and POST /v1/blobs/{hash}/restore (RELEASE), under the blob's
+ * lock so that they cannot interleave with reconcile's final delete. */
+static enum MHD_Result change_state(struct request *req, enum br_change_kind kind) {
+  const char *reason = NULL;
+  if (kind == BR_CHANGE_HOLD) {
+    reason = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "reason");
+    if (!reason || !*reason) reason = "quarantined by an admin";
+    if (strlen(reason) > BR_MAX_REASON)
+      return reply_error(req, E_BAD_REQUEST, "reason is over %d bytes", BR_MAX_REASON);
+    for (const char *p = reason; *p; p++)
+      if ((unsigned char)*p < 0x20 || *p == 0x7f)
+        return reply_error(req, E_BAD_REQUEST, "reason must not contain control characters");
+  }
+  br_change ch = {.kind = kind, .reason = reason};
+  memcpy(ch.digest, req->digest, BR_SHA256_LEN);
+  br_err err;
+  br_server_lock_blob(req->srv, req->digest, 1);
+  int rc = br_index_apply_changes(req->srv->index, &ch, 1, br_now_ms(), &err);
+  br_record rec;
+  int grc = rc == 0 ? br_index_get(req->srv->index, req->digest, &rec, &err) : -1;
+  br_server_lock_blob(req->srv, req->digest, 0);
+  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (grc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
+  if (grc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (kind == BR_CHANGE_HOLD && ch.applied) br_server_blob_gone(req->srv, req->digest);
+  char hex[BR_HEX_LEN + 1];
+  br_hex_encode(req->digest, hex);
+  br_info("blob %s: %s by an admin%s%s", hex, kind == BR_CHANGE_HOLD ? "quarantined" : "restored",
+          reason ? ": " : "", reason ? reason : "");
+  return reply_json(req, MHD_HTTP_OK, blob_record_json(req->digest, &rec));
+}
+
+enum MHD_Result blob_hold(struct request *req) { return change_state(req, BR_CHANGE_HOLD); }
+enum MHD_Result blob_release(struct request *req) { return change_state(req, BR_CHANGE_RELEASE); }

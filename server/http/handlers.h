@@ -1,0 +1,48 @@
+/* Private to the HTTP front: every route handler, one group per file (h_*.c), and the route table
+ * that names them (routes.c). A new route: its handler here, its file h_NAME.c, its line in
+ * routes.c. Handlers use httpd.h's replies and request services and the core below; they never
+ * call into the dispatcher (http.c). */
+#ifndef BLOBREF_HTTP_HANDLERS_H
+#define BLOBREF_HTTP_HANDLERS_H
+
+#include "http/httpd.h"
+
+/* routes.c */
+extern const struct route br_routes[];
+extern const size_t br_nroutes;
+
+/* h_blobs.c: uploads (PUT with the expected hash, POST hashed here), reads and /meta. */
+enum MHD_Result put_begin(struct request *req);
+enum MHD_Result post_begin(struct request *req);
+int upload_body(struct request *req, const char *data, size_t len);
+enum MHD_Result upload_finish(struct request *req);
+enum MHD_Result blob_get(struct request *req);
+enum MHD_Result blob_meta(struct request *req);
+/* h_list.c: GET /v1/blobs (paged listing). */
+enum MHD_Result list_get(struct request *req);
+/* h_lookup.c: POST /v1/lookup. */
+enum MHD_Result lookup_finish(struct request *req);
+/* Parses a lookup body {"hashes":[...]} (bounded depth and count) into a malloc'd array of n
+ * digests. Returns 0, or -1 with the error and its message. */
+int lookup_parse(const char *body, size_t len, uint64_t max_hashes, uint8_t **digests, size_t *n,
+                 enum br_api_error *e, char *msg, size_t msglen);
+/* h_admin.c: DELETE /v1/blobs/{hash} (quarantine) and POST /v1/blobs/{hash}/restore. */
+enum MHD_Result blob_hold(struct request *req);
+enum MHD_Result blob_release(struct request *req);
+/* h_location.c: PUT /v1/blobs/{hash}/location (a verified move). */
+enum MHD_Result blob_location_put(struct request *req);
+/* h_import.c: POST /v1/import (index existing objects in place). */
+enum MHD_Result import_post(struct request *req);
+/* h_reconcile.c: POST /v1/reconcile, GET /v1/reconcile/runs[/{id}]. */
+enum MHD_Result reconcile_post(struct request *req);
+enum MHD_Result reconcile_runs_get(struct request *req);
+enum MHD_Result reconcile_run_get(struct request *req);
+/* h_health.c: /healthz, /readyz, /metrics. */
+enum MHD_Result health_get(struct request *req);
+enum MHD_Result ready_get(struct request *req);
+enum MHD_Result metrics_get(struct request *req);
+/* h_ui.c: the operator console's files. */
+enum MHD_Result ui_get(struct request *req);
+enum MHD_Result ui_redirect(struct request *req);
+
+#endif

@@ -1,0 +1,197 @@
+/* Request services below the handlers: errors remembered for the final call, the JSON body
+ * reader, and the finisher threads that make uploads durable (fsync, rename, index commit) and
+ * run other slow calls without blocking the network threads. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http/httpd.h"
+#include "http/ops.h"
+
+#define FINISHER_THREADS 32
+
+void request_fail(struct request *req, enum br_api_error e, const char *fmt, ...) {
+  if (req->has_pending) return; /* the first error is the one that counts */
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(req->pending_message, sizeof req->pending_message, fmt, ap);
+  va_end(ap);
+  req->has_pending = 1;
+  req->pending = e;
+}
+
+/* Accumulates a JSON request body up to max_json_size. */
+int json_body(struct request *req, const char *data, size_t len) {
+  uint64_t max = req->srv->cfg->max_json_size;
+  if (req->body_len + len > max) {
+    request_fail(req, E_BODY_TOO_LARGE, "the JSON body is over %" PRIu64 " bytes", max);
+    return -1;
+  }
+  if (req->body_len + len + 1 > req->body_cap) {
+    size_t cap = req->body_cap ? req->body_cap : 4096;
+    while (cap < req->body_len + len + 1) cap *= 2;
+    if (cap > max + 1) cap = (size_t)max + 1;
+    /* the buffer counts against max_json_inflight, the bound on all JSON bodies together */
+    if (cap > req->json_reserved && ops_json_reserve(req, cap - req->json_reserved) < 0) {
+      request_fail(req, E_TRY_AGAIN, "too many JSON request bodies in flight; retry");
+      return -1;
+    }
+    char *grown = realloc(req->body, cap);
+    if (!grown) {
+      request_fail(req, E_INTERNAL, "out of memory");
+      return -1;
+    }
+    req->body = grown;
+    req->body_cap = cap;
+  }
+  memcpy(req->body + req->body_len, data, len);
+  req->body_len += len;
+  return 0;
+}
+
+void request_free_upload(struct request *req) {
+  if (req->writer) br_store_write_abort(req->writer);
+  req->writer = NULL;
+  if (req->sha) EVP_MD_CTX_free(req->sha);
+  req->sha = NULL;
+}
+
+static void finish_upload_locked(struct request *req);
+
+/* The bytes and the record of an upload, under the blob's lock: reconcile's final delete of the
+ * same hash runs either wholly before (the upload then writes anew) or wholly after (and finds
+ * the blob live again). */
+static void finish_upload(struct request *req) {
+  br_server_lock_blob(req->srv, req->digest, 1);
+  finish_upload_locked(req);
+  br_server_lock_blob(req->srv, req->digest, 0);
+}
+
+static void finish_upload_locked(struct request *req) {
+  br_server *srv = req->srv;
+  br_err err;
+  char key[BR_MAX_KEY + 1];
+  br_store_writer *w = req->writer;
+  req->writer = NULL;
+  req->finish_rc = -1;
+  if (!br_store_default_key(req->store, req->digest, key, sizeof key)) {
+    br_store_write_abort(w);
+    req->finish_error = E_INTERNAL;
+    snprintf(req->finish_message, sizeof req->finish_message, "object key too long");
+    return;
+  }
+  uint64_t t0 = br_mono_ns();
+  int committed = br_store_write_commit(w, key, &err);
+  uint64_t t1 = br_mono_ns();
+  atomic_fetch_add(&req->http->upload_step_ns[STEP_STORE_COMMIT], t1 - t0);
+  if (committed < 0) {
+    br_server_store_error(srv, req->store, STORE_OP_WRITE);
+    req->finish_error = store_error_code(errno);
+    snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
+    return;
+  }
+  uint64_t now = br_now_ms();
+  br_record rec = {.size = req->received,
+                   .created_ms = now,
+                   .last_upload_ms = now,
+                   .state = BR_STATE_LIVE,
+                   .state_ms = now,
+                   .nlocations = 1};
+  snprintf(rec.content_type, sizeof rec.content_type, "%s", req->content_type);
+  br_location *loc = &rec.locations[0];
+  snprintf(loc->store, sizeof loc->store, "%s", br_store_name(req->store));
+  snprintf(loc->key, sizeof loc->key, "%s", key);
+  loc->role = BR_ROLE_PRIMARY;
+  loc->verified_at_ms = now;
+  int rc = br_index_record_upload(srv->index, req->digest, &rec, &req->created, NULL, &err);
+  atomic_fetch_add(&req->http->upload_step_ns[STEP_INDEX_COMMIT], br_mono_ns() - t1);
+  if (rc < 0) {
+    req->finish_error = index_error(rc);
+    snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
+    return;
+  }
+  req->finish_rc = 0;
+}
+
+static void *finisher_main(void *arg) {
+  br_http *http = arg;
+  pthread_mutex_lock(&http->job_lock);
+  for (;;) {
+    while (!http->job_head && !http->jobs_stopping)
+      pthread_cond_wait(&http->job_cv, &http->job_lock);
+    if (!http->job_head) break;
+    struct request *req = http->job_head;
+    http->job_head = req->next_job;
+    if (!http->job_head) http->job_tail = NULL;
+    pthread_mutex_unlock(&http->job_lock);
+    if (req->job == JOB_UPLOAD) {
+      finish_upload(req);
+    } else if (req->job == JOB_CALL) {
+      req->job_fn(req);
+    } else {
+      br_err err;
+      int rc = br_index_touch(http->srv->index, req->digest, br_now_ms(), &err);
+      req->finish_rc = rc < 0 ? -1 : 0;
+      req->gone = rc == 1;
+      req->created = 0;
+      if (rc < 0) {
+        req->finish_error = index_error(rc);
+        snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
+      }
+    }
+    req->phase = PHASE_RESUMED;
+    MHD_resume_connection(req->conn);
+    atomic_fetch_sub(&http->jobs_in_flight, 1);
+    pthread_mutex_lock(&http->job_lock);
+  }
+  pthread_mutex_unlock(&http->job_lock);
+  return NULL;
+}
+
+int request_finish_async(struct request *req, enum job_kind job) {
+  br_http *http = req->http;
+  pthread_mutex_lock(&http->job_lock);
+  if (http->stopping) {
+    pthread_mutex_unlock(&http->job_lock);
+    return -1;
+  }
+  req->job = job;
+  req->phase = PHASE_SUSPENDED;
+  atomic_fetch_add(&http->jobs_in_flight, 1);
+  MHD_suspend_connection(req->conn);
+  req->next_job = NULL;
+  if (http->job_tail)
+    http->job_tail->next_job = req;
+  else
+    http->job_head = req;
+  http->job_tail = req;
+  pthread_cond_signal(&http->job_cv);
+  pthread_mutex_unlock(&http->job_lock);
+  return 0;
+}
+
+int request_finishers_start(br_http *http, br_err *err) {
+  pthread_mutex_init(&http->job_lock, NULL);
+  pthread_cond_init(&http->job_cv, NULL);
+  http->finishers = calloc(FINISHER_THREADS, sizeof *http->finishers);
+  if (!http->finishers) return br_fail(err, "out of memory");
+  for (; http->nfinishers < FINISHER_THREADS; http->nfinishers++)
+    if (pthread_create(&http->finishers[http->nfinishers], NULL, finisher_main, http))
+      return br_fail(err, "cannot start finisher threads");
+  return 0;
+}
+
+void request_finishers_stop(br_http *http) {
+  if (!http->finishers) return;
+  pthread_mutex_lock(&http->job_lock);
+  http->jobs_stopping = 1;
+  pthread_cond_broadcast(&http->job_cv);
+  pthread_mutex_unlock(&http->job_lock);
+  for (int i = 0; i < http->nfinishers; i++) pthread_join(http->finishers[i], NULL);
+  free(http->finishers);
+  http->finishers = NULL;
+  http->nfinishers = 0;
+}
