@@ -9,6 +9,7 @@ import requests
 
 from conftest import Server
 from util_http import fsck
+from cdn_util import PurgeRecorder
 
 
 def two_store_config(tmp_path, drain_grace="3s", extra=""):
@@ -149,33 +150,6 @@ def test_move_back_onto_draining_copy(tmp_path):
         assert g.status_code == 200 and g.content == data
     finally:
         assert srv.stop() == 0, srv.read_log()
-
-
-class PurgeRecorder:
-    """A CDN stand-in that records the purges it receives."""
-
-    def __init__(self):
-        import http.server
-        import threading
-        seen = self.seen = []
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_PURGE(self):
-                seen.append(self.path)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def test_move_purges_cdn(tmp_path):
