@@ -204,6 +204,10 @@ static void move_run(struct request *req) {
       move_fail(mj, 409, "too_many_locations", "the blob has %d locations already",
                 BR_MAX_LOCATIONS - 1);
       break;
+    case BR_LOC_KEY_TAKEN:
+      move_fail(mj, 409, "key_in_use", "%s:%s is another blob's location", mj->to.store,
+                mj->to.key);
+      break;
     default:
       move_fail(mj, 409, "location_changed", "the primary location changed meanwhile");
   }
@@ -332,10 +336,13 @@ static void import_run(struct request *req) {
   }
   for (size_t j = 0; j < m; j++) {
     struct import_item *it = &ij->items[of[j]];
-    const char *r = ch[j].outcome == BR_LOC_APPLIED  ? "created"
-                    : ch[j].outcome == BR_LOC_EXISTS ? "exists"
-                                                     : "duplicate";
+    const char *r = ch[j].outcome == BR_LOC_APPLIED     ? "created"
+                    : ch[j].outcome == BR_LOC_EXISTS    ? "exists"
+                    : ch[j].outcome == BR_LOC_KEY_TAKEN ? "key_in_use"
+                                                        : "duplicate";
     snprintf(it->result, sizeof it->result, "%s", r);
+    if (ch[j].outcome == BR_LOC_KEY_TAKEN)
+      snprintf(it->message, sizeof it->message, "the key is another blob's location");
     if (ch[j].outcome == BR_LOC_DUPLICATE) {
       const br_location *p = br_record_primary(&ch[j].after);
       snprintf(it->message, sizeof it->message, "already indexed at %s:%s", p ? p->store : "",
@@ -485,6 +492,10 @@ static int drain_one(br_server *srv, const struct drain_item *it) {
   }
   br_store *st = br_server_store(srv, it->loc.store);
   if (rc != 0 || !still) goto out;
+  uint8_t owner[BR_SHA256_LEN]; /* invariant 10: never the bytes of a key another record owns */
+  int orc = br_index_key_owner(srv->index, it->loc.store, it->loc.key, owner, &err);
+  if (orc < 0) goto out;
+  if (orc == 2 || (orc == 0 && memcmp(owner, it->digest, BR_SHA256_LEN))) shared = 1;
   if (!shared) {
     if (!st) {
       br_warn("blob %s: draining copy in store %s, which is not configured: kept", hex,
