@@ -527,17 +527,6 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   br_err err = {{0}};
   int failed = 0;
 
-  /* deletes decided before and cut short (a crash, a full index) are finished first: they are
-   * decided already, whatever the tables say now */
-  int64_t finished = 0;
-  if (!opt->dry_run) {
-    finished = finish_deletes(r, errors, &err);
-    if (finished < 0) {
-      add_error(errors, "finishing deletes: %s", err.msg);
-      finished = 0;
-    }
-  }
-
   /* mark */
   struct mark m = {.r = r, .opt = opt};
   m.sorter = dsort_new(r->state_dir, r->env.mem_digests ? r->env.mem_digests : (1u << 20), &err);
@@ -634,6 +623,17 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
     }
   }
   if (s.out) fclose(s.out);
+  /* deletes decided before and cut short (a crash, a full index) are decided already, whatever
+   * the tables say now: the sweep finishes them (deleting records are always DO_DELETE); a run
+   * that failed before its changes finishes them here */
+  int64_t finished = 0;
+  if (failed && !opt->dry_run) {
+    finished = finish_deletes(r, errors, &err);
+    if (finished < 0) {
+      add_error(errors, "finishing deletes: %s", err.msg);
+      finished = 0;
+    }
+  }
   uint64_t end = br_now_ms();
   br_format_time_ms(end, ts, sizeof ts);
   json_object_set_new(rep, "state", json_string(failed ? "failed" : "done"));
