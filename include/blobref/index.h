@@ -15,8 +15,15 @@
 enum br_role { BR_ROLE_PRIMARY = 0, BR_ROLE_COPY = 1, BR_ROLE_DRAINING = 2 };
 /* QUARANTINED: by reconcile (no retained snapshot references it; restored automatically when
  * one does again). HELD: quarantined by an admin (DELETE /v1/blobs/{hash}); stays so, referenced
- * or not, until an admin restores it. Neither is served (410). */
-enum br_state { BR_STATE_LIVE = 0, BR_STATE_QUARANTINED = 1, BR_STATE_HELD = 2 };
+ * or not, until an admin restores it. DELETING: reconcile decided to delete it for good and may
+ * have deleted some of its bytes already; the record goes once they are all gone (a crash in
+ * between is finished later: br_reconcile_finish_deletes). Never restored. None is served (410). */
+enum br_state {
+  BR_STATE_LIVE = 0,
+  BR_STATE_QUARANTINED = 1,
+  BR_STATE_HELD = 2,
+  BR_STATE_DELETING = 3
+};
 
 typedef struct br_location {
   char store[BR_MAX_STORE_NAME + 1];
@@ -40,6 +47,8 @@ typedef struct br_record {
 /* Errors beyond -1 that callers map to specific replies. */
 #define BR_INDEX_FULL (-2)     /* the LMDB map is full: raise index_map_size */
 #define BR_INDEX_NO_SPACE (-3) /* the index's file system is full (ENOSPC, EDQUOT) */
+/* br_index_record_upload: the location's (store, key) is another record's (invariant 10). */
+#define BR_INDEX_KEY_TAKEN (-4)
 
 /* Serialises rec (format version 1, little-endian, length-prefixed strings) into buf.
  * Returns the encoded length, or 0 if it does not fit in cap or rec is invalid. */
@@ -69,12 +78,13 @@ void br_index_close(br_index *idx);
  * Safe from any thread; readers never wait for the writer. */
 int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err);
 
-/* Records an acknowledged upload, durably, before returning. If the blob is absent, rec is
+/* Records an acknowledged upload, durably, before returning. If the blob is absent (or being
+ * deleted: its record is replaced, its bytes were written again), rec is
  * inserted and *created = 1. If present, last_upload_ms is set to rec->last_upload_ms, a
  * quarantined blob is restored to live, rec's primary location is added when the record has none
  * in that store, and *created = 0; *stored receives the resulting record if non-NULL.
- * Returns 0, BR_INDEX_FULL, BR_INDEX_NO_SPACE, or -1 with err. Blocks until the batch holding it is
- * committed. */
+ * Returns 0, BR_INDEX_FULL, BR_INDEX_NO_SPACE, BR_INDEX_KEY_TAKEN, or -1 with err. Blocks until
+ * the batch holding it is committed. */
 int br_index_record_upload(br_index *idx, const uint8_t digest[BR_SHA256_LEN], const br_record *rec,
                            int *created, br_record *stored, br_err *err);
 
@@ -93,8 +103,10 @@ enum br_change_kind {
   BR_CHANGE_RESTORE,    /* quarantined (by reconcile) -> live */
   BR_CHANGE_HOLD,       /* live or quarantined -> held(reason) */
   BR_CHANGE_RELEASE,    /* quarantined or held -> live, last_upload_ms = now (a fresh grace) */
-  BR_CHANGE_REMOVE      /* quarantined or held, state_ms == expect_state_ms, state_ms < cutoff_ms
-                           -> the record is deleted */
+  BR_CHANGE_REMOVE,     /* quarantined, held or deleting, state_ms == expect_state_ms,
+                           state_ms < cutoff_ms -> the record is deleted */
+  BR_CHANGE_MARK_DELETE /* quarantined or held, state_ms == expect_state_ms, state_ms < cutoff_ms
+                           -> deleting (state_ms = now): the first step of a delete for good */
 };
 typedef struct br_change {
   uint8_t digest[BR_SHA256_LEN];
@@ -130,7 +142,8 @@ enum br_loc_outcome {
   BR_LOC_CONFLICT,  /* SWITCH: the primary is not expect; DROP: no longer draining as expected */
   BR_LOC_EXISTS,    /* INSERT: the record exists and already has rec's primary (store, key) */
   BR_LOC_DUPLICATE, /* INSERT: the record exists with other locations (nothing changed) */
-  BR_LOC_FULL       /* SWITCH: no room for another location */
+  BR_LOC_FULL,      /* SWITCH: no room for another location */
+  BR_LOC_KEY_TAKEN  /* INSERT, SWITCH: the new (store, key) is another record's (invariant 10) */
 };
 typedef struct br_loc_change {
   uint8_t digest[BR_SHA256_LEN];
@@ -147,6 +160,14 @@ typedef struct br_loc_change {
  * returning. Returns 0 (outcomes in each change), BR_INDEX_FULL, BR_INDEX_NO_SPACE, or -1 + err. */
 int br_index_apply_locations(br_index *idx, br_loc_change *changes, size_t n, uint64_t now_ms,
                              br_err *err);
+
+/* Who owns (store, key): each store key belongs to at most one record (invariant 10), kept in a
+ * reverse map written in the same transactions as the records. Returns 0 and the owner's digest
+ * in owner; 1 if no record has that location; 2 if several records had it when an older index was
+ * upgraded (owner zeroed: such bytes must never be deleted); -1 + err (also when a read-only open
+ * finds an index not upgraded yet). Before deleting bytes, check that the owner is the blob. */
+int br_index_key_owner(br_index *idx, const char *store, const char *key,
+                       uint8_t owner[BR_SHA256_LEN], br_err *err);
 
 /* Calls fn for every record in key order, inside one read transaction; fn returns non-zero to
  * stop. Returns 0, or -1 with err. */
@@ -174,12 +195,13 @@ int br_index_list_after(br_index *idx, const uint8_t *after, size_t limit, int s
 
 /* Counters for /metrics and the benchmark. */
 typedef struct br_index_stats {
-  uint64_t commits;  /* write transactions committed */
-  uint64_t ops;      /* operations applied */
-  uint64_t entries;  /* records in the index */
-  uint64_t map_size; /* bytes */
-  uint64_t map_used; /* bytes in use (last page number * page size) */
+  uint64_t commits;                  /* write transactions committed */
+  uint64_t ops;                      /* operations applied */
+  uint64_t entries;                  /* records in the index */
+  uint64_t map_size;                 /* bytes */
+  uint64_t map_used;                 /* bytes in use (last page number * page size) */
   uint64_t cache_hits, cache_misses; /* br_index_get answered from the record cache or not */
+  uint64_t stale_readers;            /* reader slots of dead processes cleared (mdb_reader_check) */
 } br_index_stats;
 void br_index_get_stats(br_index *idx, br_index_stats *out);
 

@@ -48,6 +48,13 @@ uint64_t br_reconciler_next_id(br_reconciler *r, br_err *err);
 int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *opt,
                      json_t **report);
 
+/* Finishes the deletes that a crash or a failed index write cut short: every record marked
+ * deleting loses the bytes it still owns (never another record's key, never an in-place object
+ * rewritten since) and then its record. br_reconciler_open calls it, and a run that failed
+ * closed (a run's sweep finishes them otherwise); a startup hook may too. Returns how many were
+ * finished, or -1 + err (the first failure; the rest go on). */
+int64_t br_reconcile_finish_deletes(br_reconciler *r, br_err *err);
+
 /* Stored reports: JSON text (malloc'd) of run id, or NULL with *found = 0. */
 char *br_reconciler_report(br_reconciler *r, uint64_t id, int *found, br_err *err);
 /* Up to limit reports, newest first, as a JSON array (new reference). */

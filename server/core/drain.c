@@ -64,6 +64,10 @@ static int drain_one(br_server *srv, const struct drain_item *it) {
   }
   br_store *st = br_server_store(srv, it->loc.store);
   if (rc != 0 || !still) goto out;
+  uint8_t owner[BR_SHA256_LEN]; /* invariant 10: never the bytes of a key another record owns */
+  int orc = br_index_key_owner(srv->index, it->loc.store, it->loc.key, owner, &err);
+  if (orc < 0) goto out;
+  if (orc == 2 || (orc == 0 && memcmp(owner, it->digest, BR_SHA256_LEN))) shared = 1;
   if (!shared) {
     if (!st) {
       br_warn("blob %s: draining copy in store %s, which is not configured: kept", hex,

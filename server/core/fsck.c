@@ -58,7 +58,7 @@ static int fsck_one(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_reco
     int rc = st ? br_store_stat(st, l->key, &size, &err) : 1;
     /* a draining copy (a moved blob's old location) may be gone already: the server deletes
      * the bytes first and drops the location after */
-    if (st && rc > 0 && l->role == BR_ROLE_DRAINING) continue;
+    if (st && rc > 0 && (l->role == BR_ROLE_DRAINING || rec->state == BR_STATE_DELETING)) continue;
     if (!st) {
       printf("%s: store %s is not configured\n", hex, l->store);
     } else if (rc < 0) {

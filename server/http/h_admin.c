@@ -30,6 +30,10 @@ static enum MHD_Result change_state(struct request *req, enum br_change_kind kin
   if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
   if (grc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
   if (grc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rec.state == BR_STATE_DELETING)
+    return reply_error(req, E_BLOB_DELETING,
+                       "the blob is being deleted for good: its bytes are gone or going; upload "
+                       "it again");
   if (kind == BR_CHANGE_HOLD && ch.applied) br_server_blob_gone(req->srv, req->digest);
   char hex[BR_HEX_LEN + 1];
   br_hex_encode(req->digest, hex);

@@ -55,8 +55,9 @@ static void emit_line(void *ud, const char *line) { appendf(ud, "%s", line); }
  * thread (a walk of millions of records never holds a network thread); /metrics requests in
  * between get the last figures. One server per process: the figures are process-wide. */
 #define CENSUS_MAX_AGE_MS 10000
-enum { CENSUS_LIVE, CENSUS_QUARANTINED, CENSUS_HELD, CENSUS_STATES };
-static const char *const census_names[CENSUS_STATES] = {"live", "quarantined", "held"};
+enum { CENSUS_LIVE, CENSUS_QUARANTINED, CENSUS_HELD, CENSUS_DELETING, CENSUS_STATES };
+static const char *const census_names[CENSUS_STATES] = {"live", "quarantined", "held",
+                                                        "deleting"};
 struct census {
   uint64_t blobs[CENSUS_STATES], bytes[CENSUS_STATES];
 };
@@ -69,6 +70,7 @@ static int census_add(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_re
   struct census *c = ud;
   int s = rec->state == BR_STATE_HELD          ? CENSUS_HELD
           : rec->state == BR_STATE_QUARANTINED ? CENSUS_QUARANTINED
+          : rec->state == BR_STATE_DELETING    ? CENSUS_DELETING
                                                : CENSUS_LIVE;
   c->blobs[s]++;
   c->bytes[s] += rec->size;

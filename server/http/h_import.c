@@ -76,10 +76,13 @@ static void import_run(struct request *req) {
   }
   for (size_t j = 0; j < m; j++) {
     struct import_item *it = &ij->items[of[j]];
-    const char *r = ch[j].outcome == BR_LOC_APPLIED  ? "created"
-                    : ch[j].outcome == BR_LOC_EXISTS ? "exists"
-                                                     : "duplicate";
+    const char *r = ch[j].outcome == BR_LOC_APPLIED     ? "created"
+                    : ch[j].outcome == BR_LOC_EXISTS    ? "exists"
+                    : ch[j].outcome == BR_LOC_KEY_TAKEN ? "key_in_use"
+                                                        : "duplicate";
     snprintf(it->result, sizeof it->result, "%s", r);
+    if (ch[j].outcome == BR_LOC_KEY_TAKEN)
+      snprintf(it->message, sizeof it->message, "the key is another blob's location");
     if (ch[j].outcome == BR_LOC_DUPLICATE) {
       const br_location *p = br_record_primary(&ch[j].after);
       snprintf(it->message, sizeof it->message, "already indexed at %s:%s", p ? p->store : "",

@@ -175,6 +175,9 @@ static void move_run(struct request *req) {
       move_fail(mj, E_TOO_MANY_LOCATIONS, "the blob has %d locations already",
                 BR_MAX_LOCATIONS - 1);
       break;
+    case BR_LOC_KEY_TAKEN:
+      move_fail(mj, E_KEY_IN_USE, "%s:%s is another blob's location", mj->to.store, mj->to.key);
+      break;
     default:
       move_fail(mj, E_LOCATION_CHANGED, "the primary location changed meanwhile");
   }

@@ -48,6 +48,8 @@ static const struct {
     [E_LOCATION_CHANGED] = {"location_changed", 409},
     [E_VERIFY_FAILED] = {"verify_failed", 422},
     [E_TOO_MANY_LOCATIONS] = {"too_many_locations", 409},
+    [E_KEY_IN_USE] = {"key_in_use", 409},
+    [E_BLOB_DELETING] = {"blob_deleting", 409},
     [E_INTERNAL] = {"internal", 500},
 };
 
@@ -55,7 +57,10 @@ const char *br_api_error_code(enum br_api_error e) { return errors[e].code; }
 unsigned br_api_error_status(enum br_api_error e) { return errors[e].status; }
 
 enum br_api_error index_error(int rc) {
-  return rc == BR_INDEX_FULL ? E_INDEX_FULL : rc == BR_INDEX_NO_SPACE ? E_NO_SPACE : E_INTERNAL;
+  return rc == BR_INDEX_FULL       ? E_INDEX_FULL
+         : rc == BR_INDEX_NO_SPACE ? E_NO_SPACE
+         : rc == BR_INDEX_KEY_TAKEN ? E_KEY_IN_USE
+                                    : E_INTERNAL;
 }
 
 enum br_api_error store_error_code(int e) {
@@ -210,7 +215,10 @@ json_t *blob_record_json(const uint8_t digest[BR_SHA256_LEN], const br_record *r
   json_t *body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "sha256", hex, "size",
                            (json_int_t)rec->size, "content_type", rec->content_type, "created_at",
                            created, "last_upload_at", uploaded, "state",
-                           rec->state == BR_STATE_LIVE ? "live" : "quarantined", "locations", locs);
+                           rec->state == BR_STATE_LIVE       ? "live"
+                           : rec->state == BR_STATE_DELETING ? "deleting"
+                                                             : "quarantined",
+                           "locations", locs);
   if (body && rec->state != BR_STATE_LIVE)
     json_object_set_new(body, "quarantine",
                         json_pack("{s:s,s:s,s:s}", "reason", rec->reason, "at", changed, "by",

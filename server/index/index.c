@@ -3,7 +3,9 @@
 #include "blobref/index.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <lmdb.h>
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 
 /* ---- record encoding (version 1) ------------------------------------------------------------
  * u8 version=1, u8 state, u64 size, u64 created_ms, u64 last_upload_ms, u64 state_ms,
@@ -58,7 +61,7 @@ size_t br_record_encode(const br_record *rec, uint8_t *buf, size_t cap) {
   struct wbuf b = {buf, 0, cap, 0};
   if (rec->nlocations < 0 || rec->nlocations > BR_MAX_LOCATIONS) return 0;
   if (rec->state != BR_STATE_LIVE && rec->state != BR_STATE_QUARANTINED &&
-      rec->state != BR_STATE_HELD)
+      rec->state != BR_STATE_HELD && rec->state != BR_STATE_DELETING)
     return 0;
   put_u8(&b, RECORD_VERSION);
   put_u8(&b, (uint8_t)rec->state);
@@ -140,7 +143,7 @@ int br_record_decode(const uint8_t *buf, size_t len, br_record *rec, br_err *err
   get_str(&b, rec->reason, BR_MAX_REASON);
   get_str(&b, rec->content_type, BR_MAX_CONTENT_TYPE);
   uint8_t n = get_u8(&b);
-  if (state > BR_STATE_HELD || n > BR_MAX_LOCATIONS) b.bad = 1;
+  if (state > BR_STATE_DELETING || n > BR_MAX_LOCATIONS) b.bad = 1;
   rec->state = (enum br_state)state;
   for (int i = 0; i < n && !b.bad; i++) {
     br_location *l = &rec->locations[i];
@@ -174,8 +177,8 @@ struct op;
  * record read from a snapshot older than a commit can never land in the cache after that
  * commit's clearing has passed. Only blobrefd's own writer writes the index while it runs
  * (--rebuild-index needs the server stopped). */
-#define RCACHE_SLOTS 16384  /* direct-mapped by the digest's first bytes (uniformly random) */
-#define RCACHE_LOCKS 256    /* slot i is guarded by lock i % RCACHE_LOCKS */
+#define RCACHE_SLOTS 16384   /* direct-mapped by the digest's first bytes (uniformly random) */
+#define RCACHE_LOCKS 256     /* slot i is guarded by lock i % RCACHE_LOCKS */
 #define RCACHE_MAX_BYTES 320 /* larger records (many locations, long strings) are not cached */
 
 struct rcache_slot {
@@ -194,6 +197,11 @@ struct rcache {
 struct br_index {
   MDB_env *env;
   MDB_dbi dbi;
+  MDB_dbi keys; /* the reverse map: SHA-256(store NUL key) -> owner digest (see KEYS_*) */
+  int has_keys; /* 0 only in a read-only open of an index not upgraded yet */
+  unsigned writes_since_check; /* the writer's: write transactions since mdb_reader_check */
+  uint64_t last_check_ns;
+  atomic_uint_fast64_t stale_readers;
   unsigned batch_max;
   uint64_t generation; /* distinguishes this index from closed ones in per-thread caches */
   pthread_mutex_t lock;
@@ -206,7 +214,8 @@ struct br_index {
   MDB_txn **readers;
   size_t nreaders, readers_cap;
   atomic_uint_fast64_t commits, ops;
-  struct rcache *rcache; /* NULL for read-only opens (fsck), which have no writer to keep it exact */
+  struct rcache
+      *rcache; /* NULL for read-only opens (fsck), which have no writer to keep it exact */
 };
 
 static atomic_uint_fast64_t next_generation = 1;
@@ -428,8 +437,9 @@ int br_index_list_after(br_index *idx, const uint8_t *after, size_t limit, int s
       break;
     }
     memcpy(next, k.mv_data, BR_SHA256_LEN);
-    /* "quarantined" covers both kinds: by reconcile and held by an admin */
-    int st = rec->state == BR_STATE_HELD ? BR_STATE_QUARANTINED : (int)rec->state;
+    /* "quarantined" covers every kind: by reconcile, held by an admin, being deleted */
+    int st = rec->state == BR_STATE_HELD || rec->state == BR_STATE_DELETING ? BR_STATE_QUARANTINED
+                                                                            : (int)rec->state;
     if (state >= 0 && st != state) continue;
     listed++;
     if (fn(ud, k.mv_data, rec)) {
@@ -455,7 +465,9 @@ struct op {
   const br_record *rec;
   br_record *stored;
   int created;
-  int gone; /* touch: the record was absent or not live */
+  int gone;    /* touch: the record was absent or not live */
+  int taken;   /* put_record: a new location's key is another record's; nothing was written */
+  int fail_rc; /* with apply's -1: the caller's code (BR_INDEX_KEY_TAKEN), else -1 */
   br_change *change;
   br_loc_change *loc;
   uint64_t now_ms;
@@ -465,7 +477,98 @@ struct op {
   struct op *next;
 };
 
-/* Encodes rec and stores it under op's digest: 0, -1 (op->err), or an LMDB error code. */
+/* ---- the reverse map (store, key) -> digest ---------------------------------------------------
+ * Keys are SHA-256(store NUL key) (an object key may be longer than LMDB's 511-byte keys); values
+ * the owner's 32-byte digest, or 32 zero bytes for a key that several records had when an older
+ * index was upgraded (it is never deleted then). KEYS_DONE, a key of another length, says the
+ * map is complete (it is built once, in chunks, when an index without it is opened). */
+
+static const char KEYS_DONE[] = "keys-complete-v1";
+static const uint8_t SHARED_OWNER[BR_SHA256_LEN] = {0};
+
+static void place_id(const char *store, const char *key, uint8_t id[BR_SHA256_LEN]) {
+  EVP_MD_CTX *c = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+  EVP_DigestUpdate(c, store, strlen(store) + 1);
+  EVP_DigestUpdate(c, key, strlen(key));
+  EVP_DigestFinal_ex(c, id, NULL);
+  EVP_MD_CTX_free(c);
+}
+
+/* The owner of l's place in txn: 0 (owner filled), MDB_NOTFOUND, or another LMDB code. */
+static int place_owner(br_index *idx, MDB_txn *txn, const br_location *l,
+                       uint8_t owner[BR_SHA256_LEN]) {
+  uint8_t id[BR_SHA256_LEN];
+  place_id(l->store, l->key, id);
+  MDB_val k = {sizeof id, id}, v;
+  int rc = mdb_get(txn, idx->keys, &k, &v);
+  if (rc) return rc;
+  if (v.mv_size != BR_SHA256_LEN) return MDB_CORRUPTED;
+  memcpy(owner, v.mv_data, BR_SHA256_LEN);
+  return 0;
+}
+
+static int has_place(const br_record *rec, const br_location *l) {
+  for (int i = 0; rec && i < rec->nlocations; i++)
+    if (!strcmp(rec->locations[i].store, l->store) && !strcmp(rec->locations[i].key, l->key))
+      return 1;
+  return 0;
+}
+
+/* The reverse map follows digest's record from old (NULL: none) to next (NULL: deleted): every
+ * place next adds must be free or digest's already, else *taken = 1 and nothing is written.
+ * Places old had and next has not are freed (when digest owns them). 0 or an LMDB code. */
+static int sync_places(br_index *idx, MDB_txn *txn, const uint8_t digest[BR_SHA256_LEN],
+                       const br_record *old, const br_record *next, int *taken) {
+  uint8_t owner[BR_SHA256_LEN], id[BR_SHA256_LEN];
+  *taken = 0;
+  for (int i = 0; next && i < next->nlocations; i++) {
+    const br_location *l = &next->locations[i];
+    if (has_place(old, l)) continue;
+    int rc = place_owner(idx, txn, l, owner);
+    if (rc == MDB_NOTFOUND) continue;
+    if (rc) return rc;
+    if (memcmp(owner, digest, BR_SHA256_LEN)) {
+      *taken = 1;
+      return 0;
+    }
+  }
+  for (int i = 0; next && i < next->nlocations; i++) {
+    const br_location *l = &next->locations[i];
+    if (has_place(old, l)) continue;
+    place_id(l->store, l->key, id);
+    MDB_val k = {sizeof id, id}, v = {BR_SHA256_LEN, (void *)digest};
+    int rc = mdb_put(txn, idx->keys, &k, &v, 0);
+    if (rc) return rc;
+  }
+  for (int i = 0; old && i < old->nlocations; i++) {
+    const br_location *l = &old->locations[i];
+    if (has_place(next, l)) continue;
+    int rc = place_owner(idx, txn, l, owner);
+    if (rc == MDB_NOTFOUND) continue;
+    if (rc) return rc;
+    if (memcmp(owner, digest, BR_SHA256_LEN)) continue; /* shared (upgrade) or not ours */
+    place_id(l->store, l->key, id);
+    MDB_val k = {sizeof id, id};
+    rc = mdb_del(txn, idx->keys, &k, NULL);
+    if (rc && rc != MDB_NOTFOUND) return rc;
+  }
+  return 0;
+}
+
+/* The record stored under digest in txn, decoded into out: 0, MDB_NOTFOUND, -1 (err), or an
+ * LMDB code. */
+static int current_record(br_index *idx, MDB_txn *txn, const uint8_t *digest, br_record *out,
+                          br_err *err) {
+  MDB_val k = key_of(digest), v;
+  int rc = mdb_get(txn, idx->dbi, &k, &v);
+  if (rc) return rc;
+  return br_record_decode(v.mv_data, v.mv_size, out, err) < 0 ? -1 : 0;
+}
+
+/* Encodes rec and stores it under op's digest, with its places in the reverse map: 0 (op->taken
+ * = 1 when a place is another record's: nothing written), -1 (op->err), or an LMDB error code
+ * (the transaction is spoiled then). */
 static int put_record(br_index *idx, MDB_txn *txn, struct op *op, const br_record *rec) {
   uint8_t buf[BR_RECORD_MAX_ENCODED];
   size_t len = br_record_encode(rec, buf, sizeof buf);
@@ -473,8 +576,22 @@ static int put_record(br_index *idx, MDB_txn *txn, struct op *op, const br_recor
     br_fail(&op->err, "index: record does not encode");
     return -1;
   }
+  br_record old;
+  int rc = current_record(idx, txn, op->digest, &old, &op->err);
+  if (rc && rc != MDB_NOTFOUND) return rc;
+  rc = sync_places(idx, txn, op->digest, rc == 0 ? &old : NULL, rec, &op->taken);
+  if (rc || op->taken) return rc;
   MDB_val k = key_of(op->digest), v = {len, buf};
   return mdb_put(txn, idx->dbi, &k, &v, 0);
+}
+
+/* Deletes op's record (as found: rec) and frees its places. 0 or an LMDB code. */
+static int del_record(br_index *idx, MDB_txn *txn, struct op *op, const br_record *rec) {
+  int taken = 0;
+  int rc = sync_places(idx, txn, op->digest, rec, NULL, &taken);
+  if (rc) return rc;
+  MDB_val k = key_of(op->digest);
+  return mdb_del(txn, idx->dbi, &k, NULL);
 }
 
 static int apply_upload(br_index *idx, MDB_txn *txn, struct op *op) {
@@ -486,8 +603,15 @@ static int apply_upload(br_index *idx, MDB_txn *txn, struct op *op) {
     op->created = 1;
   } else if (rc) {
     return rc;
+  } else if (br_record_decode(v.mv_data, v.mv_size, merged, &op->err) < 0) {
+    return -1;
+  } else if (merged->state == BR_STATE_DELETING) {
+    /* its bytes are gone or going: the upload has just written them again, under the lock that
+     * serialises it with the delete, so the blob starts afresh (other stores' copies, if the
+     * delete had not reached them, are forgotten) */
+    *merged = *op->rec;
+    op->created = 1;
   } else {
-    if (br_record_decode(v.mv_data, v.mv_size, merged, &op->err) < 0) return -1;
     op->created = 0;
     if (op->rec->last_upload_ms > merged->last_upload_ms)
       merged->last_upload_ms = op->rec->last_upload_ms;
@@ -507,7 +631,15 @@ static int apply_upload(br_index *idx, MDB_txn *txn, struct op *op) {
       merged->nlocations++;
     }
   }
-  return put_record(idx, txn, op, merged);
+  rc = put_record(idx, txn, op, merged);
+  if (rc == 0 && op->taken) {
+    const br_location *l = br_record_primary(op->rec);
+    br_fail(&op->err, "index: %s:%s is the location of another blob", l ? l->store : "",
+            l ? l->key : "");
+    op->fail_rc = BR_INDEX_KEY_TAKEN;
+    return -1;
+  }
+  return rc;
 }
 
 static int apply_touch(br_index *idx, MDB_txn *txn, struct op *op) {
@@ -550,11 +682,11 @@ static int apply_change(br_index *idx, MDB_txn *txn, struct op *op) {
       next.state = BR_STATE_LIVE;
       break;
     case BR_CHANGE_HOLD:
-      if (rec->state == BR_STATE_HELD) return 0;
+      if (rec->state == BR_STATE_HELD || rec->state == BR_STATE_DELETING) return 0;
       next.state = BR_STATE_HELD;
       break;
     case BR_CHANGE_RELEASE:
-      if (rec->state == BR_STATE_LIVE) return 0;
+      if (rec->state == BR_STATE_LIVE || rec->state == BR_STATE_DELETING) return 0;
       next.state = BR_STATE_LIVE;
       if (op->now_ms > next.last_upload_ms) next.last_upload_ms = op->now_ms;
       break;
@@ -562,16 +694,23 @@ static int apply_change(br_index *idx, MDB_txn *txn, struct op *op) {
       if (rec->state == BR_STATE_LIVE || rec->state_ms != c->expect_state_ms ||
           rec->state_ms >= c->cutoff_ms)
         return 0;
-      rc = mdb_del(txn, idx->dbi, &k, NULL);
+      rc = del_record(idx, txn, op, rec);
       if (rc) return rc;
       c->applied = 1;
       return 0;
+    case BR_CHANGE_MARK_DELETE:
+      if ((rec->state != BR_STATE_QUARANTINED && rec->state != BR_STATE_HELD) ||
+          rec->state_ms != c->expect_state_ms || rec->state_ms >= c->cutoff_ms)
+        return 0;
+      next.state = BR_STATE_DELETING;
+      break;
   }
   next.state_ms = op->now_ms;
   snprintf(next.reason, sizeof next.reason, "%s",
-           next.state == BR_STATE_LIVE ? ""
-           : c->reason                 ? c->reason
-                                       : "");
+           next.state == BR_STATE_LIVE       ? ""
+           : c->reason                       ? c->reason
+           : next.state == BR_STATE_DELETING ? "being deleted for good"
+                                             : "");
   rc = put_record(idx, txn, op, &next);
   if (rc == 0) c->applied = 1;
   return rc;
@@ -593,9 +732,10 @@ static int apply_location(br_index *idx, MDB_txn *txn, struct op *op) {
       c->outcome = BR_LOC_ABSENT;
       return 0;
     }
-    *rec = *c->rec;
-    c->outcome = BR_LOC_APPLIED;
-    return put_record(idx, txn, op, rec);
+    rc = put_record(idx, txn, op, c->rec);
+    c->outcome = op->taken ? BR_LOC_KEY_TAKEN : BR_LOC_APPLIED;
+    if (rc == 0 && !op->taken) *rec = *c->rec;
+    return rc;
   }
   if (br_record_decode(v.mv_data, v.mv_size, rec, &op->err) < 0) return -1;
   if (c->kind == BR_LOC_INSERT) {
@@ -653,34 +793,79 @@ static int apply_location(br_index *idx, MDB_txn *txn, struct op *op) {
   next.locations[0] = c->to;
   next.locations[0].role = BR_ROLE_PRIMARY;
   next.nlocations++;
+  rc = put_record(idx, txn, op, &next);
+  if (rc) return rc;
+  if (op->taken) {
+    c->outcome = BR_LOC_KEY_TAKEN; /* `after` stays the record as found */
+    return 0;
+  }
   *rec = next;
   c->outcome = BR_LOC_APPLIED;
-  return put_record(idx, txn, op, rec);
+  return 0;
 }
 
-/* Runs ops[0..n) in one transaction. If the transaction fails as a whole and holds several
- * operations, each is retried alone so that one bad operation cannot fail its neighbours. */
-static void run_batch(br_index *idx, struct op **ops, size_t n) {
-  MDB_txn *txn = NULL;
-  int rc = mdb_txn_begin(idx->env, NULL, 0, &txn);
-  int spoiled = rc;
-  for (size_t i = 0; i < n && !spoiled; i++) {
-    ops[i]->rc = 0;
-    int r = ops[i]->apply(idx, txn, ops[i]);
-    if (r < 0)
-      ops[i]->rc = -1;
-    else if (r > 0)
-      spoiled = r;
-  }
-  if (!spoiled) {
-    spoiled = mdb_txn_commit(txn);
-    txn = NULL;
-  }
-  if (txn) mdb_txn_abort(txn);
-  if (!spoiled) {
-    atomic_fetch_add(&idx->commits, 1);
-    atomic_fetch_add(&idx->ops, n);
+/* Frees the reader slots of dead processes (a killed `blobrefd --fsck` leaves one, pinning its
+ * snapshot: no page freed since could be reused, and the map would fill). Returns how many. */
+static int clear_stale_readers(br_index *idx) {
+  int dead = 0;
+  if (mdb_reader_check(idx->env, &dead) != 0 || dead <= 0) return 0;
+  atomic_fetch_add(&idx->stale_readers, (uint64_t)dead);
+  br_warn("index: cleared %d reader slot(s) left by dead processes", dead);
+  return dead;
+}
+
+#define READER_CHECK_WRITES 64                      /* write transactions between checks */
+#define READER_CHECK_NS (2ull * 1000 * 1000 * 1000) /* or this long */
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The writer's periodic check, before a write transaction. */
+static void maybe_check_readers(br_index *idx) {
+  uint64_t now = mono_ns();
+  if (++idx->writes_since_check < READER_CHECK_WRITES && now - idx->last_check_ns < READER_CHECK_NS)
     return;
+  idx->writes_since_check = 0;
+  idx->last_check_ns = now;
+  clear_stale_readers(idx);
+}
+
+/* Runs ops[0..n) in one transaction. An operation's apply returning -1 failed alone (nothing of
+ * it was written); any other non-zero code (LMDB's are negative, errno's positive) spoils the
+ * transaction, which is then aborted, never used again. A full map is retried once after stale
+ * readers were cleared (their snapshots may hold the pages it lacks). If the transaction fails as
+ * a whole and holds several operations, each is retried alone so that one bad operation cannot
+ * fail its neighbours. */
+static void run_batch(br_index *idx, struct op **ops, size_t n) {
+  int spoiled = 0;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    MDB_txn *txn = NULL;
+    maybe_check_readers(idx);
+    spoiled = mdb_txn_begin(idx->env, NULL, 0, &txn);
+    for (size_t i = 0; i < n && !spoiled; i++) {
+      ops[i]->rc = 0;
+      ops[i]->taken = 0;
+      ops[i]->fail_rc = 0;
+      int r = ops[i]->apply(idx, txn, ops[i]);
+      if (r == -1)
+        ops[i]->rc = ops[i]->fail_rc ? ops[i]->fail_rc : -1;
+      else if (r != 0)
+        spoiled = r;
+    }
+    if (!spoiled) {
+      spoiled = mdb_txn_commit(txn);
+      txn = NULL;
+    }
+    if (txn) mdb_txn_abort(txn);
+    if (!spoiled) {
+      atomic_fetch_add(&idx->commits, 1);
+      atomic_fetch_add(&idx->ops, n);
+      return;
+    }
+    if (spoiled != MDB_MAP_FULL || clear_stale_readers(idx) == 0) break;
   }
   if (n > 1) {
     for (size_t i = 0; i < n; i++) run_batch(idx, &ops[i], 1);
@@ -839,6 +1024,107 @@ int br_index_touch(br_index *idx, const uint8_t digest[BR_SHA256_LEN], uint64_t 
   return rc == 0 && op.gone ? 1 : rc;
 }
 
+#define BUILD_CHUNK 50000 /* records per transaction while the reverse map is built */
+
+/* Builds the reverse map once, for an index written before it existed (or whose build was cut
+ * short): from scratch, in transactions of BUILD_CHUNK records, then KEYS_DONE. A place several
+ * records have gets the shared owner (its bytes are never deleted) and a warning. 0 or -1 + err. */
+static int build_places(br_index *idx, br_err *err) {
+  MDB_txn *txn = NULL;
+  MDB_cursor *cur = NULL;
+  MDB_val done = {sizeof KEYS_DONE - 1, (void *)KEYS_DONE}, k, v;
+  uint8_t last[BR_SHA256_LEN];
+  uint64_t records = 0, shared = 0;
+  int have_last = 0, out = 0;
+  br_record *rec = malloc(sizeof *rec);
+  int rc = rec ? mdb_txn_begin(idx->env, NULL, 0, &txn) : ENOMEM;
+  if (!rc) rc = mdb_get(txn, idx->keys, &done, &v);
+  if (rc == 0) { /* complete already */
+    mdb_txn_abort(txn);
+    free(rec);
+    return 0;
+  }
+  if (rc == MDB_NOTFOUND) rc = mdb_drop(txn, idx->keys, 0);
+  if (!rc) br_info("index: building the store-key map (once, for an index from before it)");
+  for (int more = 1; !rc && more;) {
+    size_t n = 0;
+    if (!txn) rc = mdb_txn_begin(idx->env, NULL, 0, &txn);
+    if (!rc) rc = mdb_cursor_open(txn, idx->dbi, &cur);
+    if (!rc) rc = cursor_seek_after(cur, have_last ? last : NULL, &k, &v);
+    for (; !rc && n < BUILD_CHUNK; n++) {
+      if (decode_at(&k, &v, rec, err) < 0) {
+        out = -1;
+        break;
+      }
+      memcpy(last, k.mv_data, BR_SHA256_LEN);
+      have_last = 1;
+      records++;
+      for (int i = 0; i < rec->nlocations && !rc; i++) {
+        uint8_t owner[BR_SHA256_LEN], id[BR_SHA256_LEN];
+        const br_location *l = &rec->locations[i];
+        int o = place_owner(idx, txn, l, owner);
+        if (o == 0 && !memcmp(owner, last, BR_SHA256_LEN)) continue;
+        if (o && o != MDB_NOTFOUND) {
+          rc = o;
+          break;
+        }
+        if (o == 0 && memcmp(owner, SHARED_OWNER, BR_SHA256_LEN)) {
+          char hex[BR_HEX_LEN + 1];
+          br_hex_encode(last, hex);
+          br_warn(
+              "index: %s:%s is the location of several blobs (%s among them): its bytes will "
+              "never be deleted",
+              l->store, l->key, hex);
+          shared++;
+        }
+        place_id(l->store, l->key, id);
+        MDB_val pk = {sizeof id, id};
+        MDB_val pv = {BR_SHA256_LEN, o == 0 ? (void *)SHARED_OWNER : (void *)last};
+        rc = mdb_put(txn, idx->keys, &pk, &pv, 0);
+      }
+      if (!rc) rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+    }
+    more = rc == 0; /* stopped at BUILD_CHUNK with records left */
+    if (rc == MDB_NOTFOUND) rc = 0;
+    if (cur) mdb_cursor_close(cur);
+    cur = NULL;
+    if (out) break;
+    if (!rc && !more) {
+      MDB_val empty = {0, (void *)""};
+      rc = mdb_put(txn, idx->keys, &done, &empty, 0);
+    }
+    if (!rc) {
+      rc = mdb_txn_commit(txn);
+      txn = NULL;
+    }
+  }
+  if (txn) mdb_txn_abort(txn);
+  free(rec);
+  if (out) return -1;
+  if (rc) {
+    lmdb_fail(err, "building the store-key map", rc);
+    return -1;
+  }
+  br_info("index: store-key map ready (%" PRIu64 " records, %" PRIu64 " shared keys)", records,
+          shared);
+  return 0;
+}
+
+int br_index_key_owner(br_index *idx, const char *store, const char *key,
+                       uint8_t owner[BR_SHA256_LEN], br_err *err) {
+  if (!idx->has_keys) return br_fail(err, "index: no store-key map (open it for writing once)");
+  br_location l;
+  snprintf(l.store, sizeof l.store, "%s", store);
+  snprintf(l.key, sizeof l.key, "%s", key);
+  MDB_txn *txn = reader_begin(idx, err);
+  if (!txn) return -1;
+  int rc = place_owner(idx, txn, &l, owner);
+  reader_end(idx, txn);
+  if (rc == MDB_NOTFOUND) return 1;
+  if (rc) return lmdb_fail(err, "store-key map", rc);
+  return memcmp(owner, SHARED_OWNER, BR_SHA256_LEN) ? 0 : 2;
+}
+
 br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err) {
   br_index *idx = calloc(1, sizeof *idx);
   if (!idx) {
@@ -867,17 +1153,26 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
     br_fail(err, "index: open %s: %s", dir, mdb_strerror(rc));
     goto fail;
   }
+  if (!opt->read_only) clear_stale_readers(idx);
   rc = mdb_txn_begin(idx->env, NULL, opt->read_only ? MDB_RDONLY : 0, &txn);
   if (!rc) rc = mdb_dbi_open(txn, "blobs", opt->read_only ? 0 : MDB_CREATE, &idx->dbi);
+  if (!rc) {
+    int krc = mdb_dbi_open(txn, "keys", opt->read_only ? 0 : MDB_CREATE, &idx->keys);
+    if (krc == 0)
+      idx->has_keys = 1;
+    else if (krc != MDB_NOTFOUND || !opt->read_only)
+      rc = krc;
+  }
   if (!rc) {
     rc = mdb_txn_commit(txn);
     txn = NULL;
   }
   if (rc) {
     if (txn) mdb_txn_abort(txn);
-    lmdb_fail(err, "open database 'blobs'", rc);
+    lmdb_fail(err, "open databases 'blobs' and 'keys'", rc);
     goto fail;
   }
+  if (!opt->read_only && build_places(idx, err) < 0) goto fail;
   if (!opt->read_only) {
     idx->batch = calloc(idx->batch_max, sizeof *idx->batch);
     if (!idx->batch) {
@@ -936,6 +1231,7 @@ void br_index_get_stats(br_index *idx, br_index_stats *out) {
     out->cache_hits = atomic_load(&idx->rcache->hits);
     out->cache_misses = atomic_load(&idx->rcache->misses);
   }
+  out->stale_readers = atomic_load(&idx->stale_readers);
   MDB_envinfo info;
   MDB_stat st;
   if (mdb_env_info(idx->env, &info) == 0 && mdb_env_stat(idx->env, &st) == 0) {

@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #include "blobref/iceberg.h"
 #include "blobref/iceberg_s3.h"
 #include "reconcile/internal.h"
@@ -41,6 +43,12 @@ br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err) {
     free(r);
     return NULL;
   }
+  br_err ferr;
+  int64_t finished = br_reconcile_finish_deletes(r, &ferr);
+  if (finished < 0)
+    br_warn("reconcile: finishing deletes cut short: %s (tried again at every run)", ferr.msg);
+  else if (finished > 0)
+    br_info("reconcile: finished %" PRId64 " delete(s) cut short before", finished);
   return r;
 }
 
@@ -207,7 +215,9 @@ static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
   if (rec->state == BR_STATE_LIVE) s->live++;
   if (marked) s->marked++;
   int kind = -1;
-  if (rec->state == BR_STATE_LIVE) {
+  if (rec->state == BR_STATE_DELETING) {
+    kind = DO_DELETE; /* decided before: finished, referenced or not (its bytes may be gone) */
+  } else if (rec->state == BR_STATE_LIVE) {
     if (!marked && rec->last_upload_ms < s->grace_cutoff) kind = DO_QUARANTINE;
   } else if (marked) {
     if (rec->state == BR_STATE_QUARANTINED) {
@@ -252,10 +262,104 @@ static void add_error(json_t *errors, const char *fmt, ...) {
   json_array_append_new(errors, json_string(msg));
 }
 
-/* Deletes one blob for good: its bytes in every location, then its record, unless it changed
- * since the decision. Holds the blob's lock, so that an upload of the same hash either finished
- * before (and the record is live again: nothing deleted) or starts after (and writes anew).
- * Returns 1 deleted, 0 skipped, -1 on a store error (record kept). */
+/* In-place objects (imported under a key of their own) at most this large are hashed again before
+ * they are deleted; larger ones are checked by size only. */
+#define INPLACE_HASH_MAX ((uint64_t)16 << 20)
+
+/* Are the bytes at l still the blob's? Under its default (content-addressed) key they are (uploads
+ * and moves verify them). An in-place key may have been rewritten since it was imported: its size
+ * must still be the record's and, up to INPLACE_HASH_MAX, its SHA-256 the digest. Returns 1 yes,
+ * 0 changed, 2 absent, -1 + err (the store could not tell). */
+static int still_the_blob(br_store *st, const uint8_t digest[D], const br_record *rec,
+                          const br_location *l, br_err *err) {
+  char def[BR_MAX_KEY + 81];
+  if (br_store_default_key(st, digest, def, sizeof def) && !strcmp(def, l->key)) return 1;
+  uint64_t size = 0;
+  int rc = br_store_stat(st, l->key, &size, err);
+  if (rc < 0) return -1;
+  if (rc > 0) return 2;
+  if (size != rec->size) return 0;
+  if (size > INPLACE_HASH_MAX) return 1;
+  br_store_reader rd;
+  rc = br_store_open_read(st, l->key, &rd, err);
+  if (rc < 0) return -1;
+  if (rc > 0) return 2;
+  if (rd.size != rec->size) {
+    br_store_reader_close(&rd);
+    return 0;
+  }
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  enum { CHUNK = 1 << 20 };
+  char *buf = malloc(CHUNK);
+  rc = ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) ? 0 : br_fail(err, "out of memory");
+  for (uint64_t off = 0; rc == 0 && off < rd.size;) {
+    size_t n = rd.size - off < CHUNK ? (size_t)(rd.size - off) : CHUNK;
+    rc = rd.source->pread(rd.source, buf, n, off, err);
+    if (rc == 0) EVP_DigestUpdate(ctx, buf, n);
+    off += n;
+  }
+  uint8_t got[D];
+  if (rc == 0) EVP_DigestFinal_ex(ctx, got, NULL);
+  free(buf);
+  EVP_MD_CTX_free(ctx);
+  br_store_reader_close(&rd);
+  if (rc < 0) return -1;
+  return memcmp(got, digest, D) == 0;
+}
+
+/* Deletes the bytes of one location of a blob being deleted, when they are its own: never a key
+ * another record owns (invariant 10: only the location goes, with the record), never an in-place
+ * object that was rewritten since it was imported (logged, left alone). Returns 0 (deleted or
+ * left alone on purpose), -1 on a store or index error (the record is kept for a later try). */
+static int delete_location(br_reconciler *r, const uint8_t digest[D], const br_record *rec,
+                           const br_location *l, json_t *errors) {
+  const br_reconcile_env *env = &r->env;
+  char hex[BR_HEX_LEN + 1];
+  br_hex_encode(digest, hex);
+  br_store *st = store_named(r, l->store);
+  if (!st) return 0; /* a store no longer configured: nothing we can delete there */
+  br_err err;
+  uint8_t owner[D];
+  int rc = br_index_key_owner(env->index, l->store, l->key, owner, &err);
+  if (rc < 0) {
+    add_error(errors, "index: %s", err.msg);
+    return -1;
+  }
+  if (rc == 2 || (rc == 0 && memcmp(owner, digest, D))) {
+    char ohex[BR_HEX_LEN + 1];
+    br_hex_encode(owner, ohex);
+    br_warn("reconcile: blob %s: %s:%s belongs to %s: its bytes are kept, only the location goes",
+            hex, l->store, l->key, rc == 2 ? "several blobs" : ohex);
+    return 0;
+  }
+  rc = still_the_blob(st, digest, rec, l, &err);
+  if (rc < 0) {
+    add_error(errors, "check %s at %s:%s: %s", hex, l->store, l->key, err.msg);
+    return -1;
+  }
+  if (rc == 2) return 0; /* gone already (a delete cut short) */
+  if (rc == 0) {
+    br_warn(
+        "reconcile: blob %s: %s:%s no longer holds its bytes (rewritten since it was "
+        "imported): the file is kept, only the record goes",
+        hex, l->store, l->key);
+    return 0;
+  }
+  if (br_store_delete(st, l->key, &err) < 0) {
+    add_error(errors, "delete %s from %s: %s", hex, l->store, err.msg);
+    return -1;
+  }
+  return 0;
+}
+
+/* Deletes one blob for good, in steps that survive a crash: the record is marked deleting first
+ * (from then on it is never restored nor served), then the bytes of every location go
+ * (delete_location), then the record. A crash or a failed index write in between leaves it
+ * deleting, and br_reconcile_finish_deletes takes it from there. c->state_ms is the state time the
+ * decision saw (the deleting mark's time for a delete being finished); a record changed since is
+ * left alone. Holds the blob's lock, so that an upload of the same hash either finished before
+ * (and the record is live again: nothing deleted) or starts after (and writes anew).
+ * Returns 1 deleted, 0 skipped, -1 on an error (record kept). */
 static int delete_blob(br_reconciler *r, const struct candidate *c, json_t *errors) {
   const br_reconcile_env *env = &r->env;
   if (env->lock_blob) env->lock_blob(env->ud, c->digest, 1);
@@ -263,36 +367,97 @@ static int delete_blob(br_reconciler *r, const struct candidate *c, json_t *erro
   br_err err;
   int out = 0;
   int rc = br_index_get(env->index, c->digest, &rec, &err);
-  if (rc == 0 && rec.state != BR_STATE_LIVE && rec.state_ms == c->state_ms) {
-    out = 1;
-    for (int i = 0; i < rec.nlocations && out == 1; i++) {
-      br_store *st = store_named(r, rec.locations[i].store);
-      if (!st) continue; /* a store no longer configured: nothing we can delete there */
-      if (br_store_delete(st, rec.locations[i].key, &err) < 0) {
-        char hex[BR_HEX_LEN + 1];
-        br_hex_encode(c->digest, hex);
-        add_error(errors, "delete %s from %s: %s", hex, rec.locations[i].store, err.msg);
-        out = -1;
-      }
-    }
-    if (out == 1) {
-      br_change ch = {
-          .kind = BR_CHANGE_REMOVE, .cutoff_ms = UINT64_MAX, .expect_state_ms = c->state_ms};
-      memcpy(ch.digest, c->digest, D);
-      if (br_index_apply_changes(env->index, &ch, 1, br_now_ms(), &err) < 0) {
-        add_error(errors, "index: %s", err.msg);
-        out = -1;
-      } else if (!ch.applied) {
-        out = 0;
-      }
-    }
-  } else if (rc < 0) {
+  if (rc < 0) {
     add_error(errors, "index: %s", err.msg);
     out = -1;
+  } else if (rc == 0 && rec.state_ms == c->state_ms &&
+             (rec.state == BR_STATE_QUARANTINED || rec.state == BR_STATE_HELD)) {
+    uint64_t now = br_now_ms();
+    if (now <= rec.state_ms) now = rec.state_ms + 1; /* the mark's time tells it apart */
+    br_change ch = {.kind = BR_CHANGE_MARK_DELETE,
+                    .cutoff_ms = UINT64_MAX,
+                    .expect_state_ms = c->state_ms,
+                    .reason = "being deleted for good"};
+    memcpy(ch.digest, c->digest, D);
+    if (br_index_apply_changes(env->index, &ch, 1, now, &err) < 0) {
+      add_error(errors, "index: %s", err.msg);
+      out = -1;
+    } else if (ch.applied) {
+      rec.state = BR_STATE_DELETING;
+      rec.state_ms = now;
+      out = 1;
+    }
+  } else if (rc == 0 && rec.state == BR_STATE_DELETING && rec.state_ms == c->state_ms) {
+    out = 1;
+  }
+  for (int i = 0; i < rec.nlocations && out == 1; i++)
+    if (delete_location(r, c->digest, &rec, &rec.locations[i], errors) < 0) out = -1;
+  if (out == 1) {
+    br_change ch = {
+        .kind = BR_CHANGE_REMOVE, .cutoff_ms = UINT64_MAX, .expect_state_ms = rec.state_ms};
+    memcpy(ch.digest, c->digest, D);
+    if (br_index_apply_changes(env->index, &ch, 1, br_now_ms(), &err) < 0) {
+      add_error(errors, "index: %s (the blob stays marked deleting: finished later)", err.msg);
+      out = -1;
+    } else if (!ch.applied) {
+      out = 0;
+    }
   }
   if (env->lock_blob) env->lock_blob(env->ud, c->digest, 0);
   if (out == 1 && env->on_gone) env->on_gone(env->ud, c->digest);
   return out;
+}
+
+struct deleting {
+  struct candidate *c;
+  size_t n, cap;
+  int oom;
+};
+
+static int collect_deleting(void *ud, const uint8_t digest[D], const br_record *rec) {
+  struct deleting *dl = ud;
+  if (rec->state != BR_STATE_DELETING) return 0;
+  if (dl->n == dl->cap) {
+    size_t cap = dl->cap ? dl->cap * 2 : 64;
+    struct candidate *grown = realloc(dl->c, cap * sizeof *grown);
+    if (!grown) return dl->oom = 1;
+    dl->c = grown;
+    dl->cap = cap;
+  }
+  struct candidate *c = &dl->c[dl->n++];
+  memset(c, 0, sizeof *c);
+  memcpy(c->digest, digest, D);
+  c->kind = DO_DELETE;
+  c->state_ms = rec->state_ms;
+  c->size = rec->size;
+  return 0;
+}
+
+/* Finishes every delete marked in the index (see delete_blob). Returns how many, or -1 + err
+ * (errors also lists each blob's failure). */
+static int64_t finish_deletes(br_reconciler *r, json_t *errors, br_err *err) {
+  struct deleting dl = {0};
+  if (br_index_foreach(r->env.index, collect_deleting, &dl, err) < 0 || dl.oom) {
+    if (dl.oom) br_fail(err, "out of memory");
+    free(dl.c);
+    return -1;
+  }
+  int64_t done = 0;
+  for (size_t i = 0; i < dl.n; i++)
+    if (delete_blob(r, &dl.c[i], errors) == 1) done++;
+  free(dl.c);
+  return done;
+}
+
+int64_t br_reconcile_finish_deletes(br_reconciler *r, br_err *err) {
+  json_t *errors = json_array();
+  int64_t done = finish_deletes(r, errors, err);
+  if (done >= 0 && json_array_size(errors)) {
+    br_fail(err, "%s", json_string_value(json_array_get(errors, 0)));
+    done = -1;
+  }
+  json_decref(errors);
+  return done;
 }
 
 /* Applies the decisions of one kind from the file, in batches. Returns the number applied. */
@@ -458,6 +623,17 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
     }
   }
   if (s.out) fclose(s.out);
+  /* deletes decided before and cut short (a crash, a full index) are decided already, whatever
+   * the tables say now: the sweep finishes them (deleting records are always DO_DELETE); a run
+   * that failed before its changes finishes them here */
+  int64_t finished = 0;
+  if (failed && !opt->dry_run) {
+    finished = finish_deletes(r, errors, &err);
+    if (finished < 0) {
+      add_error(errors, "finishing deletes: %s", err.msg);
+      finished = 0;
+    }
+  }
   uint64_t end = br_now_ms();
   br_format_time_ms(end, ts, sizeof ts);
   json_object_set_new(rep, "state", json_string(failed ? "failed" : "done"));
@@ -471,6 +647,7 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
                                 "restored", (json_int_t)restored, "deleted", (json_int_t)deleted,
                                 "held_referenced", (json_int_t)s.held_referenced));
   json_object_set_new(rep, "bytes_reclaimed", json_integer((json_int_t)reclaimed));
+  json_object_set_new(rep, "deletes_finished", json_integer((json_int_t)finished));
   json_object_set_new(rep, "refused", refused ? json_string(refused) : json_null());
   json_object_set_new(
       rep, "phases",

@@ -1,9 +1,14 @@
 /* Index records (encode/decode round trips and malformed input) and the LMDB index itself:
  * insert vs dedup, restore from quarantine, group commit under concurrency, a full map, and the
- * record cache never answering with a record older than an acknowledged write. */
+ * record cache never answering with a record older than an acknowledged write; the store-key
+ * map (one owner per key), the deleting state, stale readers and big puts into a full map. */
+#include <lmdb.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "blobref/index.h"
@@ -24,6 +29,14 @@ static br_record sample(int nloc) {
     r.locations[i].verified_at_ms = 42 + (uint64_t)i;
   }
   return r;
+}
+
+/* Makes r's keys d's own: a store key belongs to at most one record (invariant 10). */
+static void own_keys(br_record *r, const uint8_t d[BR_SHA256_LEN]) {
+  char hex[BR_HEX_LEN + 1];
+  br_hex_encode(d, hex);
+  for (int i = 0; i < r->nlocations; i++)
+    snprintf(r->locations[i].key, sizeof r->locations[i].key, "sha256/%s/key%d", hex, i);
 }
 
 static int records_equal(const br_record *a, const br_record *b) {
@@ -103,6 +116,7 @@ static void *upload_many(void *arg) {
     uint8_t d[BR_SHA256_LEN];
     digest_of(w->first + i, d);
     br_record r = sample(1);
+    own_keys(&r, d);
     int created = 0;
     br_err err;
     if (br_index_record_upload(w->idx, d, &r, &created, NULL, &err) < 0)
@@ -184,6 +198,7 @@ static void test_lmdb(void) {
   for (unsigned i = 0; i < 20000 && !full; i++) {
     digest_of(i, d);
     br_record big = sample(BR_MAX_LOCATIONS);
+    own_keys(&big, d);
     int rc = br_index_record_upload(idx, d, &big, NULL, NULL, &err);
     if (rc == BR_INDEX_FULL)
       full = 1;
@@ -241,6 +256,7 @@ static void test_changes(void) {
     if (r.state != BR_STATE_LIVE) strcpy(r.reason, "old");
     memset(&ch[i], 0, sizeof ch[i]);
     digest_of(1000 + (unsigned)i, ch[i].digest);
+    own_keys(&r, ch[i].digest);
     CHECK(br_index_record_upload(idx, ch[i].digest, &r, NULL, NULL, &err) == 0, "setup %zu", i);
     ch[i].kind = cases[i].kind;
     ch[i].cutoff_ms = cases[i].cutoff;
@@ -308,6 +324,7 @@ static void test_list(void) {
       nq++;
     }
     digest_of(i, d);
+    own_keys(&r, d);
     CHECK(br_index_record_upload(idx, d, &r, NULL, NULL, &err) == 0, "insert %u", i);
   }
   for (int state = -1; state <= 1; state++) {
@@ -488,6 +505,7 @@ static void test_locations(void) {
     uint8_t di[BR_SHA256_LEN];
     digest_of(i, di);
     br_record ri = r;
+    own_keys(&ri, di);
     br_index_record_upload(idx, di, &ri, NULL, NULL, &err);
   }
   int all = 0;
@@ -543,8 +561,10 @@ static void test_cache_sequential(void) {
     enum br_change_kind kind;
     int want;
   } steps[] = {
-      {BR_CHANGE_HOLD, BR_STATE_HELD},       {BR_CHANGE_RELEASE, BR_STATE_LIVE},
-      {BR_CHANGE_QUARANTINE, BR_STATE_QUARANTINED}, {BR_CHANGE_RESTORE, BR_STATE_LIVE},
+      {BR_CHANGE_HOLD, BR_STATE_HELD},
+      {BR_CHANGE_RELEASE, BR_STATE_LIVE},
+      {BR_CHANGE_QUARANTINE, BR_STATE_QUARANTINED},
+      {BR_CHANGE_RESTORE, BR_STATE_LIVE},
       {BR_CHANGE_QUARANTINE, BR_STATE_QUARANTINED},
   };
   for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
@@ -625,6 +645,7 @@ static void test_cache_race(void) {
     uint8_t d[BR_SHA256_LEN];
     digest_of(500 + b, d);
     br_record r = sample(1);
+    own_keys(&r, d);
     CHECK(br_index_record_upload(cr.idx, d, &r, NULL, NULL, &err) == 0, "insert %u", b);
   }
   pthread_t t[3];
@@ -649,10 +670,333 @@ static void test_cache_race(void) {
   CHECK(cr.reads > 1000 && st.cache_hits > 1000,
         "enough reads (%ld) answered from the cache (%llu)", cr.reads,
         (unsigned long long)st.cache_hits);
-  CHECK(cr.stale == 0, "%ld of %ld reads saw a record older than an acknowledged write",
-        cr.stale, cr.reads);
+  CHECK(cr.stale == 0, "%ld of %ld reads saw a record older than an acknowledged write", cr.stale,
+        cr.reads);
   br_index_close(cr.idx);
   if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+}
+
+/* ---- integrity (issue 19) ------------------------------------------------------------------- */
+
+static void fresh_dir(const char *name) {
+  snprintf(dir, sizeof dir, "/tmp/blobref-test-%s-%d", name, (int)getpid());
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (system(cmd) != 0) fprintf(stderr, "cannot clean %s\n", dir);
+}
+
+static void remove_dir(void) {
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+}
+
+/* A map that fills inside mdb_put of a large record (overflow pages) is BR_INDEX_FULL, never a
+ * generic error from a transaction used on after LMDB failed it. */
+static void test_full_big_put(void) {
+  fresh_dir("index-bigfull");
+  br_index *idx = open_index(256 << 10, 1);
+  br_err err;
+  int full = 0, ok = 0, other = 0;
+  for (unsigned i = 0; i < 2000 && !full && !other; i++) {
+    uint8_t d[BR_SHA256_LEN];
+    digest_of(i, d);
+    br_record big = sample(BR_MAX_LOCATIONS);
+    char hex[BR_HEX_LEN + 1];
+    br_hex_encode(d, hex);
+    for (int l = 0; l < big.nlocations; l++) { /* ~1,000-byte keys: a record of ~8 KB */
+      int n = snprintf(big.locations[l].key, sizeof big.locations[l].key, "%s/%d/", hex, l);
+      memset(big.locations[l].key + n, 'x', 900);
+      big.locations[l].key[n + 900] = '\0';
+    }
+    int rc = br_index_record_upload(idx, d, &big, NULL, NULL, &err);
+    if (rc == BR_INDEX_FULL)
+      full = 1;
+    else if (rc == 0)
+      ok++;
+    else
+      other = rc;
+  }
+  CHECK(full && !other, "a big put into a full map: BR_INDEX_FULL (got %d after %d: %s)", other, ok,
+        err.msg);
+  uint8_t d0[BR_SHA256_LEN];
+  br_record got;
+  digest_of(0, d0);
+  CHECK(ok > 0 && br_index_get(idx, d0, &got, &err) == 0, "earlier records survive");
+  br_index_close(idx);
+  remove_dir();
+}
+
+/* The child: opens the index directory with LMDB of its own, begins a read transaction, says so
+ * on fd and waits to be killed (its reader slot stays behind, pinning its snapshot). */
+static void stale_reader_child(int fd) {
+  MDB_env *env = NULL;
+  MDB_txn *txn = NULL;
+  if (mdb_env_create(&env) || mdb_env_set_maxdbs(env, 4) ||
+      mdb_env_open(env, dir, MDB_NOTLS | MDB_RDONLY, 0644) ||
+      mdb_txn_begin(env, NULL, MDB_RDONLY, &txn))
+    _exit(1);
+  if (write(fd, "r", 1) != 1) _exit(1);
+  for (;;) pause();
+}
+
+/* A reader killed in the middle of a read transaction (a killed `blobrefd --fsck`) never blocks
+ * the writer: without mdb_reader_check its snapshot keeps every page freed since, and a small
+ * map fills after a few hundred writes (then every write failed). */
+static void test_stale_reader(void) {
+  fresh_dir("index-stale");
+  br_index *idx = open_index(4 << 20, 1);
+  br_err err;
+  uint8_t d[BR_SHA256_LEN];
+  for (unsigned i = 0; i < 20; i++) {
+    digest_of(i, d);
+    br_record r = sample(1);
+    own_keys(&r, d);
+    CHECK(br_index_record_upload(idx, d, &r, NULL, NULL, &err) == 0, "seed %u", i);
+  }
+  int p[2];
+  CHECK(pipe(p) == 0, "pipe");
+  pid_t pid = fork();
+  if (pid == 0) stale_reader_child(p[1]);
+  char c = 0;
+  CHECK(read(p[0], &c, 1) == 1 && c == 'r', "the child holds a read transaction");
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(p[0]);
+  close(p[1]);
+  int failed = 0;
+  br_err first = {{0}};
+  for (unsigned i = 0; i < 2000; i++) {
+    digest_of(1000 + i, d);
+    br_record r = sample(1);
+    own_keys(&r, d);
+    if (br_index_record_upload(idx, d, &r, NULL, NULL, &err) != 0 && failed++ == 0) first = err;
+  }
+  CHECK(failed == 0, "2000 writes after a killed reader: %d failed (%s)", failed, first.msg);
+  br_index_stats st;
+  br_index_get_stats(idx, &st);
+  CHECK(st.stale_readers >= 1, "the stale slot was cleared (%llu)",
+        (unsigned long long)st.stale_readers);
+  br_index_close(idx);
+  remove_dir();
+}
+
+static br_record at(const char *store, const char *key, enum br_state state, uint64_t state_ms) {
+  br_record r = sample(0);
+  r.nlocations = 1;
+  r.state = state;
+  r.state_ms = state_ms;
+  snprintf(r.locations[0].store, sizeof r.locations[0].store, "%s", store);
+  snprintf(r.locations[0].key, sizeof r.locations[0].key, "%s", key);
+  return r;
+}
+
+/* A store key belongs to at most one record: imports, switches and uploads onto another
+ * record's key are refused; the owner is known until its record lets the key go. */
+static void test_key_owner(void) {
+  fresh_dir("index-keys");
+  br_index *idx = open_index(64 << 20, 8);
+  br_err err;
+  uint8_t a[BR_SHA256_LEN], b[BR_SHA256_LEN], c[BR_SHA256_LEN], owner[BR_SHA256_LEN];
+  digest_of(1, a);
+  digest_of(2, b);
+  digest_of(3, c);
+  br_record ra = at("local", "photos/x.jpg", BR_STATE_LIVE, 10);
+  br_record rb = at("local", "photos/x.jpg", BR_STATE_LIVE, 10);
+  br_loc_change ins[2] = {{.kind = BR_LOC_INSERT, .rec = &ra}, {.kind = BR_LOC_INSERT, .rec = &rb}};
+  memcpy(ins[0].digest, a, BR_SHA256_LEN);
+  memcpy(ins[1].digest, b, BR_SHA256_LEN);
+  CHECK(br_index_apply_locations(idx, ins, 2, 100, &err) == 0, "imports: %s", err.msg);
+  CHECK(ins[0].outcome == BR_LOC_APPLIED && ins[1].outcome == BR_LOC_KEY_TAKEN,
+        "the second import of one key is refused (%d %d)", ins[0].outcome, ins[1].outcome);
+  br_record got;
+  CHECK(br_index_get(idx, b, &got, &err) == 1, "nothing was inserted for b");
+  CHECK(br_index_key_owner(idx, "local", "photos/x.jpg", owner, &err) == 0 &&
+            !memcmp(owner, a, BR_SHA256_LEN),
+        "a owns the key");
+  CHECK(br_index_key_owner(idx, "other", "photos/x.jpg", owner, &err) == 1, "no owner elsewhere");
+  /* an upload onto it */
+  br_record rc = at("local", "photos/x.jpg", BR_STATE_LIVE, 10);
+  CHECK(br_index_record_upload(idx, c, &rc, NULL, NULL, &err) == BR_INDEX_KEY_TAKEN,
+        "an upload onto another record's key: BR_INDEX_KEY_TAKEN");
+  CHECK(br_index_get(idx, c, &got, &err) == 1, "nothing was recorded for c");
+  /* a switch onto it */
+  rb = at("local", "photos/b.jpg", BR_STATE_LIVE, 10);
+  ins[1].outcome = -1;
+  CHECK(
+      br_index_apply_locations(idx, &ins[1], 1, 100, &err) == 0 && ins[1].outcome == BR_LOC_APPLIED,
+      "b imported at its own key");
+  br_loc_change sw = {.kind = BR_LOC_SWITCH,
+                      .expect = loc_at("local", "photos/b.jpg", 0),
+                      .to = loc_at("local", "photos/x.jpg", 200)};
+  memcpy(sw.digest, b, BR_SHA256_LEN);
+  CHECK(br_index_apply_locations(idx, &sw, 1, 200, &err) == 0 && sw.outcome == BR_LOC_KEY_TAKEN,
+        "a switch onto another record's key: refused (%d)", sw.outcome);
+  CHECK(br_index_get(idx, b, &got, &err) == 0 && got.nlocations == 1 &&
+            !strcmp(got.locations[0].key, "photos/b.jpg"),
+        "b unchanged");
+  /* a switch to a free key moves the ownership along; the old key stays b's while it drains */
+  sw.to = loc_at("s3", "sha256/bb", 200);
+  CHECK(br_index_apply_locations(idx, &sw, 1, 200, &err) == 0 && sw.outcome == BR_LOC_APPLIED,
+        "switch to a free key");
+  CHECK(br_index_key_owner(idx, "s3", "sha256/bb", owner, &err) == 0 &&
+            !memcmp(owner, b, BR_SHA256_LEN) &&
+            br_index_key_owner(idx, "local", "photos/b.jpg", owner, &err) == 0 &&
+            !memcmp(owner, b, BR_SHA256_LEN),
+        "b owns its new key and its draining one");
+  br_loc_change dr = {
+      .kind = BR_LOC_DROP, .expect = loc_at("local", "photos/b.jpg", 200), .cutoff_ms = 1000};
+  memcpy(dr.digest, b, BR_SHA256_LEN);
+  CHECK(br_index_apply_locations(idx, &dr, 1, 300, &err) == 0 && dr.outcome == BR_LOC_APPLIED,
+        "drop the draining copy");
+  CHECK(br_index_key_owner(idx, "local", "photos/b.jpg", owner, &err) == 1,
+        "a dropped location frees its key");
+  /* a removed record frees its keys */
+  br_change ch[2] = {{.kind = BR_CHANGE_HOLD, .reason = "test"}};
+  memcpy(ch[0].digest, a, BR_SHA256_LEN);
+  CHECK(br_index_apply_changes(idx, ch, 1, 500, &err) == 0 && ch[0].applied, "hold a");
+  ch[1] = (br_change){.kind = BR_CHANGE_REMOVE, .cutoff_ms = UINT64_MAX, .expect_state_ms = 500};
+  memcpy(ch[1].digest, a, BR_SHA256_LEN);
+  CHECK(br_index_apply_changes(idx, &ch[1], 1, 600, &err) == 0 && ch[1].applied, "remove a");
+  CHECK(br_index_key_owner(idx, "local", "photos/x.jpg", owner, &err) == 1,
+        "a removed record frees its key");
+  CHECK(br_index_record_upload(idx, c, &rc, NULL, NULL, &err) == 0, "now c may take it");
+  CHECK(br_index_key_owner(idx, "local", "photos/x.jpg", owner, &err) == 0 &&
+            !memcmp(owner, c, BR_SHA256_LEN),
+        "c owns it");
+  br_index_close(idx);
+  remove_dir();
+}
+
+/* An index written before the reverse map existed is upgraded when opened for writing: the map
+ * is built once; a key several records share is nobody's (its bytes are never deleted). */
+static void test_keys_upgrade(void) {
+  fresh_dir("index-upgrade");
+  CHECK(mkdir(dir, 0755) == 0, "mkdir %s", dir);
+  MDB_env *env = NULL;
+  MDB_txn *txn = NULL;
+  MDB_dbi dbi;
+  int rc = mdb_env_create(&env);
+  if (!rc) rc = mdb_env_set_maxdbs(env, 4);
+  if (!rc) rc = mdb_env_open(env, dir, MDB_NOTLS, 0644);
+  if (!rc) rc = mdb_txn_begin(env, NULL, 0, &txn);
+  if (!rc) rc = mdb_dbi_open(txn, "blobs", MDB_CREATE, &dbi);
+  uint8_t d[3][BR_SHA256_LEN], owner[BR_SHA256_LEN];
+  const char *keys[3] = {"in/place.bin", "in/place.bin", "own/key"};
+  for (int i = 0; i < 3 && !rc; i++) {
+    digest_of(50 + (unsigned)i, d[i]);
+    br_record r = at("local", keys[i], BR_STATE_LIVE, 10);
+    uint8_t buf[BR_RECORD_MAX_ENCODED];
+    MDB_val k = {BR_SHA256_LEN, d[i]}, v = {br_record_encode(&r, buf, sizeof buf), buf};
+    rc = mdb_put(txn, dbi, &k, &v, 0);
+  }
+  if (!rc) rc = mdb_txn_commit(txn);
+  mdb_env_close(env);
+  CHECK(rc == 0, "an index of the old format: %s", mdb_strerror(rc));
+  br_err err;
+  br_index_options ro = {.map_size = 64 << 20, .batch_max = 1, .read_only = 1};
+  br_index *idx = br_index_open(dir, &ro, &err);
+  CHECK(idx && br_index_key_owner(idx, "local", "own/key", owner, &err) < 0,
+        "a read-only open of an old index: no map, an error");
+  br_index_close(idx);
+  idx = open_index(64 << 20, 8);
+  CHECK(br_index_key_owner(idx, "local", "own/key", owner, &err) == 0 &&
+            !memcmp(owner, d[2], BR_SHA256_LEN),
+        "upgraded: own/key is its record's");
+  CHECK(br_index_key_owner(idx, "local", "in/place.bin", owner, &err) == 2,
+        "a shared key is marked shared");
+  br_record r3 = at("local", "own/key", BR_STATE_LIVE, 10);
+  uint8_t e[BR_SHA256_LEN];
+  digest_of(60, e);
+  CHECK(br_index_record_upload(idx, e, &r3, NULL, NULL, &err) == BR_INDEX_KEY_TAKEN,
+        "the upgraded map refuses a second owner");
+  br_index_close(idx);
+  idx = open_index(64 << 20, 8); /* opened again: the map is complete, kept as it is */
+  CHECK(br_index_key_owner(idx, "local", "own/key", owner, &err) == 0, "still there on reopen");
+  br_index_close(idx);
+  remove_dir();
+}
+
+/* The deleting state: only quarantined or held records with the expected state time are
+ * marked; a deleting record is never restored, released or held; an upload replaces it; a
+ * remove finishes it. */
+static void test_deleting(void) {
+  fresh_dir("index-deleting");
+  br_index *idx = open_index(64 << 20, 8);
+  br_err err;
+  static const struct {
+    enum br_state state;
+    enum br_change_kind kind;
+    uint64_t expect;
+    int applied;
+    int after;
+  } cases[] = {
+      {BR_STATE_QUARANTINED, BR_CHANGE_MARK_DELETE, 50, 1, BR_STATE_DELETING},
+      {BR_STATE_HELD, BR_CHANGE_MARK_DELETE, 50, 1, BR_STATE_DELETING},
+      {BR_STATE_QUARANTINED, BR_CHANGE_MARK_DELETE, 49, 0, BR_STATE_QUARANTINED},
+      {BR_STATE_LIVE, BR_CHANGE_MARK_DELETE, 50, 0, BR_STATE_LIVE},
+      {BR_STATE_DELETING, BR_CHANGE_MARK_DELETE, 50, 0, BR_STATE_DELETING},
+      {BR_STATE_DELETING, BR_CHANGE_RESTORE, 0, 0, BR_STATE_DELETING},
+      {BR_STATE_DELETING, BR_CHANGE_RELEASE, 0, 0, BR_STATE_DELETING},
+      {BR_STATE_DELETING, BR_CHANGE_HOLD, 0, 0, BR_STATE_DELETING},
+      {BR_STATE_DELETING, BR_CHANGE_QUARANTINE, 0, 0, BR_STATE_DELETING},
+      {BR_STATE_DELETING, BR_CHANGE_REMOVE, 50, 1, -1},
+  };
+  size_t n = sizeof cases / sizeof cases[0];
+  br_change ch[sizeof cases / sizeof cases[0]];
+  for (size_t i = 0; i < n; i++) {
+    br_record r = sample(1);
+    r.state = cases[i].state;
+    r.state_ms = 50;
+    r.last_upload_ms = 10;
+    memset(&ch[i], 0, sizeof ch[i]);
+    digest_of(2000 + (unsigned)i, ch[i].digest);
+    own_keys(&r, ch[i].digest);
+    CHECK(br_index_record_upload(idx, ch[i].digest, &r, NULL, NULL, &err) == 0, "setup %zu", i);
+    ch[i].kind = cases[i].kind;
+    ch[i].cutoff_ms = UINT64_MAX;
+    ch[i].expect_state_ms = cases[i].expect;
+  }
+  CHECK(br_index_apply_changes(idx, ch, n, 5000, &err) == 0, "apply: %s", err.msg);
+  for (size_t i = 0; i < n; i++) {
+    br_record got;
+    int rc = br_index_get(idx, ch[i].digest, &got, &err);
+    CHECK(ch[i].applied == cases[i].applied, "case %zu: applied %d", i, ch[i].applied);
+    if (cases[i].after < 0)
+      CHECK(rc == 1, "case %zu: gone", i);
+    else
+      CHECK(rc == 0 && (int)got.state == cases[i].after, "case %zu: state %d", i, (int)got.state);
+    if (cases[i].applied && cases[i].after == BR_STATE_DELETING)
+      CHECK(got.state_ms == 5000, "case %zu: marked at 5000", i);
+  }
+  /* listed with the quarantined ones */
+  struct page pg = {0};
+  uint8_t next[BR_SHA256_LEN];
+  int has_next = 0;
+  CHECK(br_index_list_after(idx, NULL, 64, BR_STATE_QUARANTINED, collect, &pg, next, &has_next,
+                            &err) == 0,
+        "list quarantined");
+  int deleting = 0;
+  for (int i = 0; i < pg.n; i++) deleting += pg.states[i] == BR_STATE_DELETING;
+  CHECK(deleting == 7, "deleting records are listed as quarantined (%d)", deleting);
+  /* an upload of a deleting blob starts it afresh */
+  br_record up = sample(1);
+  own_keys(&up, ch[0].digest);
+  up.last_upload_ms = 6000;
+  up.state_ms = 6000;
+  int created = 0;
+  br_record got;
+  CHECK(br_index_record_upload(idx, ch[0].digest, &up, &created, &got, &err) == 0 && created == 1 &&
+            got.state == BR_STATE_LIVE && got.state_ms == 6000,
+        "an upload replaces a deleting record (created %d state %d)", created, (int)got.state);
+  br_change late = {.kind = BR_CHANGE_REMOVE, .cutoff_ms = UINT64_MAX, .expect_state_ms = 5000};
+  memcpy(late.digest, ch[0].digest, BR_SHA256_LEN);
+  CHECK(br_index_apply_changes(idx, &late, 1, 7000, &err) == 0 && !late.applied &&
+            br_index_get(idx, ch[0].digest, &got, &err) == 0,
+        "the delete's last step no longer applies");
+  br_index_close(idx);
+  remove_dir();
 }
 
 int main(void) {
@@ -663,5 +1007,10 @@ int main(void) {
   test_locations();
   test_cache_sequential();
   test_cache_race();
+  test_full_big_put();
+  test_stale_reader();
+  test_key_owner();
+  test_keys_upgrade();
+  test_deleting();
   return unit_summary("index");
 }

@@ -1,10 +1,15 @@
 /* Reconcile's pure parts: the external sort (every size around the memory bound, duplicates
  * within and across spilled runs) and the data-file cache (entries visible only once committed,
- * chunks, pruning), and the report store. */
+ * chunks, pruning), and the report store; finishing deletes cut short (issue 19). */
+#include <lmdb.h>
+#include <openssl/sha.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "blobref/config.h"
+#include "blobref/reconcile.h"
+#include "blobref/store.h"
 #include "reconcile/internal.h"
 #include "unit.h"
 
@@ -143,11 +148,115 @@ static void test_state(const char *dir) {
   rstate_close(st);
 }
 
+/* ---- finishing deletes (issue 19) ---------------------------------------------------------- */
+
+static void write_file(const char *path, const void *data, size_t n) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\"", path);
+  if (system(cmd) != 0) fprintf(stderr, "%s failed\n", cmd);
+  FILE *f = fopen(path, "wb");
+  if (f) {
+    fwrite(data, 1, n, f);
+    fclose(f);
+  }
+}
+
+static int file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* An index of the old format (no store-key map) with the given records. */
+static int old_index(const char *dir, uint8_t (*digests)[BR_SHA256_LEN], const br_record *recs,
+                     int n) {
+  MDB_env *env = NULL;
+  MDB_txn *txn = NULL;
+  MDB_dbi dbi;
+  mkdir(dir, 0755);
+  int rc = mdb_env_create(&env);
+  if (!rc) rc = mdb_env_set_maxdbs(env, 4);
+  if (!rc) rc = mdb_env_open(env, dir, MDB_NOTLS, 0644);
+  if (!rc) rc = mdb_txn_begin(env, NULL, 0, &txn);
+  if (!rc) rc = mdb_dbi_open(txn, "blobs", MDB_CREATE, &dbi);
+  for (int i = 0; i < n && !rc; i++) {
+    uint8_t buf[BR_RECORD_MAX_ENCODED];
+    MDB_val k = {BR_SHA256_LEN, digests[i]}, v = {br_record_encode(&recs[i], buf, sizeof buf), buf};
+    rc = mdb_put(txn, dbi, &k, &v, 0);
+  }
+  if (!rc) rc = mdb_txn_commit(txn);
+  mdb_env_close(env);
+  return rc;
+}
+
+/* Deletes marked in the index (a crash or a failed index write cut them short) are finished when
+ * the reconciler opens: never the bytes of a key several records share (an index from before the
+ * store-key map), never an in-place file rewritten since its import (only the record goes); a
+ * content-addressed object and an unchanged in-place file are deleted. */
+static void test_finish_deletes(const char *base) {
+  char root[300], idxdir[300], statedir[300], conf[1200];
+  snprintf(root, sizeof root, "%s/fin-blobs", base);
+  snprintf(idxdir, sizeof idxdir, "%s/fin-index", base);
+  snprintf(statedir, sizeof statedir, "%s/fin-state", base);
+  snprintf(conf, sizeof conf, "[server]\ndata_dir = %s\n[store local]\nkind = fs\nroot = %s\n",
+           base, root);
+  br_config cfg;
+  br_config_init(&cfg);
+  br_err err;
+  CHECK(br_config_load_string(&cfg, conf, "test", &err) == 0 && br_config_finish(&cfg, &err) == 0,
+        "config: %s", err.msg);
+  br_store *st = br_store_open(&cfg.stores[0], &err);
+  CHECK(st != NULL, "store: %s", err.msg);
+  if (!st) return;
+  enum { SHARED1, SHARED2, REWRITTEN, CA, GOOD, N };
+  static const char *const content[N] = {"shared bytes", "shared bytes", "original bytes!",
+                                         "content-addressed", "in place, unchanged"};
+  const char *keys[N] = {"in/shared.bin", "in/shared.bin", "in/rewritten.bin", NULL, "in/good.bin"};
+  uint8_t d[N][BR_SHA256_LEN];
+  br_record recs[N];
+  char ca_key[BR_MAX_KEY + 1], path[N][700];
+  for (int i = 0; i < N; i++) {
+    SHA256((const unsigned char *)content[i], strlen(content[i]), d[i]);
+    if (i == SHARED2) d[i][31] ^= 1; /* another blob on the same key */
+    if (i == CA) br_store_default_key(st, d[i], ca_key, sizeof ca_key);
+    br_record *r = &recs[i];
+    memset(r, 0, sizeof *r);
+    r->size = strlen(content[i]);
+    r->state = i == SHARED2 ? BR_STATE_QUARANTINED : BR_STATE_DELETING;
+    r->state_ms = 1000;
+    r->nlocations = 1;
+    snprintf(r->locations[0].store, sizeof r->locations[0].store, "local");
+    snprintf(r->locations[0].key, sizeof r->locations[0].key, "%s", i == CA ? ca_key : keys[i]);
+    snprintf(path[i], sizeof path[i], "%s/%s", root, r->locations[0].key);
+    const char *bytes = i == REWRITTEN ? "rewritten bytes" : content[i]; /* same size */
+    write_file(path[i], bytes, strlen(bytes));
+  }
+  CHECK(old_index(idxdir, d, recs, N) == 0, "an index of the old format");
+  br_index_options opt = {.map_size = 64 << 20, .batch_max = 8};
+  br_index *idx = br_index_open(idxdir, &opt, &err);
+  CHECK(idx != NULL, "index: %s", err.msg);
+  br_store *stores[1] = {st};
+  br_reconcile_env env = {
+      .cfg = &cfg, .index = idx, .stores = stores, .nstores = 1, .state_dir = statedir};
+  br_reconciler *r = idx ? br_reconciler_open(&env, &err) : NULL;
+  CHECK(r != NULL, "reconciler: %s", err.msg);
+  br_record got;
+  for (int i = 0; idx && i < N; i++)
+    CHECK(br_index_get(idx, d[i], &got, &err) == (i == SHARED2 ? 0 : 1),
+          "record %d: only the quarantined one is left", i);
+  CHECK(file_exists(path[SHARED1]), "a key several records share keeps its bytes");
+  CHECK(file_exists(path[REWRITTEN]), "an in-place file rewritten since its import is kept");
+  CHECK(!file_exists(path[CA]), "a content-addressed object is deleted");
+  CHECK(!file_exists(path[GOOD]), "an unchanged in-place file is deleted");
+  CHECK(r && br_reconcile_finish_deletes(r, &err) == 0, "nothing left to finish");
+  br_reconciler_close(r);
+  br_index_close(idx);
+  br_store_close(st);
+  br_config_free(&cfg);
+}
+
 int main(void) {
   char dir[] = "/tmp/blobref-test-reconcile-XXXXXX";
   if (!mkdtemp(dir)) return 1;
   test_sort(dir);
   test_state(dir);
+  test_finish_deletes(dir);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
