@@ -56,8 +56,7 @@ static void emit_line(void *ud, const char *line) { appendf(ud, "%s", line); }
  * between get the last figures. One server per process: the figures are process-wide. */
 #define CENSUS_MAX_AGE_MS 10000
 enum { CENSUS_LIVE, CENSUS_QUARANTINED, CENSUS_HELD, CENSUS_DELETING, CENSUS_STATES };
-static const char *const census_names[CENSUS_STATES] = {"live", "quarantined", "held",
-                                                        "deleting"};
+static const char *const census_names[CENSUS_STATES] = {"live", "quarantined", "held", "deleting"};
 struct census {
   uint64_t blobs[CENSUS_STATES], bytes[CENSUS_STATES];
 };

@@ -57,8 +57,8 @@ const char *br_api_error_code(enum br_api_error e) { return errors[e].code; }
 unsigned br_api_error_status(enum br_api_error e) { return errors[e].status; }
 
 enum br_api_error index_error(int rc) {
-  return rc == BR_INDEX_FULL       ? E_INDEX_FULL
-         : rc == BR_INDEX_NO_SPACE ? E_NO_SPACE
+  return rc == BR_INDEX_FULL        ? E_INDEX_FULL
+         : rc == BR_INDEX_NO_SPACE  ? E_NO_SPACE
          : rc == BR_INDEX_KEY_TAKEN ? E_KEY_IN_USE
                                     : E_INTERNAL;
 }
