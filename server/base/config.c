@@ -97,6 +97,7 @@ static const struct key_spec store_keys[] = {
     {"timeout", KEY_DURATION, STO(timeout_ms), "5m", 1000, 86400000},
     {"stall_timeout", KEY_DURATION, STO(stall_timeout_ms), "10s", 1000, 3600000},
     {"retries", KEY_COUNT, STO(retries), "3", 0, 10},
+    {"allow_hardlinks", KEY_BOOL, STO(allow_hardlinks), "false", 0, 0},
 };
 #define TAB(field) offsetof(br_table_config, field)
 static const struct key_spec table_keys[] = {
