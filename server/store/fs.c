@@ -102,8 +102,7 @@ struct fs_writer {
 
 static struct fs_store *fs_of(br_store *st) { return st->impl; }
 
-/* ---- confinement ------------------------------------------------------------------------------
- */
+/* ---- confinement ----------------------------------------------------------------------------- */
 
 /* 1 while openat2(2) is usable; cleared for good by its first ENOSYS (a kernel before 5.6, or a
  * seccomp filter that hides it), or by a test through br_store_fs_force_fallback. */
@@ -259,8 +258,7 @@ static const char *split_key(const char *key, char dir[PATH_MAX]) {
   return slash ? slash + 1 : key;
 }
 
-/* ---- opening ----------------------------------------------------------------------------------
- */
+/* ---- opening --------------------------------------------------------------------------------- */
 
 /* fsyncs fd (a directory); on failure err names what and errno says why (for ENOSPC). */
 static int fsync_dir(int fd, const char *what, br_err *err) {
@@ -374,8 +372,7 @@ static int fs_open(br_store *st, br_err *err) {
 
 static void fs_close(br_store *st) { fs_free(fs_of(st)); }
 
-/* ---- writing ----------------------------------------------------------------------------------
- */
+/* ---- writing --------------------------------------------------------------------------------- */
 
 static br_store_writer *fs_write_begin(br_store *st, br_err *err) {
   struct fs_store *fs = fs_of(st);
@@ -520,8 +517,7 @@ done:;
   return rc;
 }
 
-/* ---- reading ----------------------------------------------------------------------------------
- */
+/* ---- reading --------------------------------------------------------------------------------- */
 
 static int fs_open_read(br_store *st, const char *key, br_store_reader *out, br_err *err) {
   struct fs_store *fs = fs_of(st);
@@ -590,8 +586,7 @@ static int fs_redirect_url(br_store *st, const char *key, char *out, size_t outl
   return 0;
 }
 
-/* ---- management -------------------------------------------------------------------------------
- */
+/* ---- management ------------------------------------------------------------------------------ */
 
 /* Deletes key: its directory opened beneath the root (no symbolic link on the way), the last
  * component checked to be a regular file (not followed), then unlinked from that directory. */
