@@ -10,6 +10,14 @@
 #define BR_MAX_REWRITES 16
 #define BR_MAX_CDNS 8
 #define BR_MAX_CDN_HEADERS 8
+#define BR_MAX_PROXIES 64
+#define BR_MAX_CONFIG_WARNINGS 8
+
+/* [server] tls_priorities by default: TLS 1.3 and 1.2 only, AEAD ciphers, ECDHE key exchange
+ * (forward secrecy); certificates of any size (NORMAL, not a SECURE level). */
+#define BR_TLS_PRIORITIES_DEFAULT                                                               \
+  "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:-CIPHER-ALL:+AES-256-GCM:+AES-128-GCM:+CHACHA20-" \
+  "POLY1305:-KX-ALL:+ECDHE-ECDSA:+ECDHE-RSA"
 
 enum br_serve_mode { BR_SERVE_PROXY, BR_SERVE_REDIRECT };
 
@@ -37,8 +45,9 @@ typedef struct br_store_config {
   uint64_t connect_timeout_ms, timeout_ms;
   uint64_t stall_timeout_ms; /* s3: no byte moving for this long fails the request */
   uint64_t retries;
-  int line;      /* where the section starts in the config file, for messages */
-  int read_only; /* set by tools that only look (fsck): no directories made, no clean-up */
+  int allow_hardlinks; /* fs: serve files with more than one name (st_nlink > 1); refused if 0 */
+  int line;            /* where the section starts in the config file, for messages */
+  int read_only;       /* set by tools that only look (fsck): no directories made, no clean-up */
 } br_store_config;
 
 enum br_table_form { BR_FORM_HEX, BR_FORM_BINARY, BR_FORM_URL };
@@ -105,6 +114,7 @@ typedef struct br_config {
   uint64_t min_body_rate;             /* bytes/s a body must average after the header timeout */
   char *tls_cert;          /* PEM certificate chain: listen serves HTTPS ("" = plain HTTP) */
   char *tls_key;           /* PEM private key of tls_cert */
+  char *tls_priorities;    /* GnuTLS priority string of HTTPS handshakes (checked at load) */
   char *listen_plain;      /* an extra plain-HTTP listener ("" = none) */
   uint64_t drain_grace_ms; /* a moved blob's old copy is deleted after this long */
   /* [reconcile] */
@@ -123,7 +133,17 @@ typedef struct br_config {
   int ntokens;
   br_cdn_config cdns[BR_MAX_CDNS];
   int ncdns;
+  /* "FILE:LINE: ..." of values that load but look wrong (also logged as warnings) */
+  char warnings[BR_MAX_CONFIG_WARNINGS][256];
+  int nwarnings;
 } br_config;
+
+/* One entry of [server] trusted_proxies: an IPv4 or IPv6 address and a prefix length. */
+typedef struct br_cidr {
+  int family; /* AF_INET or AF_INET6 */
+  uint8_t addr[16];
+  unsigned bits;
+} br_cidr;
 
 /* Fills cfg with defaults (no stores yet). */
 void br_config_init(br_config *cfg);
@@ -141,6 +161,10 @@ int br_config_finish(br_config *cfg, br_err *err);
 
 /* Replaces a string setting (frees the old value). Returns -1 on allocation failure. */
 int br_config_set_string(char **field, const char *value);
+
+/* Parses a trusted_proxies value (IPs and CIDRs separated by commas or spaces, at most
+ * BR_MAX_PROXIES) into out[0..*n). Returns 0, or -1 with err naming the bad entry. Pure. */
+int br_config_parse_proxies(const char *text, br_cidr out[BR_MAX_PROXIES], int *n, br_err *err);
 
 /* The store config of that name, or NULL. */
 const br_store_config *br_config_store(const br_config *cfg, const char *name);

@@ -20,6 +20,11 @@ typedef struct br_store_reader {
   br_source *source; /* always set: random access to the object's bytes */
 } br_store_reader;
 
+/* The message of an fs store that refuses a key because a component of its path is a symbolic
+ * link or the path would leave the root (errno ELOOP). fs stores also refuse keys in their tmp/
+ * directory (EPERM) and, unless allow_hardlinks, files with several hard links (EMLINK). */
+#define BR_STORE_CONFINED "key leaves the store root or is a symlink"
+
 /* Called by br_store_list for each object; return non-zero to stop the listing. */
 typedef int (*br_store_list_fn)(void *ud, const char *key, uint64_t size);
 
@@ -56,14 +61,15 @@ void br_store_write_abort(br_store_writer *w);
 
 /* --- reading ------------------------------------------------------------------------------- */
 
-/* Opens key for reading. Returns 0; 1 if there is no such object; -1 on other errors. */
+/* Opens key for reading. Returns 0; 1 if there is no such object; -1 on other errors (errno
+ * ELOOP / EPERM / EMLINK for the keys an fs store refuses, see BR_STORE_CONFINED). */
 int br_store_open_read(br_store *st, const char *key, br_store_reader *out, br_err *err);
 /* Releases a reader (closes fd unless taken). */
 void br_store_reader_close(br_store_reader *r);
 /* Transfers ownership of the reader's fd to the caller (e.g. to libmicrohttpd for sendfile). */
 int br_store_reader_take_fd(br_store_reader *r);
 
-/* Size of key, or 1 if absent, -1 on error. */
+/* Size of key, or 1 if absent, -1 on error (an fs store refuses the same keys as for reading). */
 int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err);
 
 /* Writes a URL a client can be redirected to for key (presigned for S3 unless cdn_url is set;
@@ -95,13 +101,14 @@ int br_store_unavailable(br_store *st);
 
 /* --- management (migration, reconcile, import) ---------------------------------------------- */
 
-/* Deletes key. Absent keys are not an error. */
+/* Deletes key. Absent keys are not an error. An fs store deletes only a regular file reached
+ * beneath its root without a symbolic link (ELOOP otherwise, nothing deleted). */
 int br_store_delete(br_store *st, const char *key, br_err *err);
 /* Deletes n keys (S3: DeleteObjects in batches of 1,000). Absent keys are not an error. Returns 0,
  * or -1 with err naming the first key that could not be deleted. */
 int br_store_delete_many(br_store *st, const char *const *keys, size_t n, br_err *err);
-/* Lists objects whose key starts with prefix (fs: in no particular order; s3: in key order,
- * paged). */
+/* Lists objects whose key starts with prefix (fs: in no particular order, regular files only,
+ * never through a symbolic link, tmp/ and refused hard links left out; s3: in key order, paged). */
 int br_store_list(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err);
 /* Copies src_key of src into dst under dst_key, durably. Stores of the same kind and endpoint may
  * do it server-side; otherwise the bytes are streamed through. */

@@ -1,7 +1,11 @@
-/* Configuration: one table of keys with types, defaults and bounds; INI parsing via inih. */
+/* Configuration: one table of keys with types, defaults and bounds; INI parsing via inih. A key
+ * given twice in a section, a value continued on an indented line, a value out of its bounds or
+ * that cannot mean what it says stops loading with FILE:LINE. */
 #include "blobref/config.h"
 #include "blobref/source.h"
 
+#include <arpa/inet.h>
+#include <gnutls/gnutls.h>
 #include <ini.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -20,105 +24,130 @@ enum key_type {
   KEY_FORM,
   KEY_SCOPES,
   KEY_SHA256,
-  KEY_REWRITE,
-  KEY_HEADER
+  KEY_REWRITE,     /* may repeat */
+  KEY_HEADER,      /* may repeat */
+  KEY_ANONYMOUS,   /* read | none */
+  KEY_PROXIES,     /* a string that br_config_parse_proxies accepts */
+  KEY_TLS_PRIORITY /* a string that gnutls_priority_init accepts */
 };
 
 /* One configurable key: where it lives (offset into its section's struct), its default and
- * bounds. Sizes are bytes, durations milliseconds, counts plain numbers. */
+ * bounds. Sizes are bytes, durations milliseconds, counts plain numbers. A value below min is
+ * refused, except 0 when zero_off (0 turns the feature off); a duration in range but below
+ * warn_below loads with a warning (it is for tests, not for production). */
 struct key_spec {
   const char *name;
   enum key_type type;
   size_t offset;
   const char *default_value;
   uint64_t min, max;
+  int zero_off;
+  uint64_t warn_below;
 };
+
+#define MINUTE_MS 60000ull
+#define HOUR_MS 3600000ull
 
 #define SRV(field) offsetof(br_config, field)
 static const struct key_spec server_keys[] = {
-    {"listen", KEY_STRING, SRV(listen), "127.0.0.1:8080", 0, 0},
-    {"data_dir", KEY_STRING, SRV(data_dir), "./var", 0, 0},
-    {"upload_store", KEY_STRING, SRV(upload_store), "", 0, 0},
-    {"max_blob_size", KEY_SIZE, SRV(max_blob_size), "5GiB", 1, UINT64_MAX / 2},
-    {"max_url_length", KEY_SIZE, SRV(max_url_length), "4096", 64, 1 << 20},
-    {"max_header_size", KEY_SIZE, SRV(max_header_size), "16KiB", 1024, 1 << 20},
-    {"max_json_size", KEY_SIZE, SRV(max_json_size), "8MiB", 1024, 1ull << 30},
-    {"max_lookup_hashes", KEY_COUNT, SRV(max_lookup_hashes), "100000", 1, 10000000},
-    {"connection_timeout", KEY_DURATION, SRV(connection_timeout_ms), "30s", 1000, 86400000},
-    {"max_connections", KEY_COUNT, SRV(max_connections), "1024", 1, 1000000},
-    {"threads", KEY_COUNT, SRV(threads), "0", 0, 1024},
-    {"connection_memory", KEY_SIZE, SRV(connection_memory), "32KiB", 16384, 16 << 20},
-    {"index_map_size", KEY_SIZE, SRV(index_map_size), "1GiB", 1 << 20, 1ull << 44},
-    {"index_batch_max", KEY_COUNT, SRV(index_batch_max), "1024", 1, 1000000},
-    {"cache_size", KEY_SIZE, SRV(cache_size), "64MiB", 0, 1ull << 40},
-    {"cache_max_blob", KEY_SIZE, SRV(cache_max_blob), "64KiB", 0, 1 << 30},
-    {"cache_max_age", KEY_DURATION, SRV(cache_max_age_ms), "60s", 0, 86400000ull * 365},
-    {"shutdown_timeout", KEY_DURATION, SRV(shutdown_timeout_ms), "10s", 0, 3600000},
-    {"dedup_touch_interval", KEY_DURATION, SRV(dedup_touch_interval_ms), "60s", 0, 86400000},
-    {"access_log", KEY_STRING, SRV(access_log), "off", 0, 0},
-    {"trusted_proxies", KEY_STRING, SRV(trusted_proxies), "", 0, 0},
-    {"max_connections_per_ip", KEY_COUNT, SRV(max_connections_per_ip), "0", 0, 1000000},
-    {"max_json_inflight", KEY_SIZE, SRV(max_json_inflight), "256MiB", 1 << 20, 1ull << 40},
-    {"request_header_timeout", KEY_DURATION, SRV(request_header_timeout_ms), "10s", 1000, 86400000},
-    {"min_body_rate", KEY_SIZE, SRV(min_body_rate), "1KiB", 0, 1ull << 40},
-    {"tls_cert", KEY_STRING, SRV(tls_cert), "", 0, 0},
-    {"tls_key", KEY_STRING, SRV(tls_key), "", 0, 0},
-    {"listen_plain", KEY_STRING, SRV(listen_plain), "", 0, 0},
-    {"drain_grace", KEY_DURATION, SRV(drain_grace_ms), "24h", 0, UINT64_MAX / 2},
+    {"listen", KEY_STRING, SRV(listen), "127.0.0.1:8080", 0, 0, 0, 0},
+    {"data_dir", KEY_STRING, SRV(data_dir), "./var", 0, 0, 0, 0},
+    {"upload_store", KEY_STRING, SRV(upload_store), "", 0, 0, 0, 0},
+    {"max_blob_size", KEY_SIZE, SRV(max_blob_size), "5GiB", 1, UINT64_MAX / 2, 0, 0},
+    {"max_url_length", KEY_SIZE, SRV(max_url_length), "4096", 64, 1 << 20, 0, 0},
+    {"max_header_size", KEY_SIZE, SRV(max_header_size), "16KiB", 1024, 1 << 20, 0, 0},
+    {"max_json_size", KEY_SIZE, SRV(max_json_size), "8MiB", 1024, 1ull << 30, 0, 0},
+    {"max_lookup_hashes", KEY_COUNT, SRV(max_lookup_hashes), "100000", 1, 10000000, 0, 0},
+    {"connection_timeout", KEY_DURATION, SRV(connection_timeout_ms), "30s", 1000, 86400000, 0, 0},
+    {"max_connections", KEY_COUNT, SRV(max_connections), "1024", 1, 1000000, 0, 0},
+    {"threads", KEY_COUNT, SRV(threads), "0", 0, 1024, 0, 0},
+    {"connection_memory", KEY_SIZE, SRV(connection_memory), "32KiB", 16384, 16 << 20, 0, 0},
+    {"index_map_size", KEY_SIZE, SRV(index_map_size), "1GiB", 1 << 20, 1ull << 44, 0, 0},
+    {"index_batch_max", KEY_COUNT, SRV(index_batch_max), "1024", 1, 1000000, 0, 0},
+    {"cache_size", KEY_SIZE, SRV(cache_size), "64MiB", 0, 1ull << 40, 0, 0},
+    {"cache_max_blob", KEY_SIZE, SRV(cache_max_blob), "64KiB", 0, 1 << 30, 0, 0},
+    {"cache_max_age", KEY_DURATION, SRV(cache_max_age_ms), "60s", 0, 86400000ull * 365, 0, 0},
+    {"shutdown_timeout", KEY_DURATION, SRV(shutdown_timeout_ms), "10s", 0, 3600000, 0, 0},
+    {"dedup_touch_interval", KEY_DURATION, SRV(dedup_touch_interval_ms), "60s", 0, 86400000, 0, 0},
+    {"access_log", KEY_STRING, SRV(access_log), "off", 0, 0, 0, 0},
+    {"trusted_proxies", KEY_PROXIES, SRV(trusted_proxies), "", 0, 0, 0, 0},
+    {"max_connections_per_ip", KEY_COUNT, SRV(max_connections_per_ip), "0", 0, 1000000, 0, 0},
+    {"max_json_inflight", KEY_SIZE, SRV(max_json_inflight), "256MiB", 1 << 20, 1ull << 40, 0, 0},
+    {"request_header_timeout", KEY_DURATION, SRV(request_header_timeout_ms), "10s", 1000, 86400000,
+     0, 0},
+    {"min_body_rate", KEY_SIZE, SRV(min_body_rate), "1KiB", 0, 1ull << 40, 0, 0},
+    {"tls_cert", KEY_STRING, SRV(tls_cert), "", 0, 0, 0, 0},
+    {"tls_key", KEY_STRING, SRV(tls_key), "", 0, 0, 0, 0},
+    {"tls_priorities", KEY_TLS_PRIORITY, SRV(tls_priorities), BR_TLS_PRIORITIES_DEFAULT, 0, 0, 0,
+     0},
+    {"listen_plain", KEY_STRING, SRV(listen_plain), "", 0, 0, 0, 0},
+    /* 0 would delete the old copy under the redirects and readers still using it */
+    {"drain_grace", KEY_DURATION, SRV(drain_grace_ms), "24h", 1000, UINT64_MAX / 2, 0, MINUTE_MS},
 };
+/* interval: 0 = on demand only; under a second it would never stop reading the tables. grace
+ * and retention: 0 would switch off invariants 6 (a pipeline may upload before it commits) and 4
+ * (a quarantine can be undone); under an hour they are for tests. */
 static const struct key_spec reconcile_keys[] = {
-    {"interval", KEY_DURATION, SRV(reconcile_interval_ms), "6h", 0, UINT64_MAX / 2},
-    {"grace", KEY_DURATION, SRV(grace_ms), "72h", 0, UINT64_MAX / 2},
-    {"retention", KEY_DURATION, SRV(retention_ms), "7d", 0, UINT64_MAX / 2},
-    {"max_fraction", KEY_FRACTION, SRV(max_fraction), "0.10", 0, 1},
+    {"interval", KEY_DURATION, SRV(reconcile_interval_ms), "6h", 1000, UINT64_MAX / 2, 1,
+     MINUTE_MS},
+    {"grace", KEY_DURATION, SRV(grace_ms), "72h", 1000, UINT64_MAX / 2, 0, HOUR_MS},
+    {"retention", KEY_DURATION, SRV(retention_ms), "7d", 1000, UINT64_MAX / 2, 0, HOUR_MS},
+    {"max_fraction", KEY_FRACTION, SRV(max_fraction), "0.10", 0, 1, 0, 0},
 };
 static const struct key_spec auth_keys[] = {
-    {"anonymous", KEY_SCOPES, SRV(anonymous_scopes), "read", 0, 0},
+    {"anonymous", KEY_ANONYMOUS, SRV(anonymous_scopes), "read", 0, 0, 0, 0},
 };
 #define STO(field) offsetof(br_store_config, field)
 static const struct key_spec store_keys[] = {
-    {"kind", KEY_STRING, STO(kind), "fs", 0, 0},
-    {"root", KEY_STRING, STO(root), "", 0, 0},
-    {"serve", KEY_SERVE, STO(serve), "proxy", 0, 0},
-    {"public_url", KEY_STRING, STO(public_url), "", 0, 0},
-    {"prefix", KEY_STRING, STO(prefix), "", 0, 0},
-    {"presign_ttl", KEY_DURATION, STO(presign_ttl_ms), "15m", 1000, 7 * 86400000ull},
-    {"endpoint", KEY_STRING, STO(endpoint), "", 0, 0},
-    {"region", KEY_STRING, STO(region), "us-east-1", 0, 0},
-    {"bucket", KEY_STRING, STO(bucket), "", 0, 0},
-    {"path_style", KEY_BOOL, STO(path_style), "true", 0, 0},
-    {"access_key", KEY_STRING, STO(access_key), "", 0, 0},
-    {"secret_key", KEY_STRING, STO(secret_key), "", 0, 0},
-    {"session_token", KEY_STRING, STO(session_token), "", 0, 0},
-    {"cdn_url", KEY_STRING, STO(cdn_url), "", 0, 0},
-    {"spool_dir", KEY_STRING, STO(spool_dir), "", 0, 0},
-    {"part_size", KEY_SIZE, STO(part_size), "16MiB", 5 << 20, 5ull << 30},
-    {"url", KEY_STRING, STO(url), "", 0, 0},
-    {"connect_timeout", KEY_DURATION, STO(connect_timeout_ms), "2s", 100, 600000},
-    {"timeout", KEY_DURATION, STO(timeout_ms), "5m", 1000, 86400000},
-    {"stall_timeout", KEY_DURATION, STO(stall_timeout_ms), "10s", 1000, 3600000},
-    {"retries", KEY_COUNT, STO(retries), "3", 0, 10},
+    {"kind", KEY_STRING, STO(kind), "fs", 0, 0, 0, 0},
+    {"root", KEY_STRING, STO(root), "", 0, 0, 0, 0},
+    {"serve", KEY_SERVE, STO(serve), "proxy", 0, 0, 0, 0},
+    {"public_url", KEY_STRING, STO(public_url), "", 0, 0, 0, 0},
+    {"prefix", KEY_STRING, STO(prefix), "", 0, 0, 0, 0},
+    /* under a minute a redirect may expire before the client follows it; 7 days is S3's limit */
+    {"presign_ttl", KEY_DURATION, STO(presign_ttl_ms), "15m", 1000, 7 * 86400000ull, 0, MINUTE_MS},
+    {"endpoint", KEY_STRING, STO(endpoint), "", 0, 0, 0, 0},
+    {"region", KEY_STRING, STO(region), "us-east-1", 0, 0, 0, 0},
+    {"bucket", KEY_STRING, STO(bucket), "", 0, 0, 0, 0},
+    {"path_style", KEY_BOOL, STO(path_style), "true", 0, 0, 0, 0},
+    {"access_key", KEY_STRING, STO(access_key), "", 0, 0, 0, 0},
+    {"secret_key", KEY_STRING, STO(secret_key), "", 0, 0, 0, 0},
+    {"session_token", KEY_STRING, STO(session_token), "", 0, 0, 0, 0},
+    {"cdn_url", KEY_STRING, STO(cdn_url), "", 0, 0, 0, 0},
+    {"spool_dir", KEY_STRING, STO(spool_dir), "", 0, 0, 0, 0},
+    {"part_size", KEY_SIZE, STO(part_size), "16MiB", 5 << 20, 5ull << 30, 0, 0},
+    {"url", KEY_STRING, STO(url), "", 0, 0, 0, 0},
+    {"connect_timeout", KEY_DURATION, STO(connect_timeout_ms), "2s", 100, 600000, 0, 0},
+    {"timeout", KEY_DURATION, STO(timeout_ms), "5m", 1000, 86400000, 0, 0},
+    {"stall_timeout", KEY_DURATION, STO(stall_timeout_ms), "10s", 1000, 3600000, 0, 0},
+    {"retries", KEY_COUNT, STO(retries), "3", 0, 10, 0, 0},
+    {"allow_hardlinks", KEY_BOOL, STO(allow_hardlinks), "false", 0, 0, 0, 0},
 };
 #define TAB(field) offsetof(br_table_config, field)
 static const struct key_spec table_keys[] = {
-    {"location", KEY_STRING, TAB(location), "", 0, 0},
-    {"column", KEY_STRING, TAB(column), "", 0, 0},
-    {"form", KEY_FORM, TAB(form), "hex", 0, 0},
-    {"store", KEY_STRING, TAB(store), "", 0, 0},
-    {"rewrite", KEY_REWRITE, 0, NULL, 0, 0},
+    {"location", KEY_STRING, TAB(location), "", 0, 0, 0, 0},
+    {"column", KEY_STRING, TAB(column), "", 0, 0, 0, 0},
+    {"form", KEY_FORM, TAB(form), "hex", 0, 0, 0, 0},
+    {"store", KEY_STRING, TAB(store), "", 0, 0, 0, 0},
+    {"rewrite", KEY_REWRITE, 0, NULL, 0, 0, 0, 0},
 };
 #define TOK(field) offsetof(br_token_config, field)
 static const struct key_spec token_keys[] = {
-    {"sha256", KEY_SHA256, TOK(sha256), NULL, 0, 0},
-    {"scopes", KEY_SCOPES, TOK(scopes), "read", 0, 0},
+    {"sha256", KEY_SHA256, TOK(sha256), NULL, 0, 0, 0, 0},
+    {"scopes", KEY_SCOPES, TOK(scopes), "read", 0, 0, 0, 0},
 };
 #define CDN(field) offsetof(br_cdn_config, field)
 static const struct key_spec cdn_keys[] = {
-    {"purge_url", KEY_STRING, CDN(purge_url), "", 0, 0},
-    {"method", KEY_STRING, CDN(method), "PURGE", 0, 0},
-    {"header", KEY_HEADER, 0, NULL, 0, 0},
+    {"purge_url", KEY_STRING, CDN(purge_url), "", 0, 0, 0, 0},
+    {"method", KEY_STRING, CDN(method), "PURGE", 0, 0, 0, 0},
+    {"header", KEY_HEADER, 0, NULL, 0, 0, 0, 0},
 };
 #define NKEYS(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Per section, the line where each key was first seen (duplicates are refused). */
+#define MAX_SECTION_KEYS 48
+_Static_assert(NKEYS(server_keys) <= MAX_SECTION_KEYS, "server_keys");
+_Static_assert(NKEYS(store_keys) <= MAX_SECTION_KEYS, "store_keys");
 
 int br_config_set_string(char **field, const char *value) {
   char *copy = strdup(value);
@@ -147,6 +176,83 @@ static int parse_scopes(const char *value, unsigned *out) {
       return -1;
   }
   *out = scopes;
+  return 0;
+}
+
+/* "IP" or "IP/BITS" (IPv4 or IPv6) into c. Returns 0 or -1. */
+static int parse_cidr(const char *s, size_t len, br_cidr *c) {
+  char buf[64];
+  if (len == 0 || len >= sizeof buf) return -1;
+  memcpy(buf, s, len);
+  buf[len] = '\0';
+  char *slash = strchr(buf, '/');
+  long bits = -1;
+  if (slash) {
+    char *end = NULL;
+    *slash = '\0';
+    if (!slash[1]) return -1;
+    bits = strtol(slash + 1, &end, 10);
+    if (*end || bits < 0) return -1;
+  }
+  memset(c, 0, sizeof *c);
+  if (inet_pton(AF_INET, buf, c->addr) == 1) {
+    c->family = AF_INET;
+    if (bits > 32) return -1;
+    c->bits = bits < 0 ? 32 : (unsigned)bits;
+  } else if (inet_pton(AF_INET6, buf, c->addr) == 1) {
+    c->family = AF_INET6;
+    if (bits > 128) return -1;
+    c->bits = bits < 0 ? 128 : (unsigned)bits;
+  } else {
+    return -1;
+  }
+  return 0;
+}
+
+int br_config_parse_proxies(const char *text, br_cidr out[BR_MAX_PROXIES], int *n, br_err *err) {
+  *n = 0;
+  for (const char *p = text; *p;) {
+    while (*p == ',' || *p == ' ' || *p == '\t') p++;
+    if (!*p) break;
+    size_t len = strcspn(p, ", \t");
+    if (*n == BR_MAX_PROXIES || parse_cidr(p, len, &out[*n]) < 0)
+      return br_fail(err, "trusted_proxies: '%.*s' is not an IP address or CIDR%s", (int)len, p,
+                     *n == BR_MAX_PROXIES ? " (at most 64 entries)" : "");
+    (*n)++;
+    p += len;
+  }
+  return 0;
+}
+
+/* Writes ms as the largest unit that divides it ("90s", "2h", "250ms"). */
+static const char *fmt_ms(uint64_t ms, char *buf, size_t len) {
+  static const struct {
+    const char *unit;
+    uint64_t ms;
+  } units[] = {{"d", 86400000}, {"h", 3600000}, {"m", 60000}, {"s", 1000}};
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (ms && ms % units[i].ms == 0) {
+      snprintf(buf, len, "%llu%s", (unsigned long long)(ms / units[i].ms), units[i].unit);
+      return buf;
+    }
+  snprintf(buf, len, "%llums", (unsigned long long)ms);
+  return buf;
+}
+
+/* Refuses n (the parsed value of k) outside k's bounds, saying what they are. */
+static int check_range(const struct key_spec *k, const char *value, uint64_t n, br_err *err) {
+  char lo[32], hi[32];
+  if (k->type == KEY_DURATION) {
+    fmt_ms(k->min, lo, sizeof lo);
+    fmt_ms(k->max, hi, sizeof hi);
+  } else {
+    snprintf(lo, sizeof lo, "%llu", (unsigned long long)k->min);
+    snprintf(hi, sizeof hi, "%llu", (unsigned long long)k->max);
+  }
+  if (n > k->max) return br_fail(err, "%s: %s is out of range (at most %s)", k->name, value, hi);
+  if (n < k->min && !(k->zero_off && n == 0))
+    return br_fail(err, "%s: %s is out of range (%sat least %s)", k->name, value,
+                   k->zero_off ? "0 = off, or " : "", lo);
   return 0;
 }
 
@@ -211,6 +317,33 @@ static int set_key(const struct key_spec *k, void *base, const char *value, br_e
       if (parse_scopes(value, (unsigned *)p) < 0)
         return br_fail(err, "%s: '%s' must list read, write, admin (or none)", k->name, value);
       return 0;
+    case KEY_ANONYMOUS: /* write or admin here would give them to every client on the network */
+      if (!strcmp(value, "read"))
+        *(unsigned *)p = BR_SCOPE_READ;
+      else if (!strcmp(value, "none"))
+        *(unsigned *)p = 0;
+      else
+        return br_fail(err,
+                       "%s: '%s' must be read or none (what a client without a token may do; "
+                       "give write and admin to a [token])",
+                       k->name, value);
+      return 0;
+    case KEY_PROXIES: {
+      br_cidr cidrs[BR_MAX_PROXIES];
+      int nc = 0;
+      if (br_config_parse_proxies(value, cidrs, &nc, err) < 0) return -1;
+      return br_config_set_string((char **)p, value) < 0 ? br_fail(err, "out of memory") : 0;
+    }
+    case KEY_TLS_PRIORITY: {
+      gnutls_priority_t prio = NULL;
+      const char *where = NULL;
+      int g = gnutls_priority_init(&prio, value, &where);
+      if (g < 0)
+        return br_fail(err, "%s: '%s' is not a GnuTLS priority string (%s at '%.40s')", k->name,
+                       value, gnutls_strerror(g), where ? where : "");
+      gnutls_priority_deinit(prio);
+      return br_config_set_string((char **)p, value) < 0 ? br_fail(err, "out of memory") : 0;
+    }
     case KEY_SHA256: {
       br_token_config *t = base;
       if (br_hex_decode(value, strlen(value), t->sha256) < 0)
@@ -252,7 +385,7 @@ static int set_key(const struct key_spec *k, void *base, const char *value, br_e
       return 0;
     }
   }
-  if (n < k->min || n > k->max) return br_fail(err, "%s: %s is out of range", k->name, value);
+  if (check_range(k, value, n, err) < 0) return -1;
   *(uint64_t *)p = n;
   return 0;
 }
@@ -271,12 +404,18 @@ void br_config_init(br_config *cfg) {
 
 struct parse_state {
   br_config *cfg;
+  const char *name; /* the file, for warnings */
   br_err err;
   int failed;
   char section[256];  /* last section seen, to start a new store/table/token once */
   void *section_base; /* struct the current section's keys go to */
   const struct key_spec *keys;
   size_t nkeys;
+  int seen_line[MAX_SECTION_KEYS]; /* where each key of the section was set (0: not yet) */
+  /* the entry lines of the text, followed as inih reads them (it tells lines only on errors) */
+  const char *scan; /* the next line to look at; NULL: no text (or the end) */
+  int scan_line;    /* its number */
+  int scan_key;     /* an entry was seen since the last section header */
 };
 
 static int names_taken(br_config *cfg, const char *kind, const char *name) {
@@ -301,6 +440,7 @@ static int names_taken(br_config *cfg, const char *kind, const char *name) {
 static int enter_section(struct parse_state *ps, const char *section) {
   br_config *cfg = ps->cfg;
   snprintf(ps->section, sizeof ps->section, "%s", section);
+  memset(ps->seen_line, 0, sizeof ps->seen_line);
   if (!strcmp(section, "server")) {
     ps->section_base = cfg, ps->keys = server_keys, ps->nkeys = NKEYS(server_keys);
     return 0;
@@ -356,23 +496,88 @@ static int enter_section(struct parse_state *ps, const char *section) {
   return 0;
 }
 
+/* The line of the entry inih hands over next, found the way inih reads the text: blank lines
+ * and lines starting with ';' or '#' are skipped, a '[' line starts a section, an indented line
+ * after an entry of the same section continues that entry's value (*continued = 1), any other is
+ * an entry. Returns its number, or 0 when the text is not known. */
+static int next_entry_line(struct parse_state *ps, int *continued) {
+  *continued = 0;
+  while (ps->scan && *ps->scan) {
+    const char *line = ps->scan, *eol = strchr(line, '\n');
+    int number = ps->scan_line++;
+    ps->scan = eol ? eol + 1 : NULL;
+    if (number == 1 && !strncmp(line, "\xEF\xBB\xBF", 3)) line += 3;
+    const char *start = line;
+    while (start != eol && *start && (*start == ' ' || *start == '\t' || *start == '\r')) start++;
+    if (start == eol || !*start || *start == ';' || *start == '#') continue;
+    if (ps->scan_key && start > line) {
+      *continued = 1;
+      return number;
+    }
+    if (*start == '[') {
+      ps->scan_key = 0;
+      continue;
+    }
+    ps->scan_key = 1;
+    return number;
+  }
+  return 0;
+}
+
+/* A value in range but below k's warn_below: loads, with a warning logged and kept in cfg. */
+static void warn_low(struct parse_state *ps, const struct key_spec *k, const char *value,
+                     int line) {
+  if (k->type != KEY_DURATION || !k->warn_below) return;
+  uint64_t n = *(uint64_t *)((char *)ps->section_base + k->offset);
+  if (n >= k->warn_below || (k->zero_off && n == 0)) return;
+  char floor[32];
+  br_config *cfg = ps->cfg;
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s:%d: [%s] %s = %s is under %s: meant for tests, not production",
+           ps->name, line, ps->section, k->name, value, fmt_ms(k->warn_below, floor, sizeof floor));
+  br_warn("config: %s", msg);
+  if (cfg->nwarnings == BR_MAX_CONFIG_WARNINGS) return;
+  char *keep = cfg->warnings[cfg->nwarnings++];
+  size_t len = strlen(msg) < sizeof cfg->warnings[0] ? strlen(msg) : sizeof cfg->warnings[0] - 1;
+  memcpy(keep, msg, len);
+  keep[len] = '\0';
+}
+
 static int on_ini_entry(void *user, const char *section, const char *name, const char *value) {
   struct parse_state *ps = user;
   if (ps->failed) return 0;
+  int continued = 0, line = next_entry_line(ps, &continued);
   if (!*section) {
     br_fail(&ps->err, "'%s' before any [section]", name);
     goto fail;
   }
   if (strcmp(section, ps->section) != 0 && enter_section(ps, section) < 0) goto fail;
+  if (continued) {
+    br_fail(&ps->err,
+            "[%s] %s: an indented line would continue its value; values take one line (remove "
+            "the indentation)",
+            section, name);
+    goto fail;
+  }
   for (size_t i = 0; i < ps->nkeys; i++) {
-    if (!strcmp(ps->keys[i].name, name)) {
-      br_err kerr;
-      if (set_key(&ps->keys[i], ps->section_base, value, &kerr) < 0) {
-        br_fail(&ps->err, "[%s] %s", section, kerr.msg);
-        goto fail;
-      }
-      return 1;
+    const struct key_spec *k = &ps->keys[i];
+    if (strcmp(k->name, name)) continue;
+    if (ps->seen_line[i] && k->type != KEY_REWRITE && k->type != KEY_HEADER) {
+      if (ps->seen_line[i] > 0)
+        br_fail(&ps->err, "[%s] %s is set twice (first on line %d)", section, name,
+                ps->seen_line[i]);
+      else
+        br_fail(&ps->err, "[%s] %s is set twice", section, name);
+      goto fail;
     }
+    ps->seen_line[i] = line ? line : -1;
+    br_err kerr;
+    if (set_key(k, ps->section_base, value, &kerr) < 0) {
+      br_fail(&ps->err, "[%s] %s", section, kerr.msg);
+      goto fail;
+    }
+    warn_low(ps, k, value, line);
+    return 1;
   }
   br_fail(&ps->err, "[%s]: unknown key '%s'", section, name);
 fail:
@@ -440,7 +645,7 @@ static int check_sections(const char *text, const char *name, br_err *err) {
 
 static int load(br_config *cfg, const char *text, const char *name, br_err *err) {
   if (check_sections(text, name, err) < 0) return -1;
-  struct parse_state ps = {.cfg = cfg};
+  struct parse_state ps = {.cfg = cfg, .name = name, .scan = text, .scan_line = 1};
   int line = ini_parse_string(text, on_ini_entry, &ps);
   for (int i = 0; i < cfg->nstores; i++)
     if (!cfg->stores[i].line)
@@ -557,7 +762,8 @@ int br_config_finish(br_config *cfg, br_err *err) {
 
 static void free_strings(const struct key_spec *keys, size_t nkeys, void *base) {
   for (size_t i = 0; i < nkeys; i++)
-    if (keys[i].type == KEY_STRING) {
+    if (keys[i].type == KEY_STRING || keys[i].type == KEY_PROXIES ||
+        keys[i].type == KEY_TLS_PRIORITY) {
       char **p = (char **)((char *)base + keys[i].offset);
       free(*p);
       *p = NULL;

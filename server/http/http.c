@@ -432,6 +432,7 @@ static struct MHD_Daemon *start_daemon(br_http *http, const char *listen, int tl
                    (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0) | (tls ? MHD_USE_TLS : 0);
   struct MHD_OptionItem tls_opts[] = {
       {tls ? MHD_OPTION_HTTPS_CERT_CALLBACK : MHD_OPTION_END, 0, tls_cert_callback()},
+      {MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)cfg->tls_priorities},
       {MHD_OPTION_END, 0, NULL}};
   struct MHD_Daemon *d = MHD_start_daemon(
       flags, 0, accept_policy, http, on_request, http, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,

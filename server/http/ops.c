@@ -25,7 +25,6 @@ const double br_latency_bounds[LATENCY_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005,
 const char *const br_upload_step_names[UPLOAD_STEPS] = {"receive", "hash", "store_write",
                                                         "store_commit", "index_commit"};
 
-#define MAX_PROXIES 64
 #define MAX_REQUEST_ID 64
 #define SWEEP_MS 250
 
@@ -41,14 +40,9 @@ struct auth_table {
   struct auth_token t[BR_MAX_TOKENS];
 };
 
-struct cidr {
-  int family; /* AF_INET or AF_INET6 */
-  uint8_t addr[16];
-  unsigned bits;
-};
 struct proxy_table {
   int n;
-  struct cidr c[MAX_PROXIES];
+  br_cidr c[BR_MAX_PROXIES];
 };
 
 /* One per connection (libmicrohttpd's socket context), on the sweeper's list while open. */
@@ -85,60 +79,22 @@ struct ops {
 
 /* ---- parsing --------------------------------------------------------------------------------- */
 
-/* "IP" or "IP/BITS" (IPv4 or IPv6) into c. Returns 0 or -1. */
-static int parse_cidr(const char *s, size_t len, struct cidr *c) {
-  char buf[64];
-  if (len == 0 || len >= sizeof buf) return -1;
-  memcpy(buf, s, len);
-  buf[len] = '\0';
-  char *slash = strchr(buf, '/');
-  long bits = -1;
-  if (slash) {
-    char *end = NULL;
-    *slash = '\0';
-    if (!slash[1]) return -1;
-    bits = strtol(slash + 1, &end, 10);
-    if (*end || bits < 0) return -1;
-  }
-  memset(c, 0, sizeof *c);
-  if (inet_pton(AF_INET, buf, c->addr) == 1) {
-    c->family = AF_INET;
-    if (bits > 32) return -1;
-    c->bits = bits < 0 ? 32 : (unsigned)bits;
-  } else if (inet_pton(AF_INET6, buf, c->addr) == 1) {
-    c->family = AF_INET6;
-    if (bits > 128) return -1;
-    c->bits = bits < 0 ? 128 : (unsigned)bits;
-  } else {
-    return -1;
-  }
-  return 0;
-}
-
-/* trusted_proxies: IPs and CIDRs separated by commas or spaces. NULL with err on a bad one. */
+/* trusted_proxies: IPs and CIDRs separated by commas or spaces (br_config_parse_proxies, which
+ * also checked them when the config was loaded). NULL with err on a bad one. */
 static struct proxy_table *parse_proxies(const char *text, br_err *err) {
   struct proxy_table *pt = calloc(1, sizeof *pt);
   if (!pt) {
     br_fail(err, "out of memory");
     return NULL;
   }
-  for (const char *p = text; *p;) {
-    while (*p == ',' || *p == ' ' || *p == '\t') p++;
-    if (!*p) break;
-    size_t len = strcspn(p, ", \t");
-    if (pt->n == MAX_PROXIES || parse_cidr(p, len, &pt->c[pt->n]) < 0) {
-      br_fail(err, "[server] trusted_proxies: '%.*s' is not an IP address or CIDR%s", (int)len, p,
-              pt->n == MAX_PROXIES ? " (at most 64 entries)" : "");
-      free(pt);
-      return NULL;
-    }
-    pt->n++;
-    p += len;
+  if (br_config_parse_proxies(text, pt->c, &pt->n, err) < 0) {
+    free(pt);
+    return NULL;
   }
   return pt;
 }
 
-static int cidr_contains(const struct cidr *c, int family, const uint8_t *addr) {
+static int cidr_contains(const br_cidr *c, int family, const uint8_t *addr) {
   if (c->family != family) return 0;
   unsigned full = c->bits / 8, rest = c->bits % 8;
   if (memcmp(c->addr, addr, full) != 0) return 0;
@@ -562,6 +518,7 @@ int ops_reload(br_http *http, const br_config *fresh, br_err *err) {
   note_fixed("listen", strcmp(cfg->listen, fresh->listen) != 0);
   note_fixed("listen_plain", strcmp(cfg->listen_plain, fresh->listen_plain) != 0);
   note_fixed("tls_cert (HTTPS on or off)", !*cfg->tls_cert != !*fresh->tls_cert);
+  note_fixed("tls_priorities", strcmp(cfg->tls_priorities, fresh->tls_priorities) != 0);
   note_fixed("data_dir", strcmp(cfg->data_dir, fresh->data_dir) != 0);
   note_fixed("upload_store", strcmp(cfg->upload_store, fresh->upload_store) != 0);
   note_fixed("threads", cfg->threads != fresh->threads);
@@ -582,7 +539,7 @@ int ops_reload(br_http *http, const br_config *fresh, br_err *err) {
                     strcmp(x->bucket, y->bucket) || strcmp(x->prefix, y->prefix) ||
                     strcmp(x->url, y->url) || strcmp(x->public_url, y->public_url) ||
                     strcmp(x->access_key, y->access_key) || strcmp(x->secret_key, y->secret_key) ||
-                    x->serve != y->serve;
+                    x->serve != y->serve || x->allow_hardlinks != y->allow_hardlinks;
   }
   note_fixed("[store] sections", stores_differ);
   note_fixed("[table] sections", cfg->ntables != fresh->ntables);

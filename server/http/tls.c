@@ -3,7 +3,10 @@
  * per handshake through MHD_OPTION_HTTPS_CERT_CALLBACK. A reload (SIGHUP) publishes a new pair
  * for the handshakes that follow; connections already open keep theirs and are never dropped.
  * (libmicrohttpd 0.9.75 cannot swap the certificate of a running daemon, and a second daemon on
- * the same port would need MHD_quiesce_daemon, which races the thread pool's epoll sets.) */
+ * the same port would need MHD_quiesce_daemon, which races the thread pool's epoll sets.)
+ * Protocol versions and cipher suites are [server] tls_priorities (a GnuTLS priority string
+ * checked when the config loads; by default TLS 1.2 and 1.3, AEAD, ECDHE), which start_daemon
+ * passes as MHD_OPTION_HTTPS_PRIORITIES; a reload cannot change them. */
 #include <gnutls/abstract.h>
 #include <gnutls/gnutls.h>
 #include <openssl/pem.h>

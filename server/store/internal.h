@@ -51,4 +51,8 @@ extern const struct store_ops br_store_http_ops;
  * backslashes or control characters. Returns 0 or -1. */
 int br_store_key_valid(const char *key);
 
+/* Tests: makes the fs store resolve keys without openat2(2) (on = 1), as on kernels before 5.6,
+ * or with it again where the kernel has it (on = 0). */
+void br_store_fs_force_fallback(int on);
+
 #endif

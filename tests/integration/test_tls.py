@@ -161,3 +161,64 @@ def test_sighup_takes_a_new_certificate_without_dropping_connections(tmp_path, p
         assert peer_serial(srv.port, pki.ca) == new_serial
     finally:
         assert srv.stop() == 0, srv.read_log()
+
+
+# ---- protocol versions and cipher suites (issue 18) -------------------------------------------
+
+# What the OpenSSL client offers, and whether the default tls_priorities must accept it. Debian's
+# OpenSSL refuses TLS 1.0/1.1 and SHA-1 suites by itself at its default security level 2, hence
+# @SECLEVEL=0: the client then offers them, and only the server can refuse (the NORMAL control
+# below proves the same client command completes a handshake when the server allows it).
+HANDSHAKES = [
+    (["-tls1", "-cipher", "DEFAULT:@SECLEVEL=0"], False, "TLSv1"),
+    (["-tls1_1", "-cipher", "DEFAULT:@SECLEVEL=0"], False, "TLSv1.1"),
+    (["-tls1_2", "-cipher", "AES128-SHA:@SECLEVEL=0"], False, "TLSv1.2"),
+    (["-tls1_2", "-cipher", "ECDHE-RSA-AES128-SHA:@SECLEVEL=0"], False, "TLSv1.2"),
+    (["-tls1_2", "-cipher", "ECDHE-RSA-AES128-GCM-SHA256"], True, "TLSv1.2"),
+    (["-tls1_2", "-cipher", "ECDHE-RSA-CHACHA20-POLY1305"], True, "TLSv1.2"),
+    (["-tls1_3"], True, "TLSv1.3"),
+]
+
+
+def s_client(port, args):
+    """One openssl s_client handshake; returns (protocol, cipher) or None when it failed."""
+    r = subprocess.run(["openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-brief",
+                        *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=30)
+    out = r.stdout + r.stderr
+    fields = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    if r.returncode != 0 or "CONNECTION ESTABLISHED" not in out:
+        return None
+    return fields.get("Protocol version"), fields.get("Ciphersuite")
+
+
+def test_default_tls_priorities_take_only_tls12_and_13_with_aead_and_ecdhe(tmp_path, pki,
+                                                                           monkeypatch):
+    cert, key = pki.issue("versions")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(pki.ca))
+    srv = tls_server(tmp_path / "strict", cert, key).start()
+    loose = tls_server(tmp_path / "loose", cert, key, "tls_priorities = NORMAL\n").start()
+    try:
+        for args, accepted, proto in HANDSHAKES:
+            got = s_client(srv.port, args)
+            if accepted:
+                assert got and got[0] == proto, (args, got)
+            else:
+                assert got is None, (args, got)
+            # the control: a server that allows everything GnuTLS's NORMAL has completes it
+            got = s_client(loose.port, args)
+            assert got and got[0] == proto, ("client cannot offer it", args, got)
+        # what a default client negotiates: TLS 1.3 with an AEAD suite
+        got = s_client(srv.port, [])
+        assert got and got[0] == "TLSv1.3" and ("GCM" in got[1] or "CHACHA20" in got[1]), got
+    finally:
+        assert srv.stop() == 0, srv.read_log()
+        assert loose.stop() == 0, loose.read_log()
+
+
+def test_bad_tls_priorities_stop_startup(tmp_path, pki):
+    cert, key = pki.issue("prio")
+    srv = tls_server(tmp_path, cert, key, "tls_priorities = NORMAL:-VERS-TLS-EVERYTHING\n")
+    with pytest.raises(RuntimeError, match=r"blobref\.conf:4: \[server\] tls_priorities: "
+                                           r"'NORMAL:-VERS-TLS-EVERYTHING' is not a GnuTLS"):
+        srv.start(timeout=10)
