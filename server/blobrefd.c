@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <time.h>
 
+#include "blobref/version.h"
 #include "core/fsck.h"
 #include "core/server.h"
 #include "http/front.h"
@@ -22,6 +23,7 @@
 static void usage(FILE *out) {
   fprintf(out,
           "usage: blobrefd [-c FILE] [--listen HOST:PORT] [--data DIR] [--debug]\n"
+          "       blobrefd --version\n"
           "       blobrefd --fsck [--verify] [-c FILE] [--data DIR]\n"
           "       blobrefd --rebuild-index [-c FILE] [--data DIR]\n"
           "With no -c, runs on the embedded default: an fs store 'local' under DIR/blobs and the\n"
@@ -51,7 +53,10 @@ static int parse_args(int argc, char **argv, struct options *o) {
       o->rebuild = 1;
     else if (!strcmp(a, "--debug"))
       o->debug = 1;
-    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+    else if (!strcmp(a, "--version")) {
+      printf("blobrefd %s\n", BLOBREF_VERSION);
+      exit(0);
+    } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
       exit(0);
     } else {

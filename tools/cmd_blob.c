@@ -179,7 +179,15 @@ static int put_send(const cli_globals *g, const put_opts *o, FILE *in, int64_t l
     br_fail(&err, "server stored %s, not the requested %s", sha, o->hex);
     goto fail;
   }
-  if (o->verbose) {
+  if (g->json) {
+    json_t *line = json_pack("{s:s, s:O, s:O}", "sha256", sha, "size", size, "dedup", dedup);
+    if (!line || json_dumpf(line, stdout, JSON_COMPACT) != 0 || fputc('\n', stdout) == EOF) {
+      json_decref(line);
+      br_fail(&err, "cannot write to standard output");
+      goto fail;
+    }
+    json_decref(line);
+  } else if (o->verbose) {
     curl_off_t sent = 0;
     curl_easy_getinfo(c, CURLINFO_SIZE_UPLOAD_T, &sent);
     printf("%s size=%" JSON_INTEGER_FORMAT " dedup=%s sent=%" CURL_FORMAT_CURL_OFF_T "\n", sha,
@@ -572,9 +580,16 @@ static int lookup_batch(const cli_globals *g, char (*hashes)[BR_HEX_LEN + 1], si
     const char *mkey = hashes[i];
     const found_entry *f = nf ? bsearch(&key, found, nf, sizeof *found, found_cmp) : NULL;
     if (f) {
-      printf("found %s %" JSON_INTEGER_FORMAT "\n", hashes[i], f->size);
+      if (g->json)
+        printf("{\"sha256\":\"%s\",\"found\":true,\"size\":%" JSON_INTEGER_FORMAT "}\n", hashes[i],
+               f->size);
+      else
+        printf("found %s %" JSON_INTEGER_FORMAT "\n", hashes[i], f->size);
     } else if (nm && bsearch(&mkey, missing, nm, sizeof *missing, str_cmp)) {
-      printf("missing %s\n", hashes[i]);
+      if (g->json)
+        printf("{\"sha256\":\"%s\",\"found\":false}\n", hashes[i]);
+      else
+        printf("missing %s\n", hashes[i]);
       any_missing = 1;
     } else {
       br_fail(&err, "server reply does not mention %s", hashes[i]);

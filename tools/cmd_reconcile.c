@@ -13,7 +13,17 @@ static const char reconcile_usage[] =
     "  --dry-run  decide and report, change nothing\n"
     "  --force    quarantine even over max_fraction\n"
     "  --full     read every data file again (ignore the cache)\n"
-    "  --wait     wait for the run to end and print its report; exit 1 when it failed\n";
+    "  --wait     wait for the run to end and print its report; exit 1 when it failed,\n"
+    "             3 when max_fraction refused it\n"
+    "  --json     print the server's JSON (the run's id and links; with --wait, its report)\n";
+
+/* Prints a reply as one JSON document; returns 0, or -1 when standard output failed. */
+static int print_json(json_t *doc) {
+  return json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0 &&
+                 fputc('\n', stdout) != EOF && fflush(stdout) == 0
+             ? 0
+             : -1;
+}
 
 static void print_summary(json_t *rep) {
   json_t *b = json_object_get(rep, "blobs");
@@ -65,11 +75,19 @@ int cmd_reconcile(const cli_globals *g, int argc, char **argv) {
     return 1;
   }
   long long id = (long long)json_integer_value(json_object_get(reply, "id"));
-  json_decref(reply);
   if (!wait) {
-    printf("%lld\n", id);
-    return 0;
+    int rc = 0;
+    if (g->json)
+      rc = print_json(reply);
+    else
+      printf(
+          "reconcile run %lld started%s; see 'blobref reconcile --wait' or GET "
+          "/v1/reconcile/runs/%lld\n",
+          id, dry ? " (dry run)" : "", id);
+    json_decref(reply);
+    return rc < 0 ? CLI_EXIT_FAILURE : CLI_EXIT_OK;
   }
+  json_decref(reply);
   snprintf(path, sizeof path, "/v1/reconcile/runs/%lld", id);
   for (;;) {
     if (br_http_json(g->server, g->token, "GET", path, NULL, &status, &reply, &err) < 0) {
@@ -78,10 +96,16 @@ int cmd_reconcile(const cli_globals *g, int argc, char **argv) {
     }
     const char *state = json_string_value(json_object_get(reply, "state"));
     if (state && strcmp(state, "running") != 0) {
-      print_summary(reply);
+      int out = 0;
+      if (g->json)
+        out = print_json(reply);
+      else
+        print_summary(reply);
       int failed = !strcmp(state, "failed");
+      int refused = json_is_string(json_object_get(reply, "refused"));
       json_decref(reply);
-      return failed ? 1 : 0;
+      if (out < 0) return CLI_EXIT_FAILURE;
+      return failed ? CLI_EXIT_FAILURE : refused ? CLI_EXIT_REFUSED : CLI_EXIT_OK;
     }
     json_decref(reply);
     struct timespec ts = {0, 200 * 1000000L};
@@ -109,7 +133,11 @@ int cmd_restore(const cli_globals *g, int argc, char **argv) {
     fprintf(stderr, "blobref restore: %s\n", err.msg);
     return 1;
   }
-  printf("%s %s\n", hash, json_string_value(json_object_get(reply, "state")));
+  int rc = 0;
+  if (g->json)
+    rc = print_json(reply);
+  else
+    printf("%s %s\n", hash, json_string_value(json_object_get(reply, "state")));
   json_decref(reply);
-  return 0;
+  return rc < 0 ? CLI_EXIT_FAILURE : CLI_EXIT_OK;
 }

@@ -2,6 +2,7 @@
  * configures it on the server. Offline: the server is never asked, and only ever holds the
  * token's SHA-256. */
 #include <getopt.h>
+#include <jansson.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
@@ -107,8 +108,28 @@ static int token_format(const uint8_t random[TOKEN_RANDOM_BYTES], const char *na
   return 0;
 }
 
+/* Prints token_format()'s text as one JSON object: token, name, sha256, scopes (a list) and
+ * config (the section to paste). Returns 0, or -1 when the text is not token_format's. */
+static int token_print_json(const char *text) {
+  char token[128], name[TOKEN_NAME_MAX + 1], sha[BR_HEX_LEN + 1], scopes[64];
+  const char *section = strstr(text, "\n[token ");
+  if (sscanf(text, "%127s", token) != 1 || !section ||
+      sscanf(section, "\n[token %63[^]]]\nsha256 = %64s\nscopes = %63[^\n]", name, sha, scopes) !=
+          3)
+    return -1;
+  json_t *list = json_array();
+  for (char *save = NULL, *s = strtok_r(scopes, ", ", &save); s; s = strtok_r(NULL, ", ", &save))
+    json_array_append_new(list, json_string(s));
+  json_t *doc = json_pack("{s:s, s:s, s:s, s:o, s:s}", "token", token, "name", name, "sha256", sha,
+                          "scopes", list, "config", section + 1);
+  int ok = doc && json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0 &&
+           fputc('\n', stdout) != EOF;
+  json_decref(doc);
+  OPENSSL_cleanse(token, sizeof token);
+  return ok ? 0 : -1;
+}
+
 int cmd_token(const cli_globals *g, int argc, char **argv) {
-  (void)g;
   static const struct option longopts[] = {{"scopes", required_argument, NULL, 's'},
                                            {"name", required_argument, NULL, 'n'},
                                            {"help", no_argument, NULL, 'h'},
@@ -170,7 +191,7 @@ int cmd_token(const cli_globals *g, int argc, char **argv) {
     fprintf(stderr, "blobref token: %s\n", err.msg);
     return 1;
   }
-  int ok = fputs(out, stdout) >= 0 && fflush(stdout) == 0;
+  int ok = (g->json ? token_print_json(out) == 0 : fputs(out, stdout) >= 0) && fflush(stdout) == 0;
   OPENSSL_cleanse(out, sizeof out);
   if (!ok) {
     fprintf(stderr, "blobref token: cannot write to standard output\n");

@@ -6,12 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blobref/version.h"
 #include "core/cdn_purge.h"
 #include "core/reconcile_runner.h"
 #include "http/handlers.h"
 
 enum MHD_Result health_get(struct request *req) {
-  return reply_json(req, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
+  return reply_json(req, MHD_HTTP_OK,
+                    json_pack("{s:s, s:s}", "status", "ok", "version", BLOBREF_VERSION));
 }
 
 enum MHD_Result ready_get(struct request *req) {
@@ -120,6 +122,10 @@ enum MHD_Result metrics_get(struct request *req) {
   }
   if (req->phase == PHASE_RESUMED) census = census_now(&stale);
   struct text t = {0};
+  appendf(&t,
+          "# HELP blobref_build_info The running version (always 1).\n"
+          "# TYPE blobref_build_info gauge\nblobref_build_info{version=\"%s\"} 1\n",
+          BLOBREF_VERSION);
   appendf(&t,
           "# HELP blobref_http_requests_total HTTP requests answered, by route and status "
           "class.\n# TYPE blobref_http_requests_total counter\n");
