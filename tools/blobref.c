@@ -13,14 +13,18 @@ static const struct command {
   int (*run)(const cli_globals *g, int argc, char **argv);
   const char *usage;
 } commands[] = {
-    {"put", cmd_put, "put [--type CONTENT-TYPE] [--sha256 HEX] FILE|-   upload a blob"},
+    {"put", cmd_put, "put [--type CONTENT-TYPE] [-r] [--jobs N] FILE|DIR...|-  upload blobs"},
     {"get", cmd_get, "get [--range SPEC] [-o FILE] HASH               download a blob"},
     {"stat", cmd_stat, "stat HASH                                        show a blob's record"},
     {"lookup", cmd_lookup, "lookup [HASH...|-]                               which blobs exist"},
+    {"ls", cmd_ls, "ls [--state live|quarantined] [--limit N]         list the index"},
     {"refs", cmd_refs,
      "refs TABLE --column NAME [--form hex|binary|url] [--rewrite FROM=TO]... [--count|--files]"},
     {"reconcile", cmd_reconcile,
-     "reconcile [--dry-run] [--force] [--full] [--wait]  start a reconcile run (admin)"},
+     "reconcile [--dry-run] [--force] [--full] [--wait]  start a reconcile run (admin)\n"
+     "  reconcile runs | reconcile show ID               the runs' reports"},
+    {"hold", cmd_hold,
+     "hold HASH [--reason TEXT]                        quarantine a blob by hand (admin)"},
     {"restore", cmd_restore,
      "restore HASH                                     un-quarantine a blob (admin)"},
     {"extract-parquet", cmd_extract_parquet,

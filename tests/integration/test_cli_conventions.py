@@ -281,3 +281,108 @@ def test_every_config_key_is_documented_and_nothing_else():
     assert not keys - documented, f"keys not in conf/blobref.conf: {sorted(keys - documented)}"
     assert not documented - keys, f"conf/blobref.conf keys config.c does not know: " \
         f"{sorted(documented - keys)}"
+
+
+# ---- commands people reached curl for -----------------------------------------------------------
+
+def test_put_many_files_and_a_tree(server, tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "sub" / "deeper").mkdir(parents=True)
+    files = {tree / "a.jpg": b"\xff\xd8 jpeg-ish", tree / "b.txt": b"plain text",
+             tree / "sub" / "c.bin": b"no extension known" * 100,
+             tree / "sub" / "deeper" / "d.PNG": b"\x89PNG not really"}
+    for p, data in files.items():
+        p.write_bytes(data)
+    (tree / "link.jpg").symlink_to(tree / "a.jpg")  # never followed nor uploaded
+    (tree / "b-copy.txt").write_bytes(b"plain text")  # a duplicate of b.txt
+    p = run("--server", server.url, "put", "-r", tree, "--jobs=3")
+    assert p.returncode == 0, p.stderr
+    lines = dict(reversed(line.split("  ", 1)) for line in p.stdout.splitlines())
+    expect = {str(k): sha(v) for k, v in files.items()}
+    expect[str(tree / "b-copy.txt")] = sha(b"plain text")
+    assert lines == expect, p.stdout
+    summary = p.stderr.strip().splitlines()[-1]
+    # b.txt and b-copy.txt race: one uploads, the other finds it (or both upload before either
+    # is indexed); 5 files in all, none failed.
+    m = re.match(r"blobref put: 5 files: (\d) uploaded, (\d) already present, 0 failed; (\d+) "
+                 r"bytes, (\d+) sent$", summary)
+    assert m and int(m.group(1)) + int(m.group(2)) == 5 and int(m.group(1)) >= 4, summary
+    assert int(m.group(3)) == sum(len(v) for v in files.values()) + len(b"plain text"), summary
+    # Types from the extension (case-insensitive), octet-stream when unknown.
+    types = {"a.jpg": "image/jpeg", "b.txt": "text/plain", "c.bin": "application/octet-stream",
+             "d.PNG": "image/png"}
+    for p_, data in files.items():
+        meta = requests.get(f"{server.url}/v1/blobs/{sha(data)}/meta", timeout=10).json()
+        assert meta["content_type"] == types[p_.name], (p_.name, meta)
+    # A second run sends nothing: every blob is already present.
+    p = run("--server", server.url, "put", "--recursive", tree, "--json")
+    assert p.returncode == 0, p.stderr
+    objs = [json.loads(line) for line in p.stdout.splitlines()]
+    assert len(objs) == 5 and all(o["dedup"] is True and o["path"] in expect for o in objs), objs
+    assert p.stderr.strip().endswith("0 uploaded, 5 already present, 0 failed; "
+                                     f"{int(m.group(3))} bytes, 0 sent"), p.stderr
+    # Several files without -r: a directory among them is an error, the others still go.
+    p = run("--server", server.url, "put", tree / "a.jpg", tree / "sub")
+    assert p.returncode == 1 and "is a directory" in p.stderr, p.stderr
+    assert p.stdout == f"{sha(files[tree / 'a.jpg'])}  {tree / 'a.jpg'}\n", p.stdout
+    p = run("--server", server.url, "put", "--sha256", "0" * 64, tree / "a.jpg", tree / "b.txt")
+    assert p.returncode == 2, p.stderr
+    p = run("--server", server.url, "put", "--jobs", "0", tree / "a.jpg")
+    assert p.returncode == 2, p.stderr
+
+
+def test_ls_hold_restore_and_reconcile_runs(tmp_path):
+    t = IceTable(tmp_path / "t")
+    t.write_data({"f.parquet": []})
+    t.append("f.parquet")
+    srv = Server(tmp_path / "data", config_text=recon_conf(t, grace="1h")).start()
+    try:
+        blobs = sorted((sha(d), d) for d in (f"ls blob {i}".encode() for i in range(2500)))
+        s = requests.Session()
+        for h, d in blobs:
+            assert s.put(f"{srv.url}/v1/blobs/{h}", data=d, timeout=10).status_code == 201
+        p = run("--server", srv.url, "ls")  # 3 pages of 1000
+        assert p.returncode == 0, p.stderr
+        rows = [line.split(" ") for line in p.stdout.splitlines()]
+        assert [r[0] for r in rows] == [h for h, _ in blobs]
+        assert all(r[1] == str(len(d)) and r[2] == "live" and r[3] == "application/octet-stream"
+                   for r, (_, d) in zip(rows, blobs)), rows[:3]
+        p = run("--server", srv.url, "ls", "--limit=1001", "--json")
+        objs = [json.loads(line) for line in p.stdout.splitlines()]
+        assert [o["sha256"] for o in objs] == [h for h, _ in blobs[:1001]]
+        h0 = blobs[7][0]
+        p = run("--server", srv.url, "hold", h0, "--reason", "legal hold: case 42")
+        assert p.returncode == 0 and p.stdout == f"{h0} quarantined\n", (p.stdout, p.stderr)
+        meta = requests.get(f"{srv.url}/v1/blobs/{h0}/meta", timeout=10).json()
+        assert meta["state"] == "quarantined", meta
+        assert "legal hold: case 42" in json.dumps(meta), meta
+        p = run("--server", srv.url, "ls", "--state", "quarantined")
+        assert p.stdout.split() [:3] == [h0, str(len(blobs[7][1])), "quarantined"], p.stdout
+        assert len(p.stdout.splitlines()) == 1
+        p = run("--server", srv.url, "ls", "--state", "held")
+        assert p.returncode == 2, p.stderr
+        p = run("--server", srv.url, "restore", h0)
+        assert p.returncode == 0 and p.stdout == f"{h0} live\n", p.stdout
+        p = run("--server", srv.url, "hold", "nothex")
+        assert p.returncode == 2, p.stderr
+        # Reconcile runs: the list and one report, as text and as JSON.
+        p = run("--server", srv.url, "reconcile", "--dry-run", "--wait")
+        assert p.returncode == 0, p.stderr
+        rid = int(re.match(r"run (\d+) ", p.stdout).group(1))
+        p = run("--server", srv.url, "reconcile", "runs")
+        assert p.returncode == 0, p.stderr
+        header, first = p.stdout.splitlines()[:2]
+        assert header.split()[:3] == ["ID", "STATE", "STARTED"], header
+        assert first.split()[0] == str(rid) and first.split()[3] == "yes", first
+        p = run("--server", srv.url, "--json", "reconcile", "runs")
+        assert json.loads(p.stdout)["runs"][0]["id"] == rid
+        p = run("--server", srv.url, "reconcile", "show", str(rid))
+        assert p.returncode == 0 and p.stdout.startswith(f"run {rid} "), p.stdout
+        p = run("--server", srv.url, "reconcile", "show", str(rid), "--json")
+        assert json.loads(p.stdout)["id"] == rid
+        p = run("--server", srv.url, "reconcile", "show", "999")
+        assert p.returncode == 1 and "not_found" in p.stderr, p.stderr
+        p = run("--server", srv.url, "reconcile", "show", "x")
+        assert p.returncode == 2, p.stderr
+    finally:
+        srv.stop()
