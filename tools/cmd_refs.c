@@ -1,11 +1,12 @@
-/* `blobref refs`: prints the SHA-256 hashes (or the live data files) an Iceberg table references
- * across all its retained snapshots. Offline: reads the table's files directly. */
+/* `blobref refs`: prints the SHA-256 hashes (or the live data files) an Iceberg or Delta Lake table
+ * references across all its retained snapshots (versions). Offline: reads the table's files. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "blobref/config.h"
+#include "blobref/delta.h"
 #include "blobref/iceberg.h"
 #include "blobref/iceberg_s3.h"
 #include "commands.h"
@@ -17,7 +18,8 @@ static const char usage_text[] =
     "                    [--count] [--strict] [--token T]\n"
     "       blobref refs TABLE --files [--rewrite FROM=TO]... [--token T]\n"
     "       blobref refs -c FILE NAME [--count|--files] [--strict]\n"
-    "TABLE: a table folder, a metadata.json path or URL, or rest:URI#namespace.table\n"
+    "TABLE: a table folder, a metadata.json path or URL, or rest:URI#namespace.table; a folder\n"
+    "       holding _delta_log/ is a Delta Lake table (--files prints VERSION<TAB>PATH)\n"
     "-c FILE NAME: the [table NAME] of a blobref config (location, column, form, rewrites, and\n"
     "              the store whose credentials read s3:// table files)\n";
 
@@ -47,7 +49,7 @@ static int cmp_line(const void *a, const void *b) {
 }
 
 static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrites, int files,
-                    int count_only);
+                    int count_only, int delta);
 
 static int usage_error(const char *msg) {
   fprintf(stderr, "blobref refs: %s\n%s", msg, usage_text);
@@ -150,7 +152,8 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
       cfg.open_ud = s3;
     }
   }
-  int rc_all = refs_run(&cfg, rewrites, files, count_only);
+  int delta = br_delta_is_local_table(cfg.location);
+  int rc_all = refs_run(&cfg, rewrites, files, count_only, delta);
   br_iceberg_s3_free(s3);
   br_config_free(&conf);
   return rc_all;
@@ -158,7 +161,7 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
 
 /* Prints the table's references (or files) as asked; returns the exit status. */
 static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrites, int files,
-                    int count_only) {
+                    int count_only, int delta) {
   br_iceberg_table_config cfg = *cfg_in;
   if (!files && (!cfg.column || !*cfg.column)) return usage_error("--column is required");
   if (files && count_only) return usage_error("--files and --count do not go together");
@@ -168,7 +171,8 @@ static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrite
   br_iceberg_stats stats;
   if (files) {
     lines l = {NULL, 0, 0};
-    int rc = br_iceberg_list_files(&cfg, on_file, &l, &stats, &err);
+    int rc = delta ? br_delta_list_files(&cfg, NULL, NULL, on_file, &l, &stats, &err)
+                   : br_iceberg_list_files(&cfg, on_file, &l, &stats, &err);
     if (rc == 0) {
       qsort(l.v, l.n, sizeof *l.v, cmp_line);
       for (size_t i = 0; i < l.n; i++) printf("%s\n", l.v[i]);
@@ -191,7 +195,8 @@ static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrite
   }
   int status = 1;
   uint8_t *sorted = NULL;
-  if (br_iceberg_collect_refs(&cfg, set, &stats, &err) != 0) {
+  if ((delta ? br_delta_collect_refs(&cfg, NULL, NULL, set, &stats, &err)
+             : br_iceberg_collect_refs(&cfg, set, &stats, &err)) != 0) {
     fprintf(stderr, "blobref refs: %s\n", err.msg);
     goto done;
   }
