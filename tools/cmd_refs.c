@@ -117,6 +117,7 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
   br_config conf;
   br_config_init(&conf);
   br_iceberg_s3 *s3 = NULL;
+  enum br_table_format format = BR_TABLE_AUTO;
   cfg.location = table;
   if (config_path) {
     if (br_config_load(&conf, config_path, &err) < 0 || br_config_finish(&conf, &err) < 0) {
@@ -133,6 +134,7 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
       return 1;
     }
     cfg.location = t->location;
+    format = t->format;
     if (!cfg.column) cfg.column = t->column;
     if (!form_given) cfg.form = t->form;
     for (int r = 0; r < t->nrewrites && cfg.nrewrites < MAX_REWRITES; r++) {
@@ -152,7 +154,8 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
       cfg.open_ud = s3;
     }
   }
-  int delta = br_delta_is_local_table(cfg.location);
+  int delta = format == BR_TABLE_DELTA ||
+              (format == BR_TABLE_AUTO && br_delta_is_local_table(cfg.location));
   int rc_all = refs_run(&cfg, rewrites, files, count_only, delta);
   br_iceberg_s3_free(s3);
   br_config_free(&conf);

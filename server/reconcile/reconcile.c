@@ -14,6 +14,7 @@
 
 #include <openssl/evp.h>
 
+#include "blobref/delta.h"
 #include "blobref/iceberg.h"
 #include "blobref/iceberg_s3.h"
 #include "reconcile/internal.h"
@@ -149,7 +150,10 @@ static int mark_table(struct mark *m, const br_table_config *t, json_t *tables, 
   m->files = m->read = m->cached = 0;
   memset(&m->fstats, 0, sizeof m->fstats);
   br_iceberg_stats ws;
-  int rc = br_iceberg_walk_data_files(&tc, on_data_file, m, &ws, &m->err);
+  int delta = t->format == BR_TABLE_DELTA ||
+              (t->format == BR_TABLE_AUTO && br_delta_is_local_table(t->location));
+  int rc = delta ? br_delta_walk_data_files(&tc, NULL, NULL, on_data_file, m, &ws, &m->err)
+                 : br_iceberg_walk_data_files(&tc, on_data_file, m, &ws, &m->err);
   br_iceberg_s3_free(s3);
   json_array_append_new(
       tables, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "name", t->name, "snapshots",

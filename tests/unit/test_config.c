@@ -33,6 +33,8 @@ static const struct {
     {"[store a b]\n", "unknown section"},
     {"[store a/b]\nroot=/x\n", "names may hold"},
     {"[table t]\nform = base64\n", "must be hex, binary or url"},
+    {"[table t]\nformat = hudi\n",
+     "test.conf:2: [table t] format: 'hudi' must be iceberg or delta"},
     {"[table t]\nrewrite = nothing\n", "expected 'FROM => TO'"},
     {"[token t]\nsha256 = abc\n", "64-hex SHA-256"},
     {"[auth]\nanonymous = everything\n",
@@ -197,6 +199,14 @@ int main(void) {
             !strcmp(cfg.tables[0].rewrite_from[0], "s3://w/") &&
             !strcmp(cfg.tables[0].rewrite_to[0], "/srv/w/") && cfg.tables[0].form == BR_FORM_URL,
         "rewrite parsed");
+  CHECK(cfg.tables[0].format == BR_TABLE_AUTO, "format absent: auto");
+  CHECK(br_config_load_string(&cfg,
+                              "[table d]\nlocation = /d\ncolumn = h\nformat = delta\n"
+                              "[table i]\nformat = iceberg\n",
+                              "t", &err) == 0 &&
+            cfg.ntables == 3 && cfg.tables[1].format == BR_TABLE_DELTA &&
+            cfg.tables[2].format == BR_TABLE_ICEBERG,
+        "format parsed: %s", err.msg);
   CHECK(br_config_load_string(&cfg, cases[1].text, "t", &err) == 0 &&
             cfg.connection_timeout_ms == 2000,
         "inline comment stripped: %llu", (unsigned long long)cfg.connection_timeout_ms);
