@@ -170,9 +170,9 @@ typedef struct replay {
   size_t *adds, nadds, adds_cap;
   size_t *removes, nremoves, removes_cap;
   size_t *cdcs, ncdcs, cdcs_cap;
-  int state_only;    /* reading a commit only for its cdc files and protocol */
-  char *schema;      /* latest metaData.schemaString (malloc'd) */
-  const char *where; /* file being read, for messages */
+  int state_only;       /* reading a commit only for its cdc files and protocol */
+  char *schema;         /* latest metaData.schemaString (malloc'd) */
+  char incomplete[160]; /* the newest multi-part checkpoint missing parts, for messages */
   br_iceberg_file_fn fn;
   void *ud;
 } replay;
@@ -376,10 +376,11 @@ static int read_checkpoint_parquet(replay *r, const char *path, int sidecar, br_
     r->files.v[fi].alive = 1;
     if (i < sizes.n && sizes.v[i]) memcpy(&r->files.v[fi].size, sizes.v[i], 8);
   }
-  if (sidecar && side.n) {
-    br_fail(err, "a sidecar names sidecars");
-    goto done;
-  }
+  for (size_t i = 0; sidecar && i < side.n; i++)
+    if (side.v[i]) {
+      br_fail(err, "a sidecar names sidecars");
+      goto done;
+    }
   br_parquet_close(pf);
   pf = NULL;
   br_source_close(src);
@@ -499,7 +500,12 @@ static int find_checkpoints(replay *r, ckpt **out, size_t *nout, br_err *err) {
       if (want - 1 != nm->nparts) complete = 0;
       c.count = j - i;
       i = j;
-      if (!complete) continue;
+      if (!complete) {
+        snprintf(r->incomplete, sizeof r->incomplete,
+                 " (the multi-part checkpoint at version %lld has %zu of its %u parts)",
+                 (long long)c.version, c.count, (unsigned)nm->nparts);
+        continue;
+      }
     } else {
       i++;
     }
@@ -665,7 +671,7 @@ static int run_replay(replay *r, const br_iceberg_table_config *cfg, br_delta_li
   int rc = 0;
   int64_t first;
   if (latest < 0) {
-    rc = br_fail(err, "%s: no commit and no usable checkpoint (is this a Delta table?)", r->logdir);
+    rc = br_fail(err, "%s: no commit and no usable checkpoint%s", r->logdir, r->incomplete);
     goto out;
   }
   if (commit_at(r, 0))
@@ -673,8 +679,8 @@ static int run_replay(replay *r, const br_iceberg_table_config *cfg, br_delta_li
   else if (ncks)
     first = cks[0].version;
   else {
-    rc = br_fail(err, "%s: no commit 0 and no usable checkpoint: no version can be reconstructed",
-                 r->logdir);
+    rc = br_fail(err, "%s: no commit 0 and no usable checkpoint: no version can be reconstructed%s",
+                 r->logdir, r->incomplete);
     goto out;
   }
   /* Every version from first to latest needs its commit or a checkpoint. */
@@ -682,8 +688,9 @@ static int run_replay(replay *r, const br_iceberg_table_config *cfg, br_delta_li
     if (!commit_at(r, v) && !ckpt_at(cks, ncks, v)) {
       rc = br_fail(err,
                    "%s: commit %020lld.json is missing (versions %lld to %lld are in the log): "
-                   "version %lld cannot be reconstructed",
-                   r->logdir, (long long)v, (long long)first, (long long)latest, (long long)v);
+                   "version %lld cannot be reconstructed%s",
+                   r->logdir, (long long)v, (long long)first, (long long)latest, (long long)v,
+                   r->incomplete);
       goto out;
     }
   for (int64_t v = first; v <= latest && rc == 0; v++) {

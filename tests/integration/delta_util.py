@@ -117,13 +117,14 @@ class DeltaTable:
                         f"NULL::{ADD_T} AS add, NULL::{REMOVE_T} AS remove, "
                         f"NULL::{SIDECAR_T} AS sidecar")
         for p in live:
-            rows.append(f"SELECT NULL::{PROTOCOL_T}, {{'path': {lit(p)}, 'partitionValues': MAP {{}}, "
-                        f"'size': {self.sizes[p]}, 'modificationTime': 1, 'dataChange': false, "
-                        f"'stats': NULL}}::{ADD_T}, NULL::{REMOVE_T}, NULL::{SIDECAR_T}")
+            rows.append(f"SELECT NULL::{PROTOCOL_T} AS protocol, {{'path': {lit(p)}, "
+                        f"'partitionValues': MAP {{}}, 'size': {self.sizes[p]}, "
+                        f"'modificationTime': 1, 'dataChange': false, 'stats': NULL}}::{ADD_T} "
+                        f"AS add, NULL::{REMOVE_T} AS remove, NULL::{SIDECAR_T} AS sidecar")
         for s, size in sidecars:
-            rows.append(f"SELECT NULL::{PROTOCOL_T}, NULL::{ADD_T}, NULL::{REMOVE_T}, "
-                        f"{{'path': {lit(s)}, 'sizeInBytes': {size}, 'modificationTime': 1}}"
-                        f"::{SIDECAR_T}")
+            rows.append(f"SELECT NULL::{PROTOCOL_T} AS protocol, NULL::{ADD_T} AS add, "
+                        f"NULL::{REMOVE_T} AS remove, {{'path': {lit(s)}, 'sizeInBytes': {size}, "
+                        f"'modificationTime': 1}}::{SIDECAR_T} AS sidecar")
         return " UNION ALL ".join(rows)
 
     def checkpoint(self, name=None, live=None, protocol=True, sidecars=()):
