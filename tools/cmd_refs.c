@@ -48,8 +48,13 @@ static int cmp_line(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+typedef struct delta_lister {
+  br_delta_list_fn fn;
+  void *ud;
+} delta_lister;
+
 static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrites, int files,
-                    int count_only, int delta);
+                    int count_only, const delta_lister *delta);
 
 static int usage_error(const char *msg) {
   fprintf(stderr, "blobref refs: %s\n%s", msg, usage_text);
@@ -154,17 +159,22 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
       cfg.open_ud = s3;
     }
   }
+  /* s3:// Delta tables list their log through the table store (as reconcile does) */
+  int s3_table = s3 && !strncmp(cfg.location, "s3", 2) && strstr(cfg.location, "://");
   int delta = format == BR_TABLE_DELTA ||
-              (format == BR_TABLE_AUTO && br_delta_is_local_table(cfg.location));
-  int rc_all = refs_run(&cfg, rewrites, files, count_only, delta);
+              (format == BR_TABLE_AUTO && (br_delta_is_local_table(cfg.location) ||
+                                           (s3_table && br_delta_s3_is_table(s3, cfg.location))));
+  delta_lister lister = {s3_table ? br_delta_list_s3 : NULL, s3};
+  int rc_all = refs_run(&cfg, rewrites, files, count_only, delta ? &lister : NULL);
   br_iceberg_s3_free(s3);
   br_config_free(&conf);
   return rc_all;
 }
 
 /* Prints the table's references (or files) as asked; returns the exit status. */
+/* delta: NULL for an Iceberg table, else how to list the Delta table's log. */
 static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrites, int files,
-                    int count_only, int delta) {
+                    int count_only, const delta_lister *delta) {
   br_iceberg_table_config cfg = *cfg_in;
   if (!files && (!cfg.column || !*cfg.column)) return usage_error("--column is required");
   if (files && count_only) return usage_error("--files and --count do not go together");
@@ -174,7 +184,7 @@ static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrite
   br_iceberg_stats stats;
   if (files) {
     lines l = {NULL, 0, 0};
-    int rc = delta ? br_delta_list_files(&cfg, NULL, NULL, on_file, &l, &stats, &err)
+    int rc = delta ? br_delta_list_files(&cfg, delta->fn, delta->ud, on_file, &l, &stats, &err)
                    : br_iceberg_list_files(&cfg, on_file, &l, &stats, &err);
     if (rc == 0) {
       qsort(l.v, l.n, sizeof *l.v, cmp_line);
@@ -198,7 +208,7 @@ static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrite
   }
   int status = 1;
   uint8_t *sorted = NULL;
-  if ((delta ? br_delta_collect_refs(&cfg, NULL, NULL, set, &stats, &err)
+  if ((delta ? br_delta_collect_refs(&cfg, delta->fn, delta->ud, set, &stats, &err)
              : br_iceberg_collect_refs(&cfg, set, &stats, &err)) != 0) {
     fprintf(stderr, "blobref refs: %s\n", err.msg);
     goto done;

@@ -12,8 +12,7 @@
  * data_files = distinct referenced files, delete_files = deletion vectors seen (never read). */
 
 /* 1 if location names a local folder holding `_delta_log/` (or a "file://" URL of one), else 0.
- * An s3:// location is a Delta table when a caller says so (format = delta) or its listing shows
- * `_delta_log/`: see br_delta_s3_is_table in delta_s3.h. */
+ * An s3:// location is one when br_delta_s3_is_table says so. */
 int br_delta_is_local_table(const char *location);
 
 /* Lists `_delta_log/` of a table and returns the names in it (malloc'd array of malloc'd names).
@@ -23,6 +22,14 @@ typedef int (*br_delta_list_fn)(void *ud, const char *log_dir, char ***names, si
 
 /* The local lister (opendir). ud is unused. */
 int br_delta_list_local(void *ud, const char *log_dir, char ***names, size_t *n, br_err *err);
+
+/* A lister for s3:// tables: ud is a br_iceberg_s3 (iceberg_s3.h); names directly under
+ * `_delta_log/` (not `_sidecars/`). */
+int br_delta_list_s3(void *ud, const char *log_dir, char ***names, size_t *n, br_err *err);
+
+/* 1 if the s3:// location (through ud, a br_iceberg_s3) has objects under `_delta_log/`. A listing
+ * error answers 0 (the table is then read as Iceberg and fails with that error). */
+int br_delta_s3_is_table(void *ud, const char *location);
 
 /* Called once per (retained version, referenced file): the files live in that version and the
  * change-data files that version's commit adds. Same contract as br_iceberg_list_files: the

@@ -150,9 +150,12 @@ static int mark_table(struct mark *m, const br_table_config *t, json_t *tables, 
   m->files = m->read = m->cached = 0;
   memset(&m->fstats, 0, sizeof m->fstats);
   br_iceberg_stats ws;
+  int s3_table = s3 && !strncmp(t->location, "s3", 2) && strstr(t->location, "://");
   int delta = t->format == BR_TABLE_DELTA ||
-              (t->format == BR_TABLE_AUTO && br_delta_is_local_table(t->location));
-  int rc = delta ? br_delta_walk_data_files(&tc, NULL, NULL, on_data_file, m, &ws, &m->err)
+              (t->format == BR_TABLE_AUTO && (br_delta_is_local_table(t->location) ||
+                                              (s3_table && br_delta_s3_is_table(s3, t->location))));
+  int rc = delta ? br_delta_walk_data_files(&tc, s3_table ? br_delta_list_s3 : NULL, s3,
+                                            on_data_file, m, &ws, &m->err)
                  : br_iceberg_walk_data_files(&tc, on_data_file, m, &ws, &m->err);
   br_iceberg_s3_free(s3);
   json_array_append_new(

@@ -119,3 +119,59 @@ def test_invalid_value_warns_and_goes_on(tmp_path):
     assert "1 of 2 values" in res.stderr and "not-a-hash" in res.stderr
     res = refs(t.root, "--column", "image_sha256", "--strict")
     assert res.returncode == 1 and "not-a-hash" in res.stderr
+
+
+def test_delta_table_in_s3(rgw, tmp_path):
+    """The table's log and files in a bucket, read through the [table]'s s3 store; no `format`
+    key: the listing of `_delta_log/` makes it a Delta table. The checkpoint is read by ranged
+    GETs and relative (percent-encoded) paths resolve under s3://BUCKET/PREFIX; a commit missing
+    from the bucket fails the run."""
+    from s3util import s3_store_conf
+    s3 = rgw.client()
+    wh = rgw.make_bucket("delta-warehouse")
+    bb = rgw.make_bucket("delta-blobs")
+    t = DeltaTable(tmp_path / "dt")
+    table = (f"[table images]\nlocation = s3://{wh}/dt\ncolumn = image_sha256\nform = hex\n"
+             f"store = lake\n")
+    srv = start(tmp_path, s3_store_conf(rgw, bb, name="lake"), table, grace="1s")
+    api = Api(srv)
+    try:
+        data = {}
+        t0 = time.monotonic()
+        A, B, C, U = (upload(api, data, tag, 2) for tag in "ABCU")
+        t.write_data({"a.parquet": A, "part=x%20y/b.parquet": B, "c.parquet": C})
+        t.commit(add=["a.parquet"])
+        t.commit(add=["part=x%20y/b.parquet"], remove=["a.parquet"])
+        t.checkpoint()
+        t.commit(add=["c.parquet"])
+        t.delete_commit(0)
+        for p in t.root.rglob("*"):
+            if p.is_file():
+                s3.upload_file(str(p), wh, "dt/" + str(p.relative_to(t.root)))
+        conf = srv.data_dir / "blobref.conf"
+        res = refs("-c", conf, "images", "--files")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.splitlines() == [
+            f"1\ts3://{wh}/dt/part=x y/b.parquet",
+            f"2\ts3://{wh}/dt/c.parquet", f"2\ts3://{wh}/dt/part=x y/b.parquet"]
+        res = refs("-c", conf, "images")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.split() == sorted(B + C)
+
+        time.sleep(max(0, t0 + GRACE + MARGIN - time.monotonic()))
+        rep = api.run()
+        assert rep["errors"] == [], json.dumps(rep)
+        assert rep["blobs"]["quarantined"] == len(A + U), json.dumps(rep)
+        for h in B + C:
+            assert api.get(h).status_code == 200
+        for h in A + U:
+            assert api.get(h).status_code == 410
+
+        s3.delete_object(Bucket=wh, Key="dt/_delta_log/" + "%020d.json" % 2)
+        t.commit(add=[])  # version 3 in the bucket: version 2 is now a gap
+        s3.upload_file(str(t.log / ("%020d.json" % 3)), wh, "dt/_delta_log/" + "%020d.json" % 3)
+        rep = api.run(expect_state="failed")
+        assert any("%020d.json" % 2 in e for e in rep["errors"]), rep["errors"]
+        assert rep["blobs"]["quarantined"] == 0 and rep["blobs"]["restored"] == 0
+    finally:
+        srv.stop()
