@@ -46,6 +46,15 @@ int br_delta_walk_data_files(const br_iceberg_table_config *cfg, br_delta_list_f
                              void *list_ud, br_iceberg_data_file_fn fn, void *ud,
                              br_iceberg_stats *stats, br_err *err);
 
+/* Like br_delta_walk_data_files; before the first fn call, column (BR_DELTA_MAX_COLUMN bytes)
+ * receives the physical path of cfg->column under the table's column mapping (the logical one
+ * when the schema maps nothing): the column to read in the data files. */
+#define BR_DELTA_MAX_COLUMN 1024
+int br_delta_walk_data_files_mapped(const br_iceberg_table_config *cfg, br_delta_list_fn lister,
+                                    void *list_ud, br_iceberg_data_file_fn fn, void *ud,
+                                    char column[BR_DELTA_MAX_COLUMN], br_iceberg_stats *stats,
+                                    br_err *err);
+
 /* Adds the hashes cfg->column holds in every referenced file (br_delta_walk_data_files, then
  * br_iceberg_read_file_hashes on each). Returns 0 or -1 + err (out may then be partial). */
 int br_delta_collect_refs(const br_iceberg_table_config *cfg, br_delta_list_fn lister,

@@ -246,3 +246,47 @@ int dl_parse_commit(const uint8_t *data, size_t len, dl_action_fn fn, void *ud, 
   }
   return 0;
 }
+
+/* The field named name[0..len) of a struct type, or NULL. */
+static json_t *struct_field(json_t *type, const char *name, size_t len) {
+  json_t *fields = json_is_object(type) ? json_object_get(type, "fields") : NULL;
+  size_t i;
+  json_t *f;
+  json_array_foreach(fields, i, f) {
+    json_t *n = json_object_get(f, "name");
+    if (json_is_string(n) && json_string_length(n) == len &&
+        !memcmp(json_string_value(n), name, len))
+      return f;
+  }
+  return NULL;
+}
+
+int dl_physical_column(const char *schema, const char *column, char *out, size_t outlen) {
+  json_t *root = schema ? json_loads(schema, 0, NULL) : NULL;
+  json_t *type = root;
+  size_t o = 0;
+  int rc = 0;
+  for (const char *p = column;;) {
+    const char *dot = strchr(p, '.');
+    size_t len = dot ? (size_t)(dot - p) : strlen(p);
+    json_t *f = type ? struct_field(type, p, len) : NULL;
+    json_t *md = f ? json_object_get(f, "metadata") : NULL;
+    json_t *phys =
+        json_is_object(md) ? json_object_get(md, "delta.columnMapping.physicalName") : NULL;
+    const char *name = json_is_string(phys) ? json_string_value(phys) : p;
+    size_t nlen = json_is_string(phys) ? json_string_length(phys) : len;
+    if (o + nlen + 2 > outlen) {
+      rc = -1;
+      break;
+    }
+    if (o) out[o++] = '.';
+    memcpy(out + o, name, nlen);
+    o += nlen;
+    out[o] = 0;
+    type = f ? json_object_get(f, "type") : NULL;
+    if (!dot) break;
+    p = dot + 1;
+  }
+  json_decref(root);
+  return rc;
+}

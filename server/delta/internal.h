@@ -64,6 +64,12 @@ typedef int (*dl_action_fn)(void *ud, const dl_action *a, br_err *err);
  * Returns 0, -1 + err, or fn's non-zero value. */
 int dl_parse_commit(const uint8_t *data, size_t len, dl_action_fn fn, void *ud, br_err *err);
 
+/* Maps a logical column path ("a" or "a.b") to the physical one through a metaData schemaString:
+ * each part's field `delta.columnMapping.physicalName` when present (column mapping name/id),
+ * else the part itself. A column the schema does not name maps to itself. Returns 0, or -1 when
+ * out is too small. */
+int dl_physical_column(const char *schema, const char *column, char *out, size_t outlen);
+
 /* Checks a protocol: minReaderVersion 1..3; readerFeatures (at version 3) all known. features may
  * be NULL. Returns 0 or -1 + err naming the first unknown feature. */
 int dl_check_protocol(int64_t min_reader, const char *const *features, size_t nfeatures,

@@ -728,9 +728,19 @@ int br_delta_list_files(const br_iceberg_table_config *cfg, br_delta_list_fn lis
 int br_delta_walk_data_files(const br_iceberg_table_config *cfg, br_delta_list_fn lister,
                              void *list_ud, br_iceberg_data_file_fn fn, void *ud,
                              br_iceberg_stats *stats, br_err *err) {
+  return br_delta_walk_data_files_mapped(cfg, lister, list_ud, fn, ud, NULL, stats, err);
+}
+
+int br_delta_walk_data_files_mapped(const br_iceberg_table_config *cfg, br_delta_list_fn lister,
+                                    void *list_ud, br_iceberg_data_file_fn fn, void *ud,
+                                    char column[BR_DELTA_MAX_COLUMN], br_iceberg_stats *stats,
+                                    br_err *err) {
   replay r;
   br_iceberg_stats local;
   int rc = run_replay(&r, cfg, lister, list_ud, NULL, NULL, stats ? stats : &local, err);
+  if (rc == 0 && column &&
+      dl_physical_column(r.schema, cfg->column ? cfg->column : "", column, BR_DELTA_MAX_COLUMN))
+    rc = br_fail(err, "column '%.200s': physical name too long", cfg->column);
   for (size_t i = 0; i < r.files.n && rc == 0; i++) {
     if (!r.files.v[i].referenced) continue;
     br_iceberg_data_file f = {r.files.v[i].path, 1, r.files.v[i].size, -1};
@@ -764,8 +774,12 @@ int br_delta_collect_refs(const br_iceberg_table_config *cfg, br_delta_list_fn l
   if (!stats) stats = &local;
   if (!cfg->column || !*cfg->column) return br_fail(err, "no hash column configured");
   memset(&fstats, 0, sizeof fstats);
-  collect_ctx c = {cfg, out, &fstats, err};
-  int rc = br_delta_walk_data_files(cfg, lister, list_ud, collect_one, &c, stats, err);
+  char column[BR_DELTA_MAX_COLUMN];
+  br_iceberg_table_config read_cfg = *cfg; /* the hash column under its physical name */
+  read_cfg.column = column;
+  collect_ctx c = {&read_cfg, out, &fstats, err};
+  int rc =
+      br_delta_walk_data_files_mapped(cfg, lister, list_ud, collect_one, &c, column, stats, err);
   stats->values = fstats.values;
   stats->nulls = fstats.nulls;
   stats->invalid = fstats.invalid;

@@ -154,8 +154,13 @@ static int mark_table(struct mark *m, const br_table_config *t, json_t *tables, 
   int delta = t->format == BR_TABLE_DELTA ||
               (t->format == BR_TABLE_AUTO && (br_delta_is_local_table(t->location) ||
                                               (s3_table && br_delta_s3_is_table(s3, t->location))));
-  int rc = delta ? br_delta_walk_data_files(&tc, s3_table ? br_delta_list_s3 : NULL, s3,
-                                            on_data_file, m, &ws, &m->err)
+  /* Delta: the data files are read under the column's physical name (column mapping) */
+  char physical[BR_DELTA_MAX_COLUMN];
+  br_iceberg_table_config delta_read = tc;
+  delta_read.column = physical;
+  if (delta) m->tcfg = &delta_read;
+  int rc = delta ? br_delta_walk_data_files_mapped(&tc, s3_table ? br_delta_list_s3 : NULL, s3,
+                                                   on_data_file, m, physical, &ws, &m->err)
                  : br_iceberg_walk_data_files(&tc, on_data_file, m, &ws, &m->err);
   br_iceberg_s3_free(s3);
   json_array_append_new(

@@ -165,3 +165,18 @@ def test_files_never_opens_data_files():
     assert res.returncode == 0, res.stderr
     paths = {line.split("\t")[1] for line in res.stdout.splitlines()}
     assert len(paths) == 12 and not any(os.path.exists(p) for p in paths)
+
+
+def test_column_mapping_reads_the_physical_column():
+    """Column mapping `name`: `--column "Super Name"` reads the file column the schema names
+    `col-3877fd94-...` (its values are names, not hashes: each is counted and warned about)."""
+    table = DELTA / "table_with_column_mapping"
+    if not table.is_dir():
+        pytest.skip("testdata absent")
+    res = run_refs(table, "--column", "Super Name", "--form", "url")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == ""
+    m = re.search(r"warning: (\d+) of (\d+) values in column 'Super Name' are not hashes", res.stderr)
+    assert m and m.group(1) == m.group(2) and int(m.group(1)) > 0, res.stderr
+    res = run_refs(table, "--column", "no such column")
+    assert res.returncode == 1 and "no column 'no such column'" in res.stderr, res.stderr

@@ -135,7 +135,37 @@ static void test_commit(void) {
         "feature names match whole");
 }
 
+static void test_physical_column(void) {
+  static const char schema[] =
+      "{\"type\":\"struct\",\"fields\":[{\"name\":\"Super Name\",\"type\":\"string\","
+      "\"metadata\":{\"delta.columnMapping.physicalName\":\"col-38\"}},{\"name\":\"img\","
+      "\"type\":{\"type\":\"struct\",\"fields\":[{\"name\":\"sha\",\"type\":\"string\","
+      "\"metadata\":{\"delta.columnMapping.physicalName\":\"col-9\"}}]},"
+      "\"metadata\":{\"delta.columnMapping.physicalName\":\"col-7\"}},"
+      "{\"name\":\"plain\",\"type\":\"string\",\"metadata\":{}}]}";
+  static const struct {
+    const char *schema, *column, *want;
+  } cases[] = {
+      {schema, "Super Name", "col-38"},
+      {schema, "img.sha", "col-7.col-9"},
+      {schema, "plain", "plain"},
+      {schema, "absent", "absent"},
+      {schema, "img.absent", "col-7.absent"},
+      {NULL, "a.b", "a.b"},
+      {"not json", "a", "a"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char out[64];
+    int rc = dl_physical_column(cases[i].schema, cases[i].column, out, sizeof out);
+    CHECK(rc == 0 && !strcmp(out, cases[i].want), "'%s' -> rc %d '%s'", cases[i].column, rc,
+          rc == 0 ? out : "");
+  }
+  char tiny[4];
+  CHECK(dl_physical_column(schema, "Super Name", tiny, sizeof tiny) == -1, "too long for out");
+}
+
 int main(void) {
+  test_physical_column();
   test_names();
   test_decode();
   test_commit();
