@@ -307,9 +307,9 @@ static int on_pq_string(void *ud, const uint8_t *data, size_t len, int is_null) 
   char *v = NULL;
   if (!is_null) {
     if (len > DL_MAX_COMMIT) return s->oom = 1, 3;
-    if (!(v = malloc(len + 1))) return s->oom = 1, 3;
+    /* zero padding: fixed-width readers (INT32, INT64) below never read past the buffer */
+    if (!(v = calloc(1, len + 9))) return s->oom = 1, 3;
     memcpy(v, data, len);
-    v[len] = 0;
   }
   s->v[s->n++] = v;
   return 0;

@@ -200,13 +200,16 @@ int main(void) {
             !strcmp(cfg.tables[0].rewrite_to[0], "/srv/w/") && cfg.tables[0].form == BR_FORM_URL,
         "rewrite parsed");
   CHECK(cfg.tables[0].format == BR_TABLE_AUTO, "format absent: auto");
-  CHECK(br_config_load_string(&cfg,
+  br_config fcfg;
+  br_config_init(&fcfg);
+  CHECK(br_config_load_string(&fcfg,
                               "[table d]\nlocation = /d\ncolumn = h\nformat = delta\n"
-                              "[table i]\nformat = iceberg\n",
+                              "[table i]\nformat = iceberg\n[table a]\nlocation = /a\n",
                               "t", &err) == 0 &&
-            cfg.ntables == 3 && cfg.tables[1].format == BR_TABLE_DELTA &&
-            cfg.tables[2].format == BR_TABLE_ICEBERG,
+            fcfg.ntables == 3 && fcfg.tables[0].format == BR_TABLE_DELTA &&
+            fcfg.tables[1].format == BR_TABLE_ICEBERG && fcfg.tables[2].format == BR_TABLE_AUTO,
         "format parsed: %s", err.msg);
+  br_config_free(&fcfg);
   CHECK(br_config_load_string(&cfg, cases[1].text, "t", &err) == 0 &&
             cfg.connection_timeout_ms == 2000,
         "inline comment stripped: %llu", (unsigned long long)cfg.connection_timeout_ms);
