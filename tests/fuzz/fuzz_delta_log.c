@@ -1,4 +1,5 @@
-/* libFuzzer target: the Delta log's commit-line / action parser, log file names and paths. */
+/* libFuzzer target: the Delta log's commit-line / action parser, log file names, paths and the
+ * column mapping lookup in a schemaString. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,5 +30,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   dl_parse_name(name, &nm);
   char out[64];
   dl_percent_decode((const char *)data, size, out, sizeof out);
+  char *schema = malloc(size + 1);
+  if (schema) {
+    memcpy(schema, data, size);
+    schema[size] = 0;
+    dl_physical_column(schema, "a.b", out, sizeof out);
+    free(schema);
+  }
   return 0;
 }
