@@ -175,3 +175,19 @@ def test_v2_checkpoint_with_sidecars(tmp_path, kind):
     sc = sorted((t.log / "_sidecars").iterdir())[1]
     os.remove(sc)
     fails(t, sc.name)
+
+
+def test_stale_last_checkpoint_and_side_files_are_ignored(tmp_path):
+    """The log is listed, never trusted through `_last_checkpoint` (here naming a checkpoint that
+    does not exist); `.crc` and temporary files are not commits."""
+    t = table_of(tmp_path)
+    t.checkpoint()
+    t.delete_commit(0)
+    want = refs(t.root, "--files").stdout
+    (t.log / "_last_checkpoint").write_text('{"version": 99, "size": 3}\n')
+    (t.log / "00000000000000000003.crc").write_text("{}\n")
+    (t.log / ".00000000000000000003.json.crc").write_text("x")
+    (t.log / "00000000000000000004.json.tmp").write_text("not json\n")
+    res = refs(t.root, "--files")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == want and want.count("\n") == 4
