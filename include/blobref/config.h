@@ -51,12 +51,15 @@ typedef struct br_store_config {
 } br_store_config;
 
 enum br_table_form { BR_FORM_HEX, BR_FORM_BINARY, BR_FORM_URL };
+/* [table] format: AUTO (key absent) = Delta Lake when the location holds _delta_log/. */
+enum br_table_format { BR_TABLE_AUTO, BR_TABLE_ICEBERG, BR_TABLE_DELTA };
 
 typedef struct br_table_config {
   char *name;
   char *location;
   char *column;
   enum br_table_form form;
+  enum br_table_format format;
   char *store;
   char *rewrite_from[BR_MAX_REWRITES];
   char *rewrite_to[BR_MAX_REWRITES];

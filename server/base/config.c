@@ -22,6 +22,7 @@ enum key_type {
   KEY_BOOL,
   KEY_SERVE,
   KEY_FORM,
+  KEY_TABLE_FORMAT,
   KEY_SCOPES,
   KEY_SHA256,
   KEY_REWRITE,     /* may repeat */
@@ -128,6 +129,7 @@ static const struct key_spec table_keys[] = {
     {"location", KEY_STRING, TAB(location), "", 0, 0, 0, 0},
     {"column", KEY_STRING, TAB(column), "", 0, 0, 0, 0},
     {"form", KEY_FORM, TAB(form), "hex", 0, 0, 0, 0},
+    {"format", KEY_TABLE_FORMAT, TAB(format), NULL, 0, 0, 0, 0}, /* absent: auto-detected */
     {"store", KEY_STRING, TAB(store), "", 0, 0, 0, 0},
     {"rewrite", KEY_REWRITE, 0, NULL, 0, 0, 0, 0},
 };
@@ -312,6 +314,14 @@ static int set_key(const struct key_spec *k, void *base, const char *value, br_e
         *(enum br_table_form *)p = BR_FORM_URL;
       else
         return br_fail(err, "%s: '%s' must be hex, binary or url", k->name, value);
+      return 0;
+    case KEY_TABLE_FORMAT:
+      if (!strcmp(value, "iceberg"))
+        *(enum br_table_format *)p = BR_TABLE_ICEBERG;
+      else if (!strcmp(value, "delta"))
+        *(enum br_table_format *)p = BR_TABLE_DELTA;
+      else
+        return br_fail(err, "%s: '%s' must be iceberg or delta", k->name, value);
       return 0;
     case KEY_SCOPES:
       if (parse_scopes(value, (unsigned *)p) < 0)
