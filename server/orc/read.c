@@ -29,9 +29,10 @@ struct br_orc_file {
   orc_stripe *stripes;
   size_t nstripes;
   uint32_t ntypes;
-  int *kinds;            /* [ntypes] */
-  size_t ncols;          /* fields of the root struct */
-  char **names;          /* [ncols] */
+  int *kinds;   /* [ntypes] */
+  size_t ncols; /* fields of the root struct */
+  char **names; /* [nnames] field names (nnames == ncols once the footer checked out) */
+  size_t nnames;
   uint32_t *col_type;    /* [ncols] type id of each field */
   uint8_t *raw, *buf[4]; /* reused buffers: compressed bytes, decompressed streams */
   size_t raw_cap, buf_cap[4];
@@ -148,6 +149,7 @@ static int decompress_chunk(int codec, const uint8_t *in, size_t in_len, uint8_t
  * compressed bytes). The result is in *out (grown as needed, at most max bytes). */
 static int decompress(const br_orc_file *f, const uint8_t *in, size_t len, uint8_t **out,
                       size_t *cap, size_t *out_len, size_t max, br_err *err) {
+  if (grow(out, cap, 1) != 0) return br_fail(err, "out of memory"); /* never NULL, even empty */
   if (f->codec == BR_ORC_NONE) {
     if (len > max) return br_fail(err, "orc: stream of %zu bytes is over the limit", len);
     if (grow(out, cap, len ? len : 1) != 0) return br_fail(err, "out of memory");
@@ -240,24 +242,26 @@ static int parse_stripe(pb r, orc_stripe *s) {
 static int parse_type(br_orc_file *f, pb r, int is_root, br_err *err) {
   uint64_t field, v;
   int wt, rc, kind = 0;
-  size_t nsub = 0, nnames = 0;
+  size_t nsub = 0;
   while ((rc = pb_next(&r, &field, &wt)) == 0) {
     if (field == 1 && pb_uint(&r, wt, &v) == 0) {
       kind = v > 1000 ? 1000 : (int)v;
     } else if (field == 2 && is_root) { /* subtypes: packed or not */
       pb s = r;
       if (wt == 2) {
-        if (pb_bytes(&r, &s) != 0) return -1;
+        if (pb_bytes(&r, &s) != 0) return br_fail(err, "orc: malformed type in the footer");
       } else if (wt == 0) {
         const uint8_t *start = r.p;
-        if (br_orc_varint(&r.p, r.end, &v) != 0) return -1;
+        if (br_orc_varint(&r.p, r.end, &v) != 0)
+          return br_fail(err, "orc: malformed type in the footer");
         s.p = start;
         s.end = r.p;
       } else {
-        return -1;
+        return br_fail(err, "orc: malformed type in the footer");
       }
       while (s.p < s.end) {
-        if (br_orc_varint(&s.p, s.end, &v) != 0 || v > UINT32_MAX) return -1;
+        if (br_orc_varint(&s.p, s.end, &v) != 0 || v > UINT32_MAX)
+          return br_fail(err, "orc: malformed type in the footer");
         uint32_t *n = realloc(f->col_type, (nsub + 1) * sizeof *n);
         if (!n) return br_fail(err, "out of memory");
         f->col_type = n;
@@ -265,23 +269,21 @@ static int parse_type(br_orc_file *f, pb r, int is_root, br_err *err) {
       }
     } else if (field == 3 && is_root && wt == 2) {
       pb s;
-      if (pb_bytes(&r, &s) != 0) return -1;
-      char **n = realloc(f->names, (nnames + 1) * sizeof *n);
+      if (pb_bytes(&r, &s) != 0) return br_fail(err, "orc: malformed type in the footer");
+      char **n = realloc(f->names, (f->nnames + 1) * sizeof *n);
       if (!n) return br_fail(err, "out of memory");
       f->names = n;
-      f->names[nnames] = strndup((const char *)s.p, (size_t)(s.end - s.p));
-      if (!f->names[nnames]) return br_fail(err, "out of memory");
-      nnames++;
+      f->names[f->nnames] = strndup((const char *)s.p, (size_t)(s.end - s.p));
+      if (!f->names[f->nnames]) return br_fail(err, "out of memory");
+      f->nnames++;
     } else if (pb_skip(&r, wt) != 0) {
-      return -1;
+      return br_fail(err, "orc: malformed type in the footer");
     }
   }
-  if (rc < 0) return -1;
+  if (rc < 0) return br_fail(err, "orc: malformed type in the footer");
   if (is_root) {
-    if (kind == BR_ORC_STRUCT && nsub != nnames) {
-      f->ncols = nsub < nnames ? nsub : nnames;
-      return br_fail(err, "orc: root struct has %zu subtypes and %zu names", nsub, nnames);
-    }
+    if (kind == BR_ORC_STRUCT && nsub != f->nnames)
+      return br_fail(err, "orc: root struct has %zu subtypes and %zu names", nsub, f->nnames);
     f->ncols = kind == BR_ORC_STRUCT ? nsub : 0;
   }
   return kind;
@@ -312,7 +314,7 @@ static int parse_footer(br_orc_file *f, pb r, br_err *err) {
         f->kinds = n;
       }
       int kind = parse_type(f, s, f->ntypes == 0, err);
-      if (kind < 0) return br_fail(err, "%s", err && err->msg[0] ? err->msg : "orc: bad type");
+      if (kind < 0) return -1;
       f->kinds[f->ntypes++] = kind;
     } else if (field == 6 && wt == 0) {
       if (pb_uint(&r, wt, &f->num_rows) != 0) goto bad;
@@ -392,7 +394,7 @@ fail:
 
 void br_orc_close(br_orc_file *f) {
   if (!f) return;
-  for (size_t i = 0; i < f->ncols; i++) free(f->names[i]);
+  for (size_t i = 0; i < f->nnames; i++) free(f->names[i]);
   free(f->names);
   free(f->col_type);
   free(f->kinds);
@@ -497,7 +499,8 @@ bad:
 static int load_stream(br_orc_file *f, size_t si, const stripe_col *c, int k, size_t *len,
                        br_err *err) {
   *len = 0;
-  if (!c->s[k].found) return 0;
+  if (grow(&f->buf[k], &f->buf_cap[k], 1) != 0) return br_fail(err, "out of memory");
+  if (!c->s[k].found) return 0; /* an empty, non-NULL buffer */
   const orc_stripe *st = &f->stripes[si];
   if (c->s[k].len > BR_ORC_MAX_STREAM)
     return br_fail(err, "orc: stripe %zu: stream of %llu bytes over the limit", si,
