@@ -50,7 +50,7 @@ int br_orc_bool_decode(const uint8_t *p, size_t len, uint8_t *out, size_t n, br_
   uint8_t *bytes = out + (n - nbytes);
   if (br_orc_byte_rle_decode(p, len, bytes, nbytes, err) != 0) return -1;
   for (size_t i = 0; i < n; i++) {
-    uint8_t b = bytes[i / 8]; /* byte i / 8 lies at or after out[i]: read before written */
+    uint8_t b = bytes[i / 8]; /* out[n - nbytes + k] is overwritten only after its last bit */
     out[i] = (b >> (7 - i % 8)) & 1;
   }
   return 0;

@@ -1,6 +1,6 @@
 """A tiny ORC writer for the tests (protobuf by hand): a file whose root struct holds one string
-or binary column, DIRECT_V2 (RLE v2 direct lengths), nulls in a PRESENT stream, compression NONE
-or ZLIB, rows split into stripes. Just enough to put ORC data files in an Iceberg table."""
+or binary column, DIRECT_V2 (RLE v2 direct lengths) or DIRECT (RLE v1 literal lengths), nulls in
+a PRESENT stream, compression NONE or ZLIB, rows split into stripes. Just enough to put ORC data files in an Iceberg table."""
 import zlib
 
 NONE, ZLIB = 0, 1
@@ -57,6 +57,17 @@ def rle_v2_direct_u8(nums):
     return bytes(out)
 
 
+def rle_v1_literals(nums):
+    """Unsigned values as RLE v1 literal groups (at most 128 varints a group)."""
+    out = bytearray()
+    for i in range(0, len(nums), 128):
+        run = nums[i:i + 128]
+        out.append(256 - len(run))
+        for n in run:
+            out += varint(n)
+    return bytes(out)
+
+
 def compress(data, codec, block=1 << 16):
     """The file's compression framing: chunks of a 3-byte header (length << 1 | original)."""
     if codec == NONE:
@@ -75,8 +86,9 @@ def compress(data, codec, block=1 << 16):
     return bytes(out)
 
 
-def orc_file(column, values, kind=KIND_STRING, codec=NONE, stripe_rows=1000):
-    """values: bytes/str or None per row. Returns the file's bytes."""
+def orc_file(column, values, kind=KIND_STRING, codec=NONE, stripe_rows=1000, rle=2):
+    """values: bytes/str or None per row; rle 2: DIRECT_V2 (ORC 0.12), 1: DIRECT with RLE v1
+    lengths (ORC 0.11). Returns the file's bytes."""
     vals = [v.encode() if isinstance(v, str) else v for v in values]
     out = bytearray(b"ORC")
     stripes = []
@@ -90,14 +102,16 @@ def orc_file(column, values, kind=KIND_STRING, codec=NONE, stripe_rows=1000):
         if len(nonnull) != len(rows):
             streams.append((0, 1, compress(present_stream(rows), codec)))
         streams.append((1, 1, compress(b"".join(nonnull), codec)))
-        streams.append((2, 1, compress(rle_v2_direct_u8([len(v) for v in nonnull]), codec)))
+        lengths = [len(v) for v in nonnull]
+        lens = rle_v2_direct_u8(lengths) if rle == 2 else rle_v1_literals(lengths)
+        streams.append((2, 1, compress(lens, codec)))
         data_len = 0
         for _, _, b in streams:
             out += b
             data_len += len(b)
         sf = b"".join(field_bytes(1, field_varint(1, k) + field_varint(2, c) + field_varint(3, len(b)))
                       for k, c, b in streams)
-        sf += field_bytes(2, field_varint(1, 0)) + field_bytes(2, field_varint(1, 2))
+        sf += field_bytes(2, field_varint(1, 0)) + field_bytes(2, field_varint(1, 2 if rle == 2 else 0))
         sf = compress(sf, codec)
         out += sf
         stripes.append((offset, data_len, len(sf), len(rows)))

@@ -14,13 +14,14 @@ from reconcile_util import Api, IceTable, blob, in_form, sha, start
 class OrcTable(IceTable):
     """An IceTable that can also hold ORC data files."""
 
-    def write_orc(self, files, codec=ZLIB, stripe_rows=7, extra=(None,), fmt="ORC"):
+    def write_orc(self, files, codec=ZLIB, stripe_rows=7, extra=(None,), fmt="ORC", rle=2):
         for name, hashes in files.items():
             vals = [in_form(h, self.form, i) for i, h in enumerate(hashes)] + list(extra)
             if self.form == "binary":
                 vals = [bytes.fromhex(v) if v is not None else None for v in vals]
             kind = KIND_BINARY if self.form == "binary" else KIND_STRING
-            self.data_path(name).write_bytes(orc_file(self.column, vals, kind, codec, stripe_rows))
+            self.data_path(name).write_bytes(orc_file(self.column, vals, kind, codec, stripe_rows,
+                                                              rle))
             self.files[name] = {"hashes": list(hashes), "size": self.data_path(name).stat().st_size,
                                 "count": len(vals), "content": 0, "format": fmt}
         return list(files)
@@ -42,12 +43,14 @@ def test_refs_reads_orc_data_files(tmp_path):
     a, b, c = hashes("a", 20), hashes("b", 3), hashes("c", 5)
     t.write_orc({"a.orc": a}, codec=ZLIB, stripe_rows=6)
     t.write_orc({"b.orc": b}, codec=NONE, extra=(None, None))
+    v1 = hashes("v1", 300)  # DIRECT with RLE v1 lengths (ORC 0.11), 3 stripes
+    t.write_orc({"v1.orc": v1}, codec=ZLIB, stripe_rows=130, rle=1)
     t.write_data({"c.parquet": c})
     t.append("a.orc", "c.parquet")
-    t.append("b.orc")
+    t.append("b.orc", "v1.orc")
     res = refs(t)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == sorted(set(a + b + c))
+    assert res.stdout.split() == sorted(set(a + b + c + v1))
     res = refs(t, "--files")
     assert res.returncode == 0, res.stderr
     assert f"{t.root}/data/a.orc" in res.stdout and f"{t.root}/data/b.orc" in res.stdout
