@@ -171,7 +171,7 @@ static int decompress(const br_orc_file *f, const uint8_t *in, size_t len, uint8
       memcpy(*out + op, in + ip, clen);
       op += clen;
     } else {
-      size_t n;
+      size_t n = 0;
       if (decompress_chunk(f->codec, in + ip, clen, *out + op, room, &n, err) != 0) return -1;
       op += n;
     }
