@@ -293,7 +293,7 @@ static void put_compressed(obuf *b, int codec, const obuf *in, int original) {
 }
 
 /* A file of nrows values "v<i>" (every third null) in column "s", compressed with codec. */
-static size_t tiny_orc(obuf *f, int codec, int original, size_t nrows) {
+static size_t tiny_orc(obuf *f, int codec, int original, size_t nrows, int encodings) {
   obuf present = {.n = 0}, data = {.n = 0}, lens = {.n = 0}, tmp, sf = {.n = 0}, ft = {.n = 0};
   uint8_t bits[64] = {0};
   size_t nonnull = 0;
@@ -328,8 +328,8 @@ static size_t tiny_orc(obuf *f, int codec, int original, size_t nrows) {
   put_uint_field(&enc, 1, 0);
   put_bytes_field(&sf, 2, &enc);
   enc.n = 0;
-  put_uint_field(&enc, 1, 2); /* DIRECT_V2 */
-  put_bytes_field(&sf, 2, &enc);
+  put_uint_field(&enc, 1, 2);                                        /* DIRECT_V2 */
+  for (int e = 1; e < encodings; e++) put_bytes_field(&sf, 2, &enc); /* one per type: 2 */
   size_t sf_at = f->n;
   put_compressed(f, codec, &sf, original);
   size_t sf_len = f->n - sf_at;
@@ -383,7 +383,7 @@ static void test_codecs_on_a_string_column(void) {
   static obuf f;
   for (size_t c = 0; c < sizeof codecs / sizeof codecs[0]; c++)
     for (int original = 0; original <= 1; original++) {
-      tiny_orc(&f, codecs[c], original, 200);
+      tiny_orc(&f, codecs[c], original, 200, 2);
       collect got = {0, 0};
       br_err err = {""};
       int rc = br_orc_read_all_from_memory(f.p, f.n, check_value, &got, &err);
@@ -392,7 +392,17 @@ static void test_codecs_on_a_string_column(void) {
             got.bad, err.msg);
     }
   /* LZO is refused with a clear error */
-  tiny_orc(&f, BR_ORC_NONE, 0, 10);
+  /* a stripe footer whose column encodings do not match the schema's two types */
+  static const int bad[] = {1, 3};
+  for (size_t i = 0; i < 2; i++) {
+    tiny_orc(&f, BR_ORC_ZLIB, 0, 10, bad[i]);
+    collect got = {0, 0};
+    br_err err = {""};
+    int rc = br_orc_read_all_from_memory(f.p, f.n, check_value, &got, &err);
+    CHECK(rc == -1 && strstr(err.msg, "column encodings for 2 columns") && got.rows == 0,
+          "%d encodings: rc=%d %s", bad[i], rc, err.msg);
+  }
+  tiny_orc(&f, BR_ORC_NONE, 0, 10, 2);
   f.p[f.n - 1 - f.p[f.n - 1] + 3] = BR_ORC_LZO; /* the postscript's compression value */
   collect got = {0, 0};
   br_err err = {""};
