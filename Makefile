@@ -35,7 +35,7 @@ ALL_CFLAGS := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
 # store, parquet, iceberg, reconcile, core), which the CLI and the unit tests link; libblobref-http.a
 # is the HTTP front (server/http/), which the daemon links, and the unit and fuzz targets of its
 # pure parsers (Range, lookup bodies). Neither holds the console assets.
-LIB_DIRS := base index store parquet iceberg delta reconcile core
+LIB_DIRS := base index store parquet orc iceberg delta reconcile core
 LIB_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard server/$(d)/*.c))
 HTTP_SRCS := $(wildcard server/http/*.c)
 # The operator console (server/ui/): its files and uPlot (npm, pinned by

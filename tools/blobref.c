@@ -29,6 +29,8 @@ static const struct command {
      "restore HASH                                     un-quarantine a blob (admin)"},
     {"extract-parquet", cmd_extract_parquet,
      "extract-parquet IN OUT --column NAME [--as NEW] [--form hex|binary]   binaries -> SHA-256"},
+    {"column", cmd_column,
+     "column FILE --name COL                           a Parquet/ORC string or binary column"},
     {"export", cmd_export,
      "export -o FILE.parquet [--state live|quarantined]   the index as Parquet"},
     {"migrate", cmd_migrate,

@@ -33,5 +33,6 @@ int cmd_extract_parquet(const cli_globals *g, int argc, char **argv);
 int cmd_export(const cli_globals *g, int argc, char **argv);
 int cmd_migrate(const cli_globals *g, int argc, char **argv);
 int cmd_import(const cli_globals *g, int argc, char **argv);
+int cmd_column(const cli_globals *g, int argc, char **argv);
 
 #endif
