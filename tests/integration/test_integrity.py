@@ -118,6 +118,43 @@ def test_move_onto_another_blobs_file_is_refused(tmp_path):
         assert srv.stop() == 0, srv.read_log()
 
 
+def test_import_onto_another_blobs_default_key_is_refused(tmp_path):
+    """POST /v1/import of X at the default (content-addressed) key of another blob Y, which is
+    not uploaded yet: the upload of Y would write its bytes there and replace X's. Refused per
+    item (key_in_use), nothing indexed; the other items of the call go ahead; Y uploads fine."""
+    srv = Server(tmp_path / "data", config_text="[server]\ncache_size = 0\n").start()
+    try:
+        x, y, z = (random.Random(i).randbytes(3000) for i in (5, 6, 7))
+        X, Y, Z = sha(x), sha(y), sha(z)
+        key = lambda h: f"sha256/{h[:2]}/{h[2:4]}/{h}"  # noqa: E731
+        root = srv.data_dir / "blobs"
+        for data, k in ((x, key(Y)), (z, "photos/z.bin")):
+            (root / k).parent.mkdir(parents=True, exist_ok=True)
+            (root / k).write_bytes(data)
+        body = {"blobs": [{"sha256": X, "size": len(x), "store": "local", "key": key(Y)},
+                          {"sha256": Z, "size": len(z), "store": "local", "key": "photos/z.bin"}]}
+        r = requests.post(f"{srv.url}/v1/import", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        res = r.json()["results"]
+        assert res[0]["result"] == "key_in_use" and "another blob" in res[0]["message"], res
+        assert res[1]["result"] == "created", res
+        assert "refused: the default key of another blob" in srv.read_log()
+        assert requests.get(f"{srv.url}/v1/blobs/{X}/meta", timeout=30).status_code == 404
+        r = requests.put(f"{srv.url}/v1/blobs/{Y}", data=y, timeout=30)
+        assert r.status_code == 201, r.text
+        for data, h in ((y, Y), (z, Z)):
+            g = requests.get(f"{srv.url}/v1/blobs/{h}", timeout=30)
+            assert g.status_code == 200 and g.content == data
+        # its own default key is a fine place for a blob to be imported at
+        w = random.Random(8).randbytes(100)
+        (root / key(sha(w))).parent.mkdir(parents=True, exist_ok=True)
+        (root / key(sha(w))).write_bytes(w)
+        assert import_one(srv, sha(w), len(w), key(sha(w)))["result"] == "created"
+        assert fsck_clean(srv) == 3
+    finally:
+        assert srv.stop() == 0, srv.read_log()
+
+
 # ---- 2. deletes that survive a failure or a crash -------------------------------------------
 
 def test_delete_cut_short_is_never_restored(tmp_path):
