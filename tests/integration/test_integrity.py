@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -367,5 +368,34 @@ def test_killed_reader_never_blocks_the_writer(tmp_path, reader):
         assert not bad, f"{len(bad)} of 600 uploads failed, first: {bad[:3]}"
         assert "reader slot(s) left by dead processes" in srv.read_log()
         assert fsck_clean(srv, verify=False) == 640
+    finally:
+        assert srv.stop() == 0, srv.read_log()
+
+
+def stale_readers_metric(srv):
+    r = requests.get(f"{srv.url}/metrics", timeout=10)
+    assert r.status_code == 200, r.text
+    m = re.search(r"^blobref_index_stale_readers_total (\d+)$", r.text, re.M)
+    assert m, "no blobref_index_stale_readers_total in /metrics"
+    return int(m.group(1))
+
+
+def test_stale_readers_cleared_are_counted_in_metrics(tmp_path):
+    """/metrics counts the reader slots of dead processes that the writer cleared."""
+    srv = Server(tmp_path / "data").start()
+    try:
+        assert stale_readers_metric(srv) == 0
+        p = hold_read_txn(srv.data_dir / "index")
+        p.kill()
+        p.wait()
+        s = requests.Session()
+        # the writer checks every 64 write transactions (or 2 s): write until it has
+        for i in range(1000):
+            if stale_readers_metric(srv) >= 1:
+                break
+            d = f"stale reader metric {i}".encode()
+            assert s.put(f"{srv.url}/v1/blobs/{sha(d)}", data=d, timeout=30).status_code == 201
+        assert stale_readers_metric(srv) == 1
+        assert "cleared 1 reader slot(s) left by dead processes" in srv.read_log()
     finally:
         assert srv.stop() == 0, srv.read_log()
