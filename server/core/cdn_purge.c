@@ -111,8 +111,10 @@ static int drain_once(cdn_purger *p) {
       pg->next_ms = br_now_ms() + (backoff > MAX_BACKOFF_MS ? MAX_BACKOFF_MS : backoff);
     }
   }
-  if (n && br_index_settle_purges(p->index, due, (size_t)n, &err) < 0)
+  if (n && br_index_settle_purges(p->index, due, (size_t)n, &err) < 0) {
     br_error("cdn purge: %s (the purges are sent again)", err.msg);
+    return 0; /* not at once: they are still due */
+  }
   atomic_fetch_add(&p->sent, sent);
   atomic_fetch_add(&p->failed, failed);
   return n == BATCH || !wrapped;
@@ -153,7 +155,7 @@ static int import_old_queue(cdn_purger *p, const char *dir, br_err *err) {
   int out = 0, rc = chunk ? 0 : ENOMEM;
   if (!rc) rc = mdb_env_create(&env);
   if (!rc) rc = mdb_env_set_mapsize(env, (size_t)1 << 30);
-  if (!rc) rc = mdb_env_open(env, dir, MDB_NOTLS | MDB_RDONLY, 0600);
+  if (!rc) rc = mdb_env_open(env, dir, MDB_NOTLS, 0600);
   if (!rc) rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn);
   if (!rc) rc = mdb_dbi_open(txn, NULL, 0, &dbi);
   if (!rc) rc = mdb_cursor_open(txn, dbi, &cur);
