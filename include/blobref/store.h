@@ -43,6 +43,9 @@ uint64_t br_store_stall_ms(const br_store *st);
 size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_LEN], char *out,
                             size_t outlen);
 
+/* The blob whose default key (above) key is in st: 0 and its digest, or -1 when key is none's. */
+int br_store_default_key_digest(const br_store *st, const char *key, uint8_t digest[BR_SHA256_LEN]);
+
 /* --- writing: stream bytes in, then commit under a key only once durable ------------------- */
 
 /* Starts a new object. Bytes go to a temporary place inside the store. */

@@ -15,7 +15,8 @@ int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_er
   snprintf(dir, sizeof dir, "%s/index", cfg->data_dir);
   br_index_options opt = {.map_size = cfg->index_map_size,
                           .batch_max = mode == BR_OPEN_SERVE ? (unsigned)cfg->index_batch_max : 1,
-                          .read_only = mode == BR_OPEN_CHECK};
+                          .read_only = mode == BR_OPEN_CHECK,
+                          .queue_purges = mode != BR_OPEN_CHECK && cfg->ncdns > 0};
   int read_only = mode != BR_OPEN_SERVE;
   srv->index = br_index_open(dir, &opt, err);
   if (!srv->index) return -1;
@@ -45,7 +46,7 @@ int br_server_start(br_server *srv, br_err *err) {
   for (int i = 0; i < BLOB_LOCKS; i++) pthread_mutex_init(&srv->blob_locks[i], NULL);
   char pdir[4200];
   snprintf(pdir, sizeof pdir, "%s/purge", srv->cfg->data_dir);
-  srv->purger = cdn_purger_open(srv->cfg, pdir, err);
+  srv->purger = cdn_purger_open(srv->cfg, srv->index, pdir, err);
   if (!srv->purger) return -1;
   if (br_server_health_start(srv, err) < 0) return -1;
   if (reconcile_runner_start(srv, err) < 0) return -1;

@@ -243,11 +243,15 @@ enum MHD_Result metrics_get(struct request *req) {
           "blobref_index_record_cache_total{result=\"hit\"} %" PRIu64
           "\nblobref_index_record_cache_total{result=\"miss\"} %" PRIu64
           "\n"
+          "# HELP blobref_index_stale_readers_total Index reader slots of dead processes cleared "
+          "(mdb_reader_check).\n# TYPE blobref_index_stale_readers_total counter\n"
+          "blobref_index_stale_readers_total %" PRIu64
+          "\n"
           "# HELP blobref_start_time_seconds When the server started, in seconds since the "
           "epoch.\n"
           "# TYPE blobref_start_time_seconds gauge\nblobref_start_time_seconds %" PRIu64 "\n",
           atomic_load(&http->bytes_in), atomic_load(&http->bytes_out), is.commits, is.ops,
-          is.entries, is.map_size, is.map_used, is.cache_hits, is.cache_misses,
+          is.entries, is.map_size, is.map_used, is.cache_hits, is.cache_misses, is.stale_readers,
           srv->started_ms / 1000);
   appendf(&t,
           "# HELP blobref_index_blobs Blobs in the index by state (refreshed at most every "

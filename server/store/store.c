@@ -51,6 +51,16 @@ size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_L
   return n < 0 || (size_t)n >= outlen ? 0 : (size_t)n;
 }
 
+int br_store_default_key_digest(const br_store *st, const char *key,
+                                uint8_t digest[BR_SHA256_LEN]) {
+  size_t len = strlen(key);
+  char want[4096]; /* a longer prefix: no default key fits, none matches */
+  if (len < BR_HEX_LEN || br_blob_id_parse(key + len - BR_HEX_LEN, BR_HEX_LEN, digest) < 0)
+    return -1;
+  size_t n = br_store_default_key(st, digest, want, sizeof want);
+  return n == len && !memcmp(want, key, len) ? 0 : -1;
+}
+
 int br_store_key_valid(const char *key) {
   if (!*key || key[0] == '/' || strlen(key) > 1024) return -1;
   const char *seg = key;
