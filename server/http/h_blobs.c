@@ -7,6 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "blobref/header.h"
 #include "http/handlers.h"
 
 static const char *header(struct request *req, const char *name) {
@@ -216,7 +217,10 @@ enum MHD_Result blob_get(struct request *req) {
   if (br_store_serve_mode(store) == BR_SERVE_REDIRECT && !req->proxy) {
     char url[4096];
     uint64_t valid_ms;
-    int u = br_store_redirect_url(store, loc->key, url, sizeof url, &valid_ms, &err);
+    /* an active type goes where the answer is a download, or is proxied with our headers */
+    int attachment = !br_content_type_is_passive(rec.content_type[0] ? rec.content_type
+                                                                     : "application/octet-stream");
+    int u = br_store_redirect_url(store, loc->key, attachment, url, sizeof url, &valid_ms, &err);
     if (u == 0) return reply_redirect(req, url, valid_ms);
     if (u < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
   }

@@ -117,11 +117,11 @@ int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   return st->ops->stat(st, key, size, err);
 }
 
-int br_store_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+int br_store_redirect_url(br_store *st, const char *key, int attachment, char *out, size_t outlen,
                           uint64_t *valid_ms, br_err *err) {
   *valid_ms = UINT64_MAX;
   if (!st->ops->redirect_url) return 1;
-  return st->ops->redirect_url(st, key, out, outlen, valid_ms, err);
+  return st->ops->redirect_url(st, key, attachment, out, outlen, valid_ms, err);
 }
 
 int br_store_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err) {
