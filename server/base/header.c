@@ -4,6 +4,76 @@
 #include <string.h>
 #include <strings.h>
 
+/* RFC 9110 5.6.2 tchar. */
+static int is_tchar(unsigned char c) {
+  return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z') ||
+         (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+/* Skips a token at *p; returns its length. */
+static size_t token(const char **p) {
+  const char *s = *p;
+  while (is_tchar((unsigned char)**p)) (*p)++;
+  return (size_t)(*p - s);
+}
+
+static void skip_ows(const char **p) {
+  while (**p == ' ') (*p)++; /* a tab is refused before, with the other control characters */
+}
+
+/* Skips a quoted-string at *p (printable ASCII and quoted-pairs); 0, or -1 when it is not one. */
+static int quoted_string(const char **p) {
+  const char *s = *p;
+  if (*s++ != '"') return -1;
+  for (;; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"') break;
+    if (c == '\\') c = (unsigned char)*++s;
+    if (c < 0x20 || c > 0x7e) return -1;
+  }
+  *p = s + 1;
+  return 0;
+}
+
+const char *br_header_content_type_check(const char *ct) {
+  if (!ct || !*ct) return "the content type is empty";
+  if (strnlen(ct, BR_MAX_HEADER_CONTENT_TYPE + 1) > BR_MAX_HEADER_CONTENT_TYPE)
+    return "the content type is over 255 bytes";
+  for (const char *q = ct; *q; q++)
+    if ((unsigned char)*q < 0x20 || (unsigned char)*q >= 0x7f)
+      return "the content type holds a control or non-ASCII character";
+  const char *p = ct;
+  if (!token(&p) || *p++ != '/' || !token(&p)) return "the content type is not type/subtype";
+  for (;;) {
+    skip_ows(&p);
+    if (!*p) return NULL;
+    if (*p++ != ';') return "the content type has text after type/subtype that is not a parameter";
+    skip_ows(&p);
+    if (!*p) return NULL; /* a trailing ';' (RFC 9110 allows empty parameters) */
+    if (*p == ';') continue;
+    if (!token(&p) || *p++ != '=') return "a content type parameter is not name=value";
+    if (*p == '"' ? quoted_string(&p) < 0 : !token(&p))
+      return "a content type parameter's value is not a token or a quoted string";
+  }
+}
+
+const char *br_header_text_check(const char *v, size_t max) {
+  if (!v || !*v) return "it is empty";
+  if (strnlen(v, max + 1) > max) return "it is too long";
+  for (; *v; v++)
+    if ((unsigned char)*v < 0x20 || *v == 0x7f) return "it holds a control character";
+  return NULL;
+}
+
+int br_header_request_id_ok(const char *v) {
+  size_t n = v ? strnlen(v, BR_MAX_REQUEST_ID + 1) : 0;
+  if (n == 0 || n > BR_MAX_REQUEST_ID) return 0;
+  for (; *v; v++)
+    if (!((*v >= '0' && *v <= '9') || ((*v | 32) >= 'a' && (*v | 32) <= 'z') || strchr("-_.:", *v)))
+      return 0;
+  return 1;
+}
+
 /* Types rendered inline; "type/" entries admit every subtype of type (except those in
  * active_subtypes). */
 static const char *const passive_types[] = {

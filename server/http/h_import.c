@@ -152,8 +152,9 @@ enum MHD_Result import_post(struct request *req) {
       snprintf(it->message, sizeof it->message, "no store named %s", store ? store : "(none)");
     } else if (!key || strlen(key) > BR_MAX_KEY || br_store_key_valid(key) < 0) {
       snprintf(it->message, sizeof it->message, "not a valid object key");
-    } else if (strlen(ct) > BR_MAX_CONTENT_TYPE) {
-      snprintf(it->message, sizeof it->message, "content_type is too long");
+    } else if (br_header_content_type_check(ct)) { /* sent back in every read's headers */
+      snprintf(it->message, sizeof it->message, "bad_content_type: %s",
+               br_header_content_type_check(ct));
     } else if ((uint64_t)json_integer_value(size) > req->srv->cfg->max_blob_size) {
       snprintf(it->message, sizeof it->message, "over max_blob_size");
     } else {
@@ -165,6 +166,7 @@ enum MHD_Result import_post(struct request *req) {
       snprintf(l->store, sizeof l->store, "%s", store);
       l->role = BR_ROLE_PRIMARY;
     }
+    if (!it->ok) br_info("POST /v1/import: blob %zu refused: %s", i, it->message);
   }
   json_decref(root);
   req->job_fn = import_run;

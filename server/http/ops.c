@@ -25,7 +25,6 @@ const double br_latency_bounds[LATENCY_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005,
 const char *const br_upload_step_names[UPLOAD_STEPS] = {"receive", "hash", "store_write",
                                                         "store_commit", "index_commit"};
 
-#define MAX_REQUEST_ID 64
 #define SWEEP_MS 250
 
 struct auth_token {
@@ -212,15 +211,6 @@ static void log_request(br_http *http, struct request *req, uint64_t duration_ns
 
 /* ---- requests -------------------------------------------------------------------------------- */
 
-static int request_id_ok(const char *v) {
-  size_t n = strlen(v);
-  if (n == 0 || n > MAX_REQUEST_ID) return 0;
-  for (const char *p = v; *p; p++)
-    if (!((*p >= '0' && *p <= '9') || ((*p | 32) >= 'a' && (*p | 32) <= 'z') || strchr("-_.:", *p)))
-      return 0;
-  return 1;
-}
-
 void ops_request_begin(struct request *req) {
   br_http *http = req->http;
   struct ops *o = http->ops;
@@ -246,7 +236,7 @@ void ops_request_begin(struct request *req) {
   }
   if (trusted) {
     const char *given = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "X-Request-Id");
-    if (given && request_id_ok(given)) {
+    if (given && br_header_request_id_ok(given)) { /* else a generated one replaces it */
       memcpy(req->request_id, given, strlen(given) + 1);
       return;
     }

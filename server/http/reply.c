@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "core/blobcache.h"
-#include "blobref/header.h"
 #include "blobref/range.h"
 #include "http/httpd.h"
 #include "http/proxy.h"
@@ -271,14 +270,18 @@ static int if_range_matches(const char *value, const char *etag) {
   return *value == '\0';
 }
 
+const char *blob_content_type(const br_record *rec) {
+  const char *ct = rec->content_type;
+  return ct[0] && !br_header_content_type_check(ct) ? ct : "application/octet-stream";
+}
+
 /* Stored content never runs on our origin (where the console keeps its token): no sniffing, a
  * sandbox with nothing allowed, and anything but a passive type downloaded, not rendered. On every
  * blob reply: 200, 206, 304, 416, HEAD, proxied, cached. */
 static void add_confinement_headers(struct MHD_Response *resp, const br_record *rec) {
   MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
   MHD_add_response_header(resp, "Content-Security-Policy", "default-src 'none'; sandbox");
-  if (!br_content_type_is_passive(rec->content_type[0] ? rec->content_type
-                                                       : "application/octet-stream"))
+  if (!br_content_type_is_passive(blob_content_type(rec)))
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_DISPOSITION, "attachment");
 }
 
@@ -292,8 +295,7 @@ static void add_blob_headers(struct MHD_Response *resp, const br_record *rec, in
   MHD_add_response_header(resp, MHD_HTTP_HEADER_ACCEPT_RANGES, "bytes");
   MHD_add_response_header(resp, "Repr-Digest", repr_digest);
   if (with_type)
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                            rec->content_type[0] ? rec->content_type : "application/octet-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, blob_content_type(rec));
 }
 
 /* A multipart/byteranges body assembled on the fly: part headers from memory, part bodies read
@@ -419,7 +421,7 @@ static struct MHD_Response *multipart_response(br_store_reader *r, const br_reco
   mp->headers = h;
   mp->nparts = n;
   snprintf(boundary, blen, "blobref-%016" PRIx64 "%08x", br_now_ms(), (unsigned)random());
-  const char *type = rec->content_type[0] ? rec->content_type : "application/octet-stream";
+  const char *type = blob_content_type(rec); /* never a CR or LF into the part headers */
   size_t used = 0;
   uint64_t pos = 0;
   for (size_t i = 0; i < n; i++) {
@@ -539,7 +541,7 @@ static char *multipart_framing(struct request *req, const br_record *rec,
   if (!req->boundary[0])
     snprintf(req->boundary, sizeof req->boundary, "blobref-%016" PRIx64 "%08x", br_now_ms(),
              (unsigned)random());
-  const char *type = rec->content_type[0] ? rec->content_type : "application/octet-stream";
+  const char *type = blob_content_type(rec); /* never a CR or LF into the part headers */
   for (size_t i = 0; i < n; i++) {
     int w =
         snprintf(h + used, cap - used,

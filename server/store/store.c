@@ -4,6 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "blobref/header.h"
+#include "blobref/index.h"
 #include "store/internal.h"
 
 static const struct store_ops *const kinds[] = {&br_store_fs_ops, &br_store_s3_ops,
@@ -52,11 +54,11 @@ size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_L
 }
 
 int br_store_key_valid(const char *key) {
-  if (!*key || key[0] == '/' || strlen(key) > 1024) return -1;
+  /* keys reach Location headers and logs: the header grammar's text rule, then path rules */
+  if (br_header_text_check(key, BR_MAX_KEY) || key[0] == '/') return -1;
   const char *seg = key;
   for (const char *p = key;; p++) {
-    if ((unsigned char)*p < 0x20 && *p) return -1;
-    if (*p == '\\' || *p == 0x7f) return -1;
+    if (*p == '\\') return -1;
     if (*p == '/' || !*p) {
       size_t len = (size_t)(p - seg);
       if (len == 0 || (len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
