@@ -35,6 +35,7 @@ struct auth_token {
 /* Immutable once published; replaced whole on reload. */
 struct auth_table {
   unsigned anonymous;
+  int private_metrics; /* [auth] private_metrics */
   int n;
   struct auth_token t[BR_MAX_TOKENS];
 };
@@ -106,6 +107,7 @@ static struct auth_table *make_auth(const br_config *cfg) {
   struct auth_table *a = calloc(1, sizeof *a);
   if (!a) return NULL;
   a->anonymous = cfg->anonymous_scopes;
+  a->private_metrics = cfg->private_metrics;
   a->n = cfg->ntokens;
   for (int i = 0; i < cfg->ntokens; i++) {
     memcpy(a->t[i].sha256, cfg->tokens[i].sha256, BR_SHA256_LEN);
@@ -262,7 +264,7 @@ void ops_request_end(struct request *req) {
 int ops_granted_scopes(struct request *req, unsigned *scopes) {
   struct auth_table *a = atomic_load(&req->http->ops->auth);
   if (a->n == 0) {
-    *scopes = BR_SCOPE_READ | BR_SCOPE_WRITE | BR_SCOPE_ADMIN;
+    *scopes = BR_SCOPE_READ | BR_SCOPE_WRITE | BR_SCOPE_ADMIN | BR_SCOPE_METRICS;
     return 0;
   }
   *scopes = a->anonymous;
@@ -288,6 +290,17 @@ int ops_granted_scopes(struct request *req, unsigned *scopes) {
   if (index < (unsigned)a->n) /* two tokens with one digest would OR their indexes */
     snprintf(req->token_name, sizeof req->token_name, "%s", a->t[index].name);
   return 0;
+}
+
+enum br_api_error ops_metrics_access(struct request *req) {
+  struct auth_table *a = atomic_load(&req->http->ops->auth);
+  if (!a->private_metrics) return E__COUNT;
+  unsigned scopes = 0;
+  if (ops_granted_scopes(req, &scopes) < 0) return E_UNAUTHORIZED;
+  if (scopes & (BR_SCOPE_METRICS | BR_SCOPE_ADMIN)) return E__COUNT;
+  return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)
+             ? E_FORBIDDEN
+             : E_UNAUTHORIZED;
 }
 
 int ops_json_reserve(struct request *req, uint64_t n) {
