@@ -5,7 +5,6 @@ a download proxy active types instead; and in a real browser an HTML or SVG blob
 opened on the console's origin with a token in sessionStorage, runs nothing."""
 import http.server
 import os
-import shutil
 import threading
 import time
 

@@ -2,8 +2,8 @@
 token with the metrics (or admin) scope; /healthz and /readyz's status stay public for load
 balancers. Without it nothing changes: /metrics is public even with anonymous = none."""
 import hashlib
+import signal
 
-import pytest
 import requests
 
 from conftest import Server, free_port
@@ -81,5 +81,19 @@ def test_private_metrics_hide_why_readyz_fails(tmp_path):
             assert_error(r, 503, "not_ready")
             assert "origin" not in r.text and "127.0.0.1" not in r.text, (who, r.text)
         assert "origin" in readyz("boss").json()["error"]["message"]
+    finally:
+        stop(srv)
+
+
+def test_private_metrics_follow_sighup(tmp_path):
+    srv = start(tmp_path, private=False)
+    try:
+        url = f"{srv.url}/metrics"
+        assert requests.get(url, timeout=TIMEOUT).status_code == 200
+        conf = srv.data_dir / "blobref.conf"
+        conf.write_text(conf.read_text().replace("[auth]\n", "[auth]\nprivate_metrics = true\n"))
+        srv.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: requests.get(url, timeout=TIMEOUT).status_code == 401, timeout=10)
+        assert requests.get(url, headers=as_("watcher"), timeout=TIMEOUT).status_code == 200
     finally:
         stop(srv)
