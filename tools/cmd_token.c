@@ -25,18 +25,20 @@ static const char token_help[] =
     "token's SHA-256. Clients send it as 'Authorization: Bearer TOKEN' (blobref --token\n"
     "or BLOBREF_TOKEN).\n"
     "\n"
-    "  --scopes SCOPES  read, write and/or admin, comma-separated. Scopes are independent:\n"
-    "                   write does not imply read.\n"
+    "  --scopes SCOPES  read, write, admin and/or metrics, comma-separated. Scopes are\n"
+    "                   independent: write does not imply read. metrics: /metrics and\n"
+    "                   /readyz's details when the server sets [auth] private_metrics.\n"
     "  --name NAME      the section's name (letters, digits, '-', '_', '.'); default\n"
     "                   t-<the first 8 hex digits of the token's SHA-256>\n"
     "\n"
     "Exit status: 0 printed, 1 no random bytes, 2 usage error.\n";
 
-static const char *const scope_names[] = {"read", "write", "admin"};
+static const char *const scope_names[] = {"read", "write", "admin", "metrics"};
+#define NSCOPES (sizeof scope_names / sizeof scope_names[0])
 
 /* Parses a scope list ("write,read", commas and/or blanks) into its canonical spelling in out
- * ("read, write"; each scope once, in the order read, write, admin). Returns 0, or -1 for an
- * empty list or an unknown scope. */
+ * ("read, write"; each scope once, in the order read, write, admin, metrics). Returns 0, or -1 for
+ * an empty list or an unknown scope. */
 static int token_scopes_canonical(const char *in, char *out, size_t outlen) {
   unsigned seen = 0;
   const char *p = in;
@@ -45,15 +47,15 @@ static int token_scopes_canonical(const char *in, char *out, size_t outlen) {
     if (!*p) break;
     size_t n = strcspn(p, ", \t");
     size_t i = 0;
-    while (i < 3 && !(strlen(scope_names[i]) == n && !strncmp(p, scope_names[i], n))) i++;
-    if (i == 3) return -1;
+    while (i < NSCOPES && !(strlen(scope_names[i]) == n && !strncmp(p, scope_names[i], n))) i++;
+    if (i == NSCOPES) return -1;
     seen |= 1u << i;
     p += n;
   }
   if (!seen) return -1;
   size_t used = 0;
   out[0] = '\0';
-  for (size_t i = 0; i < 3; i++) {
+  for (size_t i = 0; i < NSCOPES; i++) {
     if (!(seen & 1u << i)) continue;
     int w = snprintf(out + used, outlen - used, "%s%s", used ? ", " : "", scope_names[i]);
     if (w < 0 || (size_t)w >= outlen - used) return -1;
@@ -95,7 +97,7 @@ static int token_format(const uint8_t random[TOKEN_RANDOM_BYTES], const char *na
     return br_fail(err, "--name: '%.80s' must be 1 to %d letters, digits, '-', '_' or '.'", name,
                    TOKEN_NAME_MAX);
   if (token_scopes_canonical(scopes, canon, sizeof canon) < 0)
-    return br_fail(err, "--scopes: '%.80s' is not a list of read, write, admin", scopes);
+    return br_fail(err, "--scopes: '%.80s' is not a list of read, write, admin, metrics", scopes);
   int w = snprintf(out, outlen,
                    "%s\n"
                    "\n"

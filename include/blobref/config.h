@@ -67,7 +67,8 @@ typedef struct br_table_config {
   int line;
 } br_table_config;
 
-enum br_scope { BR_SCOPE_READ = 1, BR_SCOPE_WRITE = 2, BR_SCOPE_ADMIN = 4 };
+/* METRICS: /metrics and /readyz's details when [auth] private_metrics is set (admin has it too). */
+enum br_scope { BR_SCOPE_READ = 1, BR_SCOPE_WRITE = 2, BR_SCOPE_ADMIN = 4, BR_SCOPE_METRICS = 8 };
 
 typedef struct br_token_config {
   char *name;
@@ -127,6 +128,7 @@ typedef struct br_config {
   double max_fraction;
   /* [auth] */
   unsigned anonymous_scopes;
+  int private_metrics; /* /metrics and /readyz's details need the metrics or admin scope */
 
   br_store_config stores[BR_MAX_STORES];
   int nstores;

@@ -77,8 +77,11 @@ int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err);
 
 /* Writes a URL a client can be redirected to for key (presigned for S3 unless cdn_url is set;
  * public_url or the origin URL + key otherwise) and how long it stays valid in *valid_ms
- * (UINT64_MAX: no expiry). Returns 0; 1 if this store cannot redirect; -1 on error. */
-int br_store_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+ * (UINT64_MAX: no expiry). attachment: the URL must make the origin answer with
+ * Content-Disposition: attachment (a presigned S3 URL signs response-content-disposition; other
+ * redirects cannot promise it and return 1, so the blob is proxied). Returns 0; 1 if this store
+ * cannot redirect (so); -1 on error. */
+int br_store_redirect_url(br_store *st, const char *key, int attachment, char *out, size_t outlen,
                           uint64_t *valid_ms, br_err *err);
 
 /* Writes a URL from which this process can GET key itself, with Range (presigned for S3, the

@@ -97,6 +97,7 @@ static const struct key_spec reconcile_keys[] = {
 };
 static const struct key_spec auth_keys[] = {
     {"anonymous", KEY_ANONYMOUS, SRV(anonymous_scopes), "read", 0, 0, 0, 0},
+    {"private_metrics", KEY_BOOL, SRV(private_metrics), "false", 0, 0, 0, 0},
 };
 #define STO(field) offsetof(br_store_config, field)
 static const struct key_spec store_keys[] = {
@@ -172,6 +173,8 @@ static int parse_scopes(const char *value, unsigned *out) {
       scopes |= BR_SCOPE_WRITE;
     else if (!strcmp(tok, "admin"))
       scopes |= BR_SCOPE_ADMIN;
+    else if (!strcmp(tok, "metrics"))
+      scopes |= BR_SCOPE_METRICS;
     else if (!strcmp(tok, "none"))
       ;
     else
@@ -325,7 +328,8 @@ static int set_key(const struct key_spec *k, void *base, const char *value, br_e
       return 0;
     case KEY_SCOPES:
       if (parse_scopes(value, (unsigned *)p) < 0)
-        return br_fail(err, "%s: '%s' must list read, write, admin (or none)", k->name, value);
+        return br_fail(err, "%s: '%s' must list read, write, admin, metrics (or none)", k->name,
+                       value);
       return 0;
     case KEY_ANONYMOUS: /* write or admin here would give them to every client on the network */
       if (!strcmp(value, "read"))

@@ -10,6 +10,7 @@
 #include "core/cdn_purge.h"
 #include "core/reconcile_runner.h"
 #include "http/handlers.h"
+#include "http/ops.h"
 
 enum MHD_Result health_get(struct request *req) {
   return reply_json(req, MHD_HTTP_OK,
@@ -19,8 +20,12 @@ enum MHD_Result health_get(struct request *req) {
 enum MHD_Result ready_get(struct request *req) {
   if (!atomic_load(&req->http->ready)) return reply_error(req, E_NOT_READY, "starting or stopping");
   char msg[sizeof(br_err)];
-  if (br_server_store_health(req->srv, msg, sizeof msg) < 0)
+  if (br_server_store_health(req->srv, msg, sizeof msg) < 0) {
+    /* which store failed and why is a detail for /metrics' readers (private_metrics) */
+    if (ops_metrics_access(req) != E__COUNT)
+      return reply_error(req, E_NOT_READY, "a store is unavailable");
     return reply_error(req, E_NOT_READY, "%s", msg);
+  }
   return reply_json(req, MHD_HTTP_OK, json_pack("{s:s}", "status", "ready"));
 }
 
@@ -114,6 +119,13 @@ static void census_refresh(struct request *req) {
 enum MHD_Result metrics_get(struct request *req) {
   br_server *srv = req->srv;
   br_http *http = req->http;
+  if (req->phase != PHASE_RESUMED) {
+    enum br_api_error denied = ops_metrics_access(req);
+    if (denied != E__COUNT)
+      return reply_error(req, denied,
+                         denied == E_FORBIDDEN ? "/metrics needs the metrics or admin scope"
+                                               : "/metrics needs a bearer token (private_metrics)");
+  }
   int stale;
   struct census census = census_now(&stale);
   if (stale && req->phase != PHASE_RESUMED) {

@@ -159,8 +159,9 @@ enum MHD_Result import_post(struct request *req) {
       snprintf(it->result, sizeof it->result, "key_in_use");
       snprintf(it->message, sizeof it->message, "the key is the default key of another blob");
       br_warn("import: %s:%s refused: the default key of another blob", store, key);
-    } else if (strlen(ct) > BR_MAX_CONTENT_TYPE) {
-      snprintf(it->message, sizeof it->message, "content_type is too long");
+    } else if (br_header_content_type_check(ct)) { /* sent back in every read's headers */
+      snprintf(it->message, sizeof it->message, "bad_content_type: %s",
+               br_header_content_type_check(ct));
     } else if ((uint64_t)json_integer_value(size) > req->srv->cfg->max_blob_size) {
       snprintf(it->message, sizeof it->message, "over max_blob_size");
     } else {
@@ -172,6 +173,7 @@ enum MHD_Result import_post(struct request *req) {
       snprintf(l->store, sizeof l->store, "%s", store);
       l->role = BR_ROLE_PRIMARY;
     }
+    if (!it->ok) br_info("POST /v1/import: blob %zu refused: %s", i, it->message);
   }
   json_decref(root);
   req->job_fn = import_run;

@@ -87,6 +87,27 @@ static enum MHD_Result add_arg_size(void *cls, enum MHD_ValueKind kind, const ch
  * the connection times out. on_uri counts them first and drops the query when there are more. */
 #define MAX_QUERY_ARGS 64
 
+/* The query's argument names seen so far, to find one given twice (?dry_run=1&dry_run=0 must not
+ * mean whichever a handler happens to read). Borrowed from libmicrohttpd for the request. */
+struct arg_scan {
+  const char *names[MAX_QUERY_ARGS];
+  size_t n;
+  const char *repeated; /* the first name given twice, or NULL */
+};
+
+static enum MHD_Result scan_arg_names(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value) {
+  (void)kind, (void)value;
+  struct arg_scan *as = cls;
+  for (size_t i = 0; i < as->n; i++)
+    if (!strcmp(as->names[i], key)) {
+      as->repeated = key;
+      return MHD_NO;
+    }
+  if (as->n < MAX_QUERY_ARGS) as->names[as->n++] = key; /* on_uri keeps there no more */
+  return MHD_YES;
+}
+
 /* RFC 9110 5.6.2: the characters of a token (what a field name must consist of). */
 static int is_tchar(unsigned char c) {
   return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z') ||
@@ -193,6 +214,13 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
   MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, add_arg_size, &target_len);
   if (target_len > cfg->max_url_length)
     return early_error(req, has_body, E_URL_TOO_LONG, "the URL is too long");
+  struct arg_scan as = {.n = 0};
+  MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, scan_arg_names, &as);
+  if (as.repeated) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "query parameter '%.60s' is given more than once", as.repeated);
+    return early_error(req, has_body, E_BAD_REQUEST, msg);
+  }
   if (!strcmp(version, MHD_HTTP_VERSION_1_1) &&
       !MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST))
     return early_error(req, has_body, E_BAD_REQUEST, "HTTP/1.1 requests need a Host header");

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "blobref/config.h"
+#include "blobref/header.h"
 #include "blobref/index.h"
 #include "blobref/store.h"
 #include "core/server.h"
@@ -145,7 +146,7 @@ struct request {
   uint64_t body_start_ns;       /* first body byte seen */
   uint64_t bytes_in, bytes_out; /* body bytes received; body bytes answered */
   enum request_outcome { OUTCOME_NONE, OUTCOME_CACHE_HIT, OUTCOME_CACHE_MISS } outcome;
-  char request_id[65];
+  char request_id[BR_MAX_REQUEST_ID + 1];
   char remote[48];
   char token_name[128];     /* the matched [token NAME], never the token */
   uint64_t json_reserved;   /* bytes of max_json_inflight this request holds */
@@ -216,6 +217,10 @@ enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char
 enum MHD_Result reply_response(struct request *req, unsigned status, struct MHD_Response *resp);
 /* The body of an error reply, {"error":{"code","message"}}, for a reply that adds fields. */
 json_t *error_body(enum br_api_error e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The Content-Type a blob is served with: its record's when that passes the header grammar,
+ * else application/octet-stream (a record written before the grammar, or by hand). Borrowed
+ * from rec or static. */
+const char *blob_content_type(const br_record *rec);
 /* Serves a blob's bytes (or headers only, for HEAD), honouring Range, If-Range, If-None-Match. */
 enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *store,
                            const char *key);

@@ -270,16 +270,32 @@ static int if_range_matches(const char *value, const char *etag) {
   return *value == '\0';
 }
 
-static void add_blob_headers(struct MHD_Response *resp, const br_record *rec, const char *etag,
-                             const char *repr_digest) {
+const char *blob_content_type(const br_record *rec) {
+  const char *ct = rec->content_type;
+  return ct[0] && !br_header_content_type_check(ct) ? ct : "application/octet-stream";
+}
+
+/* Stored content never runs on our origin (where the console keeps its token): no sniffing, a
+ * sandbox with nothing allowed, and anything but a passive type downloaded, not rendered. On every
+ * blob reply: 200, 206, 304, 416, HEAD, proxied, cached. */
+static void add_confinement_headers(struct MHD_Response *resp, const br_record *rec) {
+  MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+  MHD_add_response_header(resp, "Content-Security-Policy", "default-src 'none'; sandbox");
+  if (!br_content_type_is_passive(blob_content_type(rec)))
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_DISPOSITION, "attachment");
+}
+
+/* with_type 0: no Content-Type (a 304, or multipart/byteranges set by the caller). */
+static void add_blob_headers(struct MHD_Response *resp, const br_record *rec, int with_type,
+                             const char *etag, const char *repr_digest) {
+  add_confinement_headers(resp, rec);
   MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, etag);
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL,
                           "public, max-age=31536000, immutable");
   MHD_add_response_header(resp, MHD_HTTP_HEADER_ACCEPT_RANGES, "bytes");
   MHD_add_response_header(resp, "Repr-Digest", repr_digest);
-  if (rec)
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                            rec->content_type[0] ? rec->content_type : "application/octet-stream");
+  if (with_type)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, blob_content_type(rec));
 }
 
 /* A multipart/byteranges body assembled on the fly: part headers from memory, part bodies read
@@ -405,7 +421,7 @@ static struct MHD_Response *multipart_response(br_store_reader *r, const br_reco
   mp->headers = h;
   mp->nparts = n;
   snprintf(boundary, blen, "blobref-%016" PRIx64 "%08x", br_now_ms(), (unsigned)random());
-  const char *type = rec->content_type[0] ? rec->content_type : "application/octet-stream";
+  const char *type = blob_content_type(rec); /* never a CR or LF into the part headers */
   size_t used = 0;
   uint64_t pos = 0;
   for (size_t i = 0; i < n; i++) {
@@ -480,7 +496,7 @@ static enum MHD_Result finish_blob_reply(struct request *req, const br_record *r
                                          struct MHD_Response *resp, unsigned status,
                                          const br_byte_range *ranges, size_t n, const char *etag,
                                          const char *repr) {
-  add_blob_headers(resp, n > 1 ? NULL : rec, etag, repr);
+  add_blob_headers(resp, rec, n <= 1, etag, repr);
   if (status == MHD_HTTP_PARTIAL_CONTENT && n == 1) {
     char cr[80];
     snprintf(cr, sizeof cr, "bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64, ranges[0].first,
@@ -525,7 +541,7 @@ static char *multipart_framing(struct request *req, const br_record *rec,
   if (!req->boundary[0])
     snprintf(req->boundary, sizeof req->boundary, "blobref-%016" PRIx64 "%08x", br_now_ms(),
              (unsigned)random());
-  const char *type = rec->content_type[0] ? rec->content_type : "application/octet-stream";
+  const char *type = blob_content_type(rec); /* never a CR or LF into the part headers */
   for (size_t i = 0; i < n; i++) {
     int w =
         snprintf(h + used, cap - used,
@@ -642,7 +658,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     struct MHD_Response *resp =
         MHD_create_response_from_callback(rec->size, 1, no_body, NULL, NULL);
     if (!resp) return MHD_NO;
-    add_blob_headers(resp, NULL, etag, repr);
+    add_blob_headers(resp, rec, 0, etag, repr);
     return reply_response(req, MHD_HTTP_NOT_MODIFIED, resp);
   }
   const char *range = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_RANGE);
@@ -669,6 +685,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
         &req->bytes_out);
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
+    add_confinement_headers(resp, rec);
     return reply_response(req, MHD_HTTP_RANGE_NOT_SATISFIABLE, resp);
   }
 
@@ -678,7 +695,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     /* HEAD of the whole: no need to touch the store at all */
     resp = MHD_create_response_from_callback(rec->size, 1, no_body, NULL, NULL);
     if (!resp) return MHD_NO;
-    add_blob_headers(resp, rec, etag, repr);
+    add_blob_headers(resp, rec, 1, etag, repr);
     return reply_response(req, status, resp);
   }
   /* S3 and http stores are read over HTTP by the proxy loop, never on this thread */

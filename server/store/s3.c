@@ -176,8 +176,7 @@ static int upload_part(struct s3_store *s3, struct s3_writer *w, size_t index, u
 #define MAX_FAILED_ABORTS 4096
 
 /* AbortMultipartUpload of upload_id under key. Returns 0 when S3 no longer has it. */
-static int abort_upload(struct s3_store *s3, const char *key, const char *upload_id,
-                        br_err *err) {
+static int abort_upload(struct s3_store *s3, const char *key, const char *upload_id, br_err *err) {
   char query[1700], idenc[1600];
   if (!br_sigv4_uri_encode(upload_id, 0, idenc, sizeof idenc))
     return br_fail(err, "upload id too long");
@@ -265,8 +264,8 @@ static void send_ready_parts(struct s3_store *s3, struct s3_writer *w) {
     int rc = 0;
     if (!w->upload_id[0]) {
       choose_mp_key(w);
-      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id,
-                            &w->base.saved_errno, &err);
+      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &w->base.saved_errno,
+                            &err);
     }
     if (rc == 0)
       rc = upload_part(s3, w, index, (uint64_t)index * s3->part_size, s3->part_size, &err);
@@ -582,8 +581,8 @@ static int s3_write_commit(br_store_writer *bw, const char *key, br_err *err) {
                    s3->t.name, MAX_PARTS, s3->part_size);
     if (rc == 0 && !w->upload_id[0]) {
       choose_mp_key(w);
-      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &bw->saved_errno,
-                            err);
+      rc =
+          create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &bw->saved_errno, err);
     }
     for (size_t i = w->nparts; rc == 0 && i < total; i++) {
       uint64_t off = (uint64_t)i * s3->part_size;
@@ -696,10 +695,14 @@ static int s3_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   return head_object(s3_of(st), key, size, err);
 }
 
-static int s3_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+/* The signed query parameter that makes S3 answer a presigned GET as a download. */
+#define ATTACHMENT_QUERY "response-content-disposition=attachment"
+
+static int s3_redirect_url(br_store *st, const char *key, int attachment, char *out, size_t outlen,
                            uint64_t *valid_ms, br_err *err) {
   const char *cdn = st->cfg.cdn_url;
   if (cdn && *cdn) {
+    if (attachment) return 1; /* S3 honours response-* parameters only on signed requests */
     char enc[3200];
     if (!br_sigv4_uri_encode(key, 1, enc, sizeof enc)) return br_fail(err, "key too long");
     size_t clen = strlen(cdn);
@@ -712,8 +715,8 @@ static int s3_redirect_url(br_store *st, const char *key, char *out, size_t outl
   uint64_t ttl_s = st->cfg.presign_ttl_ms / 1000;
   if (ttl_s < 1) ttl_s = 1;
   struct s3_store *s3 = s3_of(st);
-  return s3_url_cache_presign(s3->urls, &s3->t, key, br_now_ms(), ttl_s, out, outlen, valid_ms,
-                              err);
+  return s3_url_cache_presign(s3->urls, &s3->t, key, attachment ? ATTACHMENT_QUERY : "",
+                              br_now_ms(), ttl_s, out, outlen, valid_ms, err);
 }
 
 static int s3_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err) {

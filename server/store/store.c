@@ -4,6 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "blobref/header.h"
+#include "blobref/index.h"
 #include "store/internal.h"
 
 static const struct store_ops *const kinds[] = {&br_store_fs_ops, &br_store_s3_ops,
@@ -62,11 +64,11 @@ int br_store_default_key_digest(const br_store *st, const char *key,
 }
 
 int br_store_key_valid(const char *key) {
-  if (!*key || key[0] == '/' || strlen(key) > 1024) return -1;
+  /* keys reach Location headers and logs: the header grammar's text rule, then path rules */
+  if (br_header_text_check(key, BR_MAX_KEY) || key[0] == '/') return -1;
   const char *seg = key;
   for (const char *p = key;; p++) {
-    if ((unsigned char)*p < 0x20 && *p) return -1;
-    if (*p == '\\' || *p == 0x7f) return -1;
+    if (*p == '\\') return -1;
     if (*p == '/' || !*p) {
       size_t len = (size_t)(p - seg);
       if (len == 0 || (len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
@@ -127,11 +129,11 @@ int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   return st->ops->stat(st, key, size, err);
 }
 
-int br_store_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+int br_store_redirect_url(br_store *st, const char *key, int attachment, char *out, size_t outlen,
                           uint64_t *valid_ms, br_err *err) {
   *valid_ms = UINT64_MAX;
   if (!st->ops->redirect_url) return 1;
-  return st->ops->redirect_url(st, key, out, outlen, valid_ms, err);
+  return st->ops->redirect_url(st, key, attachment, out, outlen, valid_ms, err);
 }
 
 int br_store_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err) {

@@ -238,6 +238,8 @@ int main(void) {
   } scope_cases[] = {{"write", BR_SCOPE_WRITE},
                      {"read, write", BR_SCOPE_READ | BR_SCOPE_WRITE},
                      {"admin", BR_SCOPE_ADMIN},
+                     {"metrics", BR_SCOPE_METRICS},
+                     {"read, metrics", BR_SCOPE_READ | BR_SCOPE_METRICS},
                      {"none", 0}};
   for (size_t i = 0; i < sizeof scope_cases / sizeof scope_cases[0]; i++) {
     char text[256];
