@@ -42,6 +42,7 @@ static const struct {
     [E_FORBIDDEN] = {"forbidden", 403},
     [E_NOT_READY] = {"not_ready", 503},
     [E_TRY_AGAIN] = {"try_again", 503},
+    [E_SPOOL_FULL] = {"spool_full", 503},
     [E_STORE_UNAVAILABLE] = {"store_unavailable", 503},
     [E_STORE_ERROR] = {"store_error", 502},
     [E_RECONCILE_RUNNING] = {"reconcile_running", 409},
@@ -70,6 +71,8 @@ enum br_api_error store_error_code(int e) {
       return E_NO_SPACE;
     case EHOSTUNREACH:
       return E_STORE_UNAVAILABLE;
+    case EBUSY:
+      return E_SPOOL_FULL;
     case EPROTO:
       return E_STORE_ERROR;
     default:
@@ -153,7 +156,7 @@ enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
   }
   if (e == E_UNAUTHORIZED) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
-  if (e == E_TRY_AGAIN || e == E_NOT_READY)
+  if (e == E_TRY_AGAIN || e == E_NOT_READY || e == E_SPOOL_FULL)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
   return reply_response(req, status, resp);
 }
