@@ -141,6 +141,7 @@ struct request {
   void *job_data;                      /* owned by the route; freed (free()) on completion */
   struct request *next_job;            /* finisher queue link */
   struct request *next_spool;          /* paused-upload list link (request_wait_spool) */
+  int spool_paused;                    /* on that list (under http->spool_lock) */
   /* observability (http_ops.c): the access log line, the latency histogram, step timings */
   const char *path;             /* libmicrohttpd's copy of the path: valid until completion */
   uint64_t start_ns;            /* first handler call (headers complete), monotonic */

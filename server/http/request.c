@@ -187,7 +187,10 @@ int request_finishers_start(br_http *http, br_err *err) {
 void request_wait_spool(struct request *req) {
   br_http *http = req->http;
   pthread_mutex_lock(&http->spool_lock);
-  if (!http->spool_stopping && http->spool_thread_started) {
+  /* libmicrohttpd 0.9.75 may hand over the rest of its buffer before the suspension takes
+   * effect: a request already paused is not listed (nor suspended) twice */
+  if (!http->spool_stopping && http->spool_thread_started && !req->spool_paused) {
+    req->spool_paused = 1;
     req->next_spool = http->spool_head;
     http->spool_head = req;
     MHD_suspend_connection(req->conn);
@@ -209,6 +212,7 @@ static void *spool_main(void *arg) {
       struct request *req = *p;
       if (stopping || !br_store_write_backlogged(req->writer, 0)) {
         *p = req->next_spool;
+        req->spool_paused = 0;
         MHD_resume_connection(req->conn);
       } else {
         p = &req->next_spool;
