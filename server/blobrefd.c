@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -97,6 +98,38 @@ static void sd_notify_text(const char *text) {
   close(fd);
 }
 
+/* Descriptors beyond two per connection (client socket, upstream socket or temp file) and one per
+ * store: index and queue files, listeners, logs, curl's multi handles, the finishers' files. */
+#define NOFILE_MARGIN 256
+
+/* Raises the soft RLIMIT_NOFILE toward max_connections * 2 + stores + NOFILE_MARGIN, up to the
+ * hard limit; warns (with what is missing) when the hard limit is below that: connections would
+ * then fail with EMFILE before max_connections is reached. Never lowers the limit. */
+static void raise_nofile_limit(const br_config *cfg) {
+  struct rlimit lim;
+  if (getrlimit(RLIMIT_NOFILE, &lim) < 0) {
+    br_warn("getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+    return;
+  }
+  rlim_t want = (rlim_t)cfg->max_connections * 2 + (rlim_t)cfg->nstores + NOFILE_MARGIN;
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < want) {
+    rlim_t soft = lim.rlim_max != RLIM_INFINITY && lim.rlim_max < want ? lim.rlim_max : want;
+    struct rlimit raised = {.rlim_cur = soft, .rlim_max = lim.rlim_max};
+    if (soft > lim.rlim_cur && setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      br_info("open files limit raised from %llu to %llu", (unsigned long long)lim.rlim_cur,
+              (unsigned long long)soft);
+      lim.rlim_cur = soft;
+    }
+  }
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < want)
+    br_warn(
+        "open files limit is %llu (hard %llu), below the %llu that max_connections = %llu "
+        "needs: connections may fail with EMFILE (raise LimitNOFILE= or ulimit -Hn, or lower "
+        "max_connections)",
+        (unsigned long long)lim.rlim_cur, (unsigned long long)lim.rlim_max,
+        (unsigned long long)want, (unsigned long long)cfg->max_connections);
+}
+
 /* SIGHUP: reads the config again (with the same command-line overrides) and applies what can
  * change while serving; a config that does not load changes nothing. */
 static void reload(const struct options *o, br_http *http) {
@@ -148,6 +181,7 @@ int main(int argc, char **argv) {
     br_error("out of memory");
     goto out;
   }
+  raise_nofile_limit(&cfg);
   if (br_server_open(&srv, &cfg, BR_OPEN_SERVE, &err) < 0 || br_server_start(&srv, &err) < 0 ||
       br_http_start(http, &srv, &err) < 0) {
     br_error("%s", err.msg);

@@ -40,6 +40,8 @@ typedef struct br_store_config {
   char *cdn_url;   /* s3: base URL that replaces the endpoint in redirects ("" = presign) */
   char *spool_dir; /* s3: local directory where upload bodies wait for their part upload */
   uint64_t part_size;
+  uint64_t spool_max;       /* s3: spooled bytes not yet sent, all uploads of this store */
+  uint64_t spool_max_total; /* s3: the same over every s3 store ([server] spool_max_total) */
   /* s3 and http */
   char *url; /* http: the origin's base URL */
   uint64_t connect_timeout_ms, timeout_ms;
@@ -101,7 +103,8 @@ typedef struct br_config {
   uint64_t max_lookup_hashes;
   uint64_t connection_timeout_ms;
   uint64_t max_connections;
-  uint64_t threads; /* 0 = number of cores */
+  uint64_t spool_max_total; /* bytes spooled for S3 and not yet sent, all s3 stores */
+  uint64_t threads;         /* 0 = number of cores */
   uint64_t connection_memory;
   uint64_t index_map_size;
   uint64_t index_batch_max;

@@ -48,17 +48,26 @@ int br_store_default_key_digest(const br_store *st, const char *key, uint8_t dig
 
 /* --- writing: stream bytes in, then commit under a key only once durable ------------------- */
 
-/* Starts a new object. Bytes go to a temporary place inside the store. */
+/* Starts a new object. Bytes go to a temporary place inside the store. NULL with err (errno
+ * EBUSY: an s3 store's spool is over spool_max or spool_max_total; EHOSTUNREACH: down). */
 br_store_writer *br_store_write_begin(br_store *st, br_err *err);
 /* Appends len bytes; returns 0, or -1 (err->msg says why; errno ENOSPC/EDQUOT is kept in
- * br_store_writer_errno for a 507). */
+ * br_store_writer_errno for a 507, EBUSY when an s3 store's spool is full: 503). */
 int br_store_write(br_store_writer *w, const void *buf, size_t len, br_err *err);
 /* Why the last write or commit failed: ENOSPC/EDQUOT (no space: 507), EHOSTUNREACH (the store
- * cannot be reached: 503), EPROTO (the store refused: 502), or another errno (500). */
+ * cannot be reached: 503), EBUSY (the s3 spool is full: 503), EPROTO (the store refused: 502), or
+ * another errno (500). */
 int br_store_writer_errno(const br_store_writer *w);
 /* Makes the bytes durable (fsync) and visible under key atomically (rename + directory fsync).
  * Frees w whatever the outcome; on failure nothing is left behind. */
 int br_store_write_commit(br_store_writer *w, const char *key, br_err *err);
+/* 1 when w holds as many bytes not yet handed on as it should (s3: about two parts waiting for
+ * their upload): the caller should stop feeding it until this says 0 again (it does once a part
+ * went up, or the upload failed: the next write then says why). With wait = 1 it blocks until
+ * then instead and returns 0 (never on a network thread). 0 for stores that do not spool. */
+int br_store_write_backlogged(br_store_writer *w, int wait);
+/* Bytes spooled for S3 and not yet sent, over every s3 store of the process. */
+uint64_t br_store_spooled_bytes(void);
 /* Drops the temporary bytes and frees w. NULL is allowed. */
 void br_store_write_abort(br_store_writer *w);
 

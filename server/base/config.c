@@ -62,6 +62,7 @@ static const struct key_spec server_keys[] = {
     {"connection_timeout", KEY_DURATION, SRV(connection_timeout_ms), "30s", 1000, 86400000, 0, 0},
     {"max_connections", KEY_COUNT, SRV(max_connections), "1024", 1, 1000000, 0, 0},
     {"threads", KEY_COUNT, SRV(threads), "0", 0, 1024, 0, 0},
+    {"spool_max_total", KEY_SIZE, SRV(spool_max_total), "1GiB", 10 << 20, 1ull << 50, 0, 0},
     {"connection_memory", KEY_SIZE, SRV(connection_memory), "32KiB", 16384, 16 << 20, 0, 0},
     {"index_map_size", KEY_SIZE, SRV(index_map_size), "1GiB", 1 << 20, 1ull << 44, 0, 0},
     {"index_batch_max", KEY_COUNT, SRV(index_batch_max), "1024", 1, 1000000, 0, 0},
@@ -118,6 +119,7 @@ static const struct key_spec store_keys[] = {
     {"cdn_url", KEY_STRING, STO(cdn_url), "", 0, 0, 0, 0},
     {"spool_dir", KEY_STRING, STO(spool_dir), "", 0, 0, 0, 0},
     {"part_size", KEY_SIZE, STO(part_size), "16MiB", 5 << 20, 5ull << 30, 0, 0},
+    {"spool_max", KEY_SIZE, STO(spool_max), "256MiB", 10 << 20, 1ull << 50, 0, 0},
     {"url", KEY_STRING, STO(url), "", 0, 0, 0, 0},
     {"connect_timeout", KEY_DURATION, STO(connect_timeout_ms), "2s", 100, 600000, 0, 0},
     {"timeout", KEY_DURATION, STO(timeout_ms), "5m", 1000, 86400000, 0, 0},
@@ -734,6 +736,10 @@ int br_config_finish(br_config *cfg, br_err *err) {
                      s->name);
     if (!strcmp(s->kind, "http") && !*s->url)
       return br_fail(err, "%s:%d: [store %s] kind = http needs url", where, s->line, s->name);
+    if (!strcmp(s->kind, "s3") && s->spool_max < 2 * s->part_size)
+      return br_fail(err, "%s:%d: [store %s] spool_max must hold two parts (2 x part_size)", where,
+                     s->line, s->name);
+    s->spool_max_total = cfg->spool_max_total;
     if (!strcmp(s->kind, "s3") && !*s->spool_dir) {
       char spool[4096];
       snprintf(spool, sizeof spool, "%s/spool/%s", cfg->data_dir, s->name);

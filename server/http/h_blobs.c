@@ -131,6 +131,7 @@ int upload_body(struct request *req, const char *data, size_t len) {
       request_free_upload(req);
       return -1;
     }
+    if (br_store_write_backlogged(req->writer, 0)) request_wait_spool(req); /* S3 is behind */
   }
   return 0;
 }

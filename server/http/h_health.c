@@ -229,6 +229,10 @@ enum MHD_Result metrics_get(struct request *req) {
           atomic_load(&http->json_inflight), atomic_load(&http->json_refused),
           atomic_load(&http->slow_cut[0]), atomic_load(&http->slow_cut[1]));
   appendf(&t,
+          "# HELP blobref_spool_bytes Upload bytes spooled for S3 and not yet sent.\n"
+          "# TYPE blobref_spool_bytes gauge\nblobref_spool_bytes %" PRIu64 "\n",
+          br_store_spooled_bytes());
+  appendf(&t,
           "# HELP blobref_received_bytes_total Upload body bytes received.\n"
           "# TYPE blobref_received_bytes_total counter\nblobref_received_bytes_total %" PRIu64
           "\n"

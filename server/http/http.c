@@ -501,6 +501,7 @@ int br_http_start(br_http *http, br_server *srv, br_err *err) {
   if (ops_start(http, err) < 0) return -1;
   if (proxy_engine_start(http, err) < 0) return -1;
   if (request_finishers_start(http, err) < 0) return -1;
+  if (request_spool_start(http, err) < 0) return -1;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   unsigned threads = cfg->threads ? (unsigned)cfg->threads : (unsigned)(cores > 0 ? cores : 1);
   http->daemon = start_daemon(http, cfg->listen, *cfg->tls_cert != '\0', threads, err);
@@ -531,6 +532,8 @@ void br_http_stop(br_http *http) {
     if (cut > 0)
       br_warn("stopping: cutting %d request(s) still in progress after %llu ms", cut,
               (unsigned long long)cfg->shutdown_timeout_ms);
+    /* Uploads paused for their S3 spool go on (unpaused: the spool caps still hold) */
+    request_spool_stop(http);
     /* Uploads that complete their body from now on get 503; those already with a finisher
      * complete (bounded by one fsync and one index commit each). libmicrohttpd must not be
      * stopped while a connection is suspended. */
@@ -554,7 +557,8 @@ void br_http_stop(br_http *http) {
     http->daemon_plain = NULL;
   }
   request_finishers_stop(http);
-  proxy_engine_stop(http); /* when the daemon never started */
+  request_spool_stop(http); /* when the daemon never started */
+  proxy_engine_stop(http);  /* when the daemon never started */
   ops_stop(http);
   tls_unload();
 }

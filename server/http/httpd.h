@@ -42,6 +42,7 @@ enum br_api_error {
   E_FORBIDDEN,
   E_NOT_READY,
   E_TRY_AGAIN,
+  E_SPOOL_FULL,
   E_STORE_UNAVAILABLE,
   E_STORE_ERROR,
   E_RECONCILE_RUNNING,
@@ -140,6 +141,8 @@ struct request {
   void (*job_fn)(struct request *req); /* JOB_CALL: run on a finisher thread */
   void *job_data;                      /* owned by the route; freed (free()) on completion */
   struct request *next_job;            /* finisher queue link */
+  struct request *next_spool;          /* paused-upload list link (request_wait_spool) */
+  int spool_paused;                    /* on that list (under http->spool_lock) */
   /* observability (http_ops.c): the access log line, the latency histogram, step timings */
   const char *path;             /* libmicrohttpd's copy of the path: valid until completion */
   uint64_t start_ns;            /* first handler call (headers complete), monotonic */
@@ -177,6 +180,14 @@ struct br_http {
   int jobs_stopping; /* finishers exit */
   int stopping;      /* no new jobs: uploads finishing now get 503 */
   atomic_int jobs_in_flight;
+  /* uploads paused while their S3 spool drains (request_wait_spool): spool_lock guards the list
+   * and the flag; the spool thread resumes them */
+  pthread_t spool_thread;
+  int spool_thread_started;
+  pthread_mutex_t spool_lock;
+  pthread_cond_t spool_cv;
+  struct request *spool_head;
+  int spool_stopping;
   /* requests between their first handler call and completion: SIGTERM waits for these */
   atomic_int requests_in_progress;
   atomic_int draining; /* SIGTERM seen: every answer closes its connection */
@@ -209,6 +220,14 @@ void request_free_upload(struct request *req);
 /* Starts and stops the finisher threads (br_http_start, br_http_stop). */
 int request_finishers_start(br_http *http, br_err *err);
 void request_finishers_stop(br_http *http);
+/* Pauses an upload whose writer is backlogged (br_store_write_backlogged): suspends the
+ * connection until the spool thread sees the writer take bytes again. Call it from the body
+ * callback; does nothing once the front stops. */
+void request_wait_spool(struct request *req);
+/* The thread that resumes paused uploads; stopping resumes every one of them (before
+ * libmicrohttpd stops: it must not stop with a connection suspended). */
+int request_spool_start(br_http *http, br_err *err);
+void request_spool_stop(br_http *http);
 
 /* reply.c: every response goes through these. Each returns the MHD result of queueing. */
 enum MHD_Result reply_json(struct request *req, unsigned status, json_t *body); /* steals body */

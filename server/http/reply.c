@@ -42,6 +42,7 @@ static const struct {
     [E_FORBIDDEN] = {"forbidden", 403},
     [E_NOT_READY] = {"not_ready", 503},
     [E_TRY_AGAIN] = {"try_again", 503},
+    [E_SPOOL_FULL] = {"spool_full", 503},
     [E_STORE_UNAVAILABLE] = {"store_unavailable", 503},
     [E_STORE_ERROR] = {"store_error", 502},
     [E_RECONCILE_RUNNING] = {"reconcile_running", 409},
@@ -70,6 +71,8 @@ enum br_api_error store_error_code(int e) {
       return E_NO_SPACE;
     case EHOSTUNREACH:
       return E_STORE_UNAVAILABLE;
+    case EBUSY:
+      return E_SPOOL_FULL;
     case EPROTO:
       return E_STORE_ERROR;
     default:
@@ -153,7 +156,7 @@ enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
   }
   if (e == E_UNAUTHORIZED) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
-  if (e == E_TRY_AGAIN || e == E_NOT_READY)
+  if (e == E_TRY_AGAIN || e == E_NOT_READY || e == E_SPOOL_FULL)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
   return reply_response(req, status, resp);
 }
@@ -560,11 +563,18 @@ static char *multipart_framing(struct request *req, const br_record *rec,
 
 /* A blob in an S3 or http store: on the first call the transfer starts and the connection is
  * suspended (small blobs are fetched whole, checked against their hash and cached); on the
- * second the origin's answer is known and the body streams through. */
+ * second the origin's answer is known and the body streams through. Several ranges are read
+ * with as few upstream requests as br_range_plan finds (never more than BR_RANGE_READS_MAX);
+ * too many unordered ones get the whole blob (200). */
 static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, br_store *store,
                                      const char *url, unsigned status, const br_byte_range *ranges,
                                      size_t n, const char *etag, const char *repr) {
   blobcache *cache = req->srv->cache;
+  unsigned char joins[BR_RANGE_MAX] = {0};
+  size_t nreads = 0;
+  if (n > 1 && br_range_plan(ranges, n, BR_RANGE_READ_GAP, BR_RANGE_READS_MAX, joins, &nreads) ==
+                   BR_PLAN_WHOLE)
+    status = MHD_HTTP_OK, n = 0;
   int cacheable = n <= 1 && rec->size <= blobcache_max_blob(cache) && rec->size > 0;
   if (cacheable) {
     cached_blob *hit = blobcache_get(cache, req->digest);
@@ -577,20 +587,20 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
     size_t np = 0;
     char *framing = NULL;
     if (cacheable || status == MHD_HTTP_OK) {
-      parts[np++] = (struct proxy_part){NULL, 0, 0, rec->size};
+      parts[np++] = (struct proxy_part){NULL, 0, 0, rec->size, 0};
     } else if (n == 1) {
       parts[np++] =
-          (struct proxy_part){NULL, 0, ranges[0].first, ranges[0].last - ranges[0].first + 1};
+          (struct proxy_part){NULL, 0, ranges[0].first, ranges[0].last - ranges[0].first + 1, 0};
     } else {
       size_t offs[BR_RANGE_MAX + 1], lens[BR_RANGE_MAX + 1];
       framing = multipart_framing(req, rec, ranges, n, offs, lens);
       if (!framing) return reply_error(req, E_INTERNAL, "out of memory");
       for (size_t i = 0; i < n; i++) {
-        parts[np++] = (struct proxy_part){framing + offs[i], lens[i], 0, 0};
-        parts[np++] =
-            (struct proxy_part){NULL, 0, ranges[i].first, ranges[i].last - ranges[i].first + 1};
+        parts[np++] = (struct proxy_part){framing + offs[i], lens[i], 0, 0, 0};
+        parts[np++] = (struct proxy_part){NULL, 0, ranges[i].first,
+                                          ranges[i].last - ranges[i].first + 1, joins[i]};
       }
-      parts[np++] = (struct proxy_part){framing + offs[n], lens[n], 0, 0};
+      parts[np++] = (struct proxy_part){framing + offs[n], lens[n], 0, 0, 0};
     }
     int rc = proxy_start(req, url, parts, np, cacheable, br_store_stall_ms(store), &err);
     free(framing);

@@ -12,6 +12,7 @@ struct store_ops {
   int (*write)(br_store_writer *w, const void *buf, size_t len, br_err *err);
   int (*write_commit)(br_store_writer *w, const char *key, br_err *err);
   void (*write_abort)(br_store_writer *w);
+  int (*write_backlogged)(br_store_writer *w, int wait); /* optional: never backlogged */
   int (*open_read)(br_store *st, const char *key, br_store_reader *out, br_err *err);
   int (*stat)(br_store *st, const char *key, uint64_t *size, br_err *err);
   /* attachment: only a URL whose origin answers with Content-Disposition: attachment, else 1 */

@@ -98,6 +98,10 @@ int br_store_write_commit(br_store_writer *w, const char *key, br_err *err) {
   return w->store->ops->write_commit(w, key, err);
 }
 
+int br_store_write_backlogged(br_store_writer *w, int wait) {
+  return w->store->ops->write_backlogged ? w->store->ops->write_backlogged(w, wait) : 0;
+}
+
 void br_store_write_abort(br_store_writer *w) {
   if (w) w->store->ops->write_abort(w);
 }
@@ -200,6 +204,7 @@ int br_store_copy(br_store *src, const char *src_key, br_store *dst, const char 
     size_t n = r.size - off < CHUNK ? (size_t)(r.size - off) : CHUNK;
     rc = r.source->pread(r.source, buf, n, off, err);
     if (rc == 0) rc = br_store_write(w, buf, n, err);
+    if (rc == 0) br_store_write_backlogged(w, 1); /* S3: at most two parts spooled */
     off += n;
   }
   free(buf);
