@@ -1,7 +1,10 @@
 """Helpers for the s3/http store tests: configs for a blobrefd over radosgw, a server that may start
-unready, and bucket checks (content keys, staging objects, incomplete multipart uploads)."""
+unready, bucket checks (content keys, staging objects, incomplete multipart uploads), and a TCP
+forwarder to radosgw that counts or throttles what passes."""
 import os
+import socket
 import subprocess
+import threading
 import time
 
 import requests
@@ -97,3 +100,56 @@ def assert_clean_bucket(s3, bucket, prefix=""):
 
 def content_key(h, prefix=""):
     return object_key(h, prefix)
+
+
+class Forwarder:
+    """A TCP forwarder to radosgw (SigV4 signs the Host header as sent, so a plain byte pipe in
+    between changes nothing). `down` counts the bytes radosgw sends back; `rate`, when set, holds
+    the bytes towards radosgw to at most that many per second per connection (a slow uplink) and
+    may be changed (None: unthrottled) while it runs."""
+
+    def __init__(self, target_port, rate=None):
+        self.rate = rate
+        self.down = 0
+        self.lock = threading.Lock()
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(64)
+        self.port = self.lsock.getsockname()[1]
+        self.target = ("127.0.0.1", target_port)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            u = socket.create_connection(self.target)
+            threading.Thread(target=self._pipe, args=(c, u, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(u, c, False), daemon=True).start()
+
+    def _pipe(self, src, dst, upward):
+        try:
+            while True:
+                d = src.recv(65536)
+                if not d:
+                    break
+                if not upward:
+                    with self.lock:
+                        self.down += len(d)
+                dst.sendall(d)
+                rate = self.rate
+                if upward and rate:
+                    time.sleep(len(d) / rate)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.lsock.close()

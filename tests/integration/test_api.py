@@ -299,7 +299,7 @@ def test_head_same_headers_no_body(mserver):
     head = c.read_response(head_only=True)
     assert head.status == 200 and head.header("content-length") == "10000"
     nxt = c.read_response()
-    assert nxt.status == 200 and json.loads(nxt.body) == {"status": "ok"}
+    assert nxt.status == 200 and json.loads(nxt.body)["status"] == "ok"
     c.close()
 
 
@@ -620,7 +620,7 @@ def test_lookup_bad_hash_names_index(mserver):
 
 def test_health_ready(mserver):
     r = requests.get(mserver.url + "/healthz", timeout=TIMEOUT)
-    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    assert r.status_code == 200 and r.json()["status"] == "ok"
     r = requests.get(mserver.url + "/readyz", timeout=TIMEOUT)
     assert r.status_code == 200 and r.json() == {"status": "ready"}
 

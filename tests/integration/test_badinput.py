@@ -132,7 +132,7 @@ def test_body_longer_than_content_length(lserver, method):
     assert json.loads(r1.body)["sha256"] == sha(a) and json.loads(r1.body)["size"] == 30000
     try:
         r2 = c.read_response()
-        assert r2.status == 200 and json.loads(r2.body) == {"status": "ok"}
+        assert r2.status == 200 and json.loads(r2.body)["status"] == "ok"
     except (EOFError, ConnectionResetError):
         pass  # closing after the first answer is allowed too
     c.close()
@@ -448,7 +448,7 @@ def test_http11_without_host(lserver):
     resp, _ = raw_exchange(lserver, b"GET /healthz HTTP/1.1\r\n\r\n")
     closed_or_4xx(resp, (400,))
     resp, _ = raw_exchange(lserver, b"GET /healthz HTTP/1.0\r\n\r\n")
-    assert resp.status == 200 and json.loads(resp.body) == {"status": "ok"}
+    assert resp.status == 200 and json.loads(resp.body)["status"] == "ok"
     assert healthy(lserver)
 
 

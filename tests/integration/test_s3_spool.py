@@ -3,64 +3,17 @@ is paused at two unsent parts (its client waits, nothing is lost), a store whose
 spool_max refuses new uploads with 503 spool_full (JSON, Retry-After), and blobref_spool_bytes
 shows the bytes waiting. S3 is radosgw behind a forwarder that throttles what is sent to it."""
 import re
-import socket
 import threading
 import time
 
 import pytest
 import requests
 
-from s3util import LazyServer, s3_conf, stop_checked
+from s3util import Forwarder, LazyServer, s3_conf, stop_checked
 from util_http import TIMEOUT, assert_error, sha, wait_until
 
 MiB = 1 << 20
 PART = 5 * MiB
-
-
-class ThrottledForwarder:
-    """A TCP forwarder to radosgw: bytes towards radosgw at most `rate` bytes/s per connection
-    (None: unthrottled), its answers as they come (a slow uplink to S3)."""
-
-    def __init__(self, target_port, rate):
-        self.rate = rate
-        self.lsock = socket.socket()
-        self.lsock.bind(("127.0.0.1", 0))
-        self.lsock.listen(64)
-        self.port = self.lsock.getsockname()[1]
-        self.target = ("127.0.0.1", target_port)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.lsock.accept()
-            except OSError:
-                return
-            u = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(c, u, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(u, c, False), daemon=True).start()
-
-    def _pipe(self, src, dst, throttle):
-        try:
-            while True:
-                d = src.recv(65536)
-                if not d:
-                    break
-                dst.sendall(d)
-                rate = self.rate
-                if throttle and rate:
-                    time.sleep(len(d) / rate)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self):
-        self.lsock.close()
 
 
 @pytest.fixture
@@ -72,7 +25,7 @@ def slow_lake(rgw, tmp_path, request):
     def make(**store_keys):
         bucket = "spool-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
         rgw.make_bucket(bucket)
-        fwd = ThrottledForwarder(int(rgw.endpoint.rsplit(":", 1)[1]), rate=1 * MiB)
+        fwd = Forwarder(int(rgw.endpoint.rsplit(":", 1)[1]), rate=1 * MiB)
         srv = LazyServer(tmp_path / "data", config_text=s3_conf(
             rgw, bucket, endpoint=f"http://127.0.0.1:{fwd.port}", part_size="5MiB",
             stall_timeout="60s", **store_keys))

@@ -8,7 +8,6 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -18,8 +17,8 @@ import pytest
 import requests
 
 from conftest import BIN_DIR, ROOT
-from s3util import (LazyServer, assert_clean_bucket, content_key, get_bytes, head_size, keys,
-                    multipart_uploads, s3_conf, stop_checked)
+from s3util import (Forwarder, LazyServer, assert_clean_bucket, content_key, get_bytes,
+                    head_size, keys, multipart_uploads, s3_conf, stop_checked)
 from util_http import (TIMEOUT, RawConn, assert_error, get, parse_ranges, post, put,
                        raw_exchange, repr_digest, request_head, sha, wait_until)
 
@@ -982,53 +981,6 @@ def test_rgw_frozen_requests_fail_fast(rgw, lake):
     assert obs["get"][0] == 503 and obs["get"][1] < 5, obs
 
 
-class CountingForwarder:
-    """A TCP forwarder to radosgw that counts the bytes radosgw sends back (SigV4 signs the Host
-    header as sent, so a plain byte pipe in between changes nothing)."""
-
-    def __init__(self, target_port):
-        self.down = 0
-        self.lock = threading.Lock()
-        self.lsock = socket.socket()
-        self.lsock.bind(("127.0.0.1", 0))
-        self.lsock.listen(64)
-        self.port = self.lsock.getsockname()[1]
-        self.target = ("127.0.0.1", target_port)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.lsock.accept()
-            except OSError:
-                return
-            u = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(c, u, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(u, c, True), daemon=True).start()
-
-    def _pipe(self, src, dst, count):
-        try:
-            while True:
-                d = src.recv(65536)
-                if not d:
-                    break
-                if count:
-                    with self.lock:
-                        self.down += len(d)
-                dst.sendall(d)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self):
-        self.lsock.close()
-
-
 def test_refs_reads_only_the_hash_column(rgw, tmp_path):
     """blobref refs reads Parquet files on S3 with ranged GETs: a file whose other column is
     bulky is not downloaded whole."""
@@ -1048,7 +1000,7 @@ def test_refs_reads_only_the_hash_column(rgw, tmp_path):
     assert size > 40 * 64 * 1024
     upload_tree(s3, "warehouse", t.root, "db/t/")
     assert PREFIX == "s3://warehouse/db/t"
-    fwd = CountingForwarder(int(rgw.endpoint.rsplit(":", 1)[1]))
+    fwd = Forwarder(int(rgw.endpoint.rsplit(":", 1)[1]))
     try:
         conf = tmp_path / "refs.conf"
         conf.write_text(s3_conf(rgw, "blobs-unused", endpoint=f"http://127.0.0.1:{fwd.port}") +

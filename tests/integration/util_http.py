@@ -118,7 +118,7 @@ def lookup(srv, hashes, **kw):
 
 def healthy(srv):
     r = requests.get(srv.url + "/healthz", timeout=10)
-    return r.status_code == 200 and r.json() == {"status": "ok"}
+    return r.status_code == 200 and r.json()["status"] == "ok"
 
 
 def fsck(data_dir, config=None, verify=False, timeout=120):
