@@ -114,5 +114,10 @@ int br_store_list(br_store *st, const char *prefix, br_store_list_fn fn, void *u
  * do it server-side; otherwise the bytes are streamed through. */
 int br_store_copy(br_store *src, const char *src_key, br_store *dst, const char *dst_key,
                   br_err *err);
+/* br_store_copy of a blob whose SHA-256 is want: a streamed copy hashes what it reads and, if
+ * that is not want, commits nothing and fails ("digest mismatch: ..."). A server-side copy cannot
+ * be hashed on the way: the caller verifies the target (PUT .../location always does). */
+int br_store_copy_blob(br_store *src, const char *src_key, br_store *dst, const char *dst_key,
+                       const uint8_t want[BR_SHA256_LEN], br_err *err);
 
 #endif

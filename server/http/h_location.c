@@ -1,5 +1,5 @@
 /* PUT /v1/blobs/{hash}/location: moving a blob between stores without a failed read (PRODUCT.md
- * invariant 7). The new copy is verified (size, or SHA-256 by re-reading it) on a finisher
+ * invariant 7). The new copy is verified (its size and SHA-256, by re-reading it) on a finisher
  * thread and the primary switched in the index writer's transaction, conditional on the expected
  * current primary; the old location becomes `draining` (since the switch, kept in the record)
  * and the drain thread (core/drain.c) deletes it after drain_grace, durably across restarts. */
@@ -44,7 +44,7 @@ static int hash_object(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN]
 
 struct move_job {
   br_location expect, to;
-  int verify_sha; /* 1: re-read and hash; 0: size only */
+  int verify_sha; /* what the client asked for: 1 sha256, 0 size (both hash the copy now) */
   /* results */
   int ok;                  /* switched */
   enum br_api_error error; /* else why not */
@@ -112,23 +112,21 @@ static void move_run(struct request *req) {
   }
   uint64_t t0 = br_now_ms();
   uint64_t size = 0;
-  if (mj->verify_sha) {
-    uint8_t got[BR_SHA256_LEN];
-    rc = hash_object(dst, mj->to.key, got, &size, &err);
-    if (rc == 0 && (size != rec.size || memcmp(got, req->digest, BR_SHA256_LEN))) {
-      char ghex[BR_HEX_LEN + 1];
-      br_hex_encode(got, ghex);
-      move_fail(mj, E_VERIFY_FAILED, "%s:%s has %" PRIu64 " bytes with SHA-256 %s, not %s",
-                mj->to.store, mj->to.key, size, ghex, hex);
-      goto out;
-    }
-  } else {
-    rc = br_store_stat(dst, mj->to.key, &size, &err);
-    if (rc == 0 && size != rec.size) {
-      move_fail(mj, E_VERIFY_FAILED, "%s:%s has %" PRIu64 " bytes, the blob %" PRIu64, mj->to.store,
-                mj->to.key, size, rec.size);
-      goto out;
-    }
+  /* `to` is always read back and hashed: a size check alone let a store that flipped bits on
+   * the way become the primary (verify "size" adds nothing to it any more) */
+  uint8_t got[BR_SHA256_LEN];
+  rc = hash_object(dst, mj->to.key, got, &size, &err);
+  if (rc == 0 && size != rec.size) {
+    move_fail(mj, E_VERIFY_FAILED, "%s:%s has %" PRIu64 " bytes, the blob %" PRIu64, mj->to.store,
+              mj->to.key, size, rec.size);
+    goto out;
+  }
+  if (rc == 0 && memcmp(got, req->digest, BR_SHA256_LEN)) {
+    char ghex[BR_HEX_LEN + 1];
+    br_hex_encode(got, ghex);
+    move_fail(mj, E_VERIFY_FAILED, "%s:%s has %" PRIu64 " bytes with SHA-256 %s, not %s",
+              mj->to.store, mj->to.key, size, ghex, hex);
+    goto out;
   }
   if (rc > 0) {
     move_fail(mj, E_VERIFY_FAILED, "%s:%s: no such object", mj->to.store, mj->to.key);
@@ -183,9 +181,12 @@ static void move_run(struct request *req) {
   }
 out:
   if (locked) br_server_lock_blob(srv, req->digest, 0);
+  if (!mj->ok && mj->error == E_VERIFY_FAILED)
+    br_warn("blob %s: move %s:%s -> %s:%s refused, verify_failed (digest mismatch): %s", hex,
+            mj->expect.store, mj->expect.key, mj->to.store, mj->to.key, mj->message);
   if (mj->ok) {
-    br_info("blob %s: moved %s:%s -> %s:%s (verified by %s)", hex, mj->expect.store, mj->expect.key,
-            mj->to.store, mj->to.key, mj->verify_sha ? "sha256" : "size");
+    br_info("blob %s: moved %s:%s -> %s:%s (verified by sha256%s)", hex, mj->expect.store,
+            mj->expect.key, mj->to.store, mj->to.key, mj->verify_sha ? "" : ", asked for size");
     if (strcmp(mj->expect.store, mj->to.store) || strcmp(mj->expect.key, mj->to.key))
       br_server_blob_gone(srv, req->digest); /* cached redirects and CDN copies point elsewhere */
   }

@@ -1,0 +1,213 @@
+"""Issue 19, integrity (invariant 9): no byte is served or switched to under a hash it does not
+have. Copies made by a move or a migration are verified by their SHA-256 whatever `verify` says
+(a store that flips a bit on the way must not become a blob's primary), and a proxied whole-blob
+read whose bytes do not hash to the blob is cut before its end.
+
+The faulty store is an http store over a small origin (a threaded Python web server) that flips a
+bit in the GET bodies it sends while `corrupt` is set; its files are put there the way an
+operator moves a folder behind a web server: uploaded into an fs store `origin`, then the server
+restarted with `origin` an http store over that folder."""
+import hashlib
+import http.server
+import os
+import random
+import re
+import socket
+import threading
+
+import pytest
+import requests
+
+from conftest import BIN_DIR, Server
+from test_migrate import run_migrate, primaries
+from util_http import TIMEOUT, assert_error, fsck, get, put, sha
+
+KiB = 1024
+
+
+class CorruptingOrigin:
+    """A web server over `root` (single ranges, HEAD) that flips one bit in the middle of every
+    GET body it sends while `corrupt` is set. Counts the GETs it corrupted."""
+
+    def __init__(self, root):
+        self.root = str(root)
+        self.corrupt = False
+        self.corrupted = 0
+        self.lock = threading.Lock()
+        origin = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_HEAD(self):
+                self.serve(head=True)
+
+            def do_GET(self):
+                self.serve(head=False)
+
+            def serve(self, head):
+                p = os.path.join(origin.root, self.path.lstrip("/"))
+                if not os.path.isfile(p):
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data = open(p, "rb").read()
+                n, first, last, status = len(data), 0, len(data) - 1, 200
+                m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+                if m:
+                    first = int(m.group(1))
+                    last = min(int(m.group(2)), n - 1) if m.group(2) else n - 1
+                    status = 206
+                body = bytearray(data[first:last + 1])
+                if not head and origin.corrupt and body:
+                    body[len(body) // 2] ^= 0x10
+                    with origin.lock:
+                        origin.corrupted += 1
+                self.send_response(status)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(body)))
+                if status == 206:
+                    self.send_header("Content-Range", f"bytes {first}-{last}/{n}")
+                self.end_headers()
+                if not head:
+                    try:
+                        self.wfile.write(bytes(body))
+                    except (BrokenPipeError, ConnectionResetError):
+                        self.close_connection = True
+
+        class Srv(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+        self.httpd = Srv(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def key_of(h):
+    return f"sha256/{h[:2]}/{h[2:4]}/{h}"
+
+
+@pytest.fixture
+def faulty(tmp_path):
+    """Yields make(blobs) -> (server, origin): the blobs' primary is http store `origin` behind a
+    CorruptingOrigin; fs store `b` (the migration target) and `a` (uploads)."""
+    made = []
+
+    def make(blobs):
+        site, data_dir = tmp_path / "site", tmp_path / "data"
+        first = Server(data_dir, f"[store origin]\nkind = fs\nroot = {site}\n").start()
+        for b in blobs:
+            assert put(first, b).status_code == 201
+        assert first.stop() == 0
+        origin = CorruptingOrigin(site)
+        conf = (f"[server]\nupload_store = a\ncache_size = 0\ndrain_grace = 1h\n"
+                f"[store a]\nkind = fs\nroot = {tmp_path / 'a'}\n"
+                f"[store b]\nkind = fs\nroot = {tmp_path / 'b'}\n"
+                f"[store origin]\nkind = http\nurl = {origin.url}\nserve = proxy\n")
+        srv = Server(data_dir, conf).start()
+        made.append((srv, origin))
+        return srv, origin
+
+    yield make
+    for srv, origin in made:
+        alive = srv.alive()
+        rc = srv.stop()
+        origin.close()
+        assert alive and rc == 0, srv.read_log()
+
+
+def blobs_of(seed, sizes):
+    rnd = random.Random(seed)
+    return [rnd.randbytes(n) for n in sizes]
+
+
+def fsck_clean(srv):
+    rc, count, problems, out = fsck(srv.data_dir, srv.data_dir / "blobref.conf", verify=True)
+    assert rc == 0 and problems == 0, out
+    return count
+
+
+# ---- 1. a copy is verified by its hash, always ---------------------------------------------
+
+@pytest.mark.parametrize("verify", ["size", "sha256"])
+def test_migrate_through_a_bit_flipping_store_switches_nothing(faulty, tmp_path, verify):
+    """The origin flips a bit in every GET: `migrate --verify size` used to copy the flipped
+    bytes to `b` and make them the primaries (the good copies then drained). Now every copy is
+    refused, each blob stays at the origin, and a later clean run moves them all."""
+    blobs = blobs_of(1, [5000, 70_000, 300 * KiB])
+    srv, origin = faulty(blobs)
+    conf = srv.data_dir / "blobref.conf"
+    origin.corrupt = True
+    r = run_migrate(srv, conf, "origin", "b", "--verify", verify, check=False)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert origin.corrupted >= len(blobs)
+    assert set(primaries(srv).values()) == {"origin"}, r.stdout + r.stderr
+    # nothing was written to b under a hash its bytes do not have
+    for b in blobs:
+        p = tmp_path / "b" / key_of(sha(b))
+        assert not p.exists() or hashlib.sha256(p.read_bytes()).hexdigest() == sha(b)
+    assert "origin" in srv.read_log() and "mismatch" in (r.stdout + r.stderr + srv.read_log())
+    origin.corrupt = False
+    for b in blobs:
+        g = get(srv, sha(b))
+        assert g.status_code == 200 and g.content == b
+    run_migrate(srv, conf, "origin", "b", "--verify", verify)
+    assert set(primaries(srv).values()) == {"b"}
+    for b in blobs:
+        assert get(srv, sha(b)).content == b
+    assert fsck_clean(srv) == len(blobs)
+
+
+def test_leftover_copy_of_the_right_size_is_hashed_before_reuse(faulty, tmp_path):
+    """A copy left at the target by an earlier run with the right size but other bytes is not
+    reused on its size: the server hashes it, refuses it, and migrate copies the blob again."""
+    blobs = blobs_of(2, [9000, 120_000])
+    srv, origin = faulty(blobs)
+    bad = tmp_path / "b" / key_of(sha(blobs[1]))
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(bytes(len(blobs[1])))
+    run_migrate(srv, srv.data_dir / "blobref.conf", "origin", "b", "--verify", "size")
+    assert set(primaries(srv).values()) == {"b"}
+    assert bad.read_bytes() == blobs[1]
+    for b in blobs:
+        assert get(srv, sha(b)).content == b
+    assert fsck_clean(srv) == len(blobs)
+
+
+def test_put_location_verify_size_checks_the_hash(tmp_path):
+    """PUT .../location with verify "size" onto bytes of the right size but another hash: 422
+    verify_failed, the primary stays; onto the right bytes it switches."""
+    conf = (f"[server]\nupload_store = a\ncache_size = 0\ndrain_grace = 1h\n"
+            f"[store a]\nkind = fs\nroot = {tmp_path / 'a'}\n"
+            f"[store b]\nkind = fs\nroot = {tmp_path / 'b'}\n")
+    srv = Server(tmp_path / "data", conf).start()
+    try:
+        data = os.urandom(50_000)
+        h = sha(data)
+        assert put(srv, data).status_code == 201
+        target = tmp_path / "b" / key_of(h)
+        target.parent.mkdir(parents=True)
+        target.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+        body = {"expect": {"store": "a", "key": key_of(h)}, "to": {"store": "b", "key": key_of(h)},
+                "verify": "size"}
+        url = f"{srv.url}/v1/blobs/{h}/location"
+        err = assert_error(requests.put(url, json=body, timeout=TIMEOUT), 422, "verify_failed")
+        assert "SHA-256" in err["error"]["message"]
+        meta = requests.get(f"{srv.url}/v1/blobs/{h}/meta", timeout=TIMEOUT).json()
+        assert [(l["store"], l["role"]) for l in meta["locations"]] == [("a", "primary")]
+        assert "verify_failed" in srv.read_log() or "mismatch" in srv.read_log()
+        target.write_bytes(data)
+        r = requests.put(url, json=body, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert get(srv, h).content == data
+    finally:
+        assert srv.stop() == 0
+
