@@ -576,7 +576,8 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
       }
       parts[np++] = (struct proxy_part){framing + offs[n], lens[n], 0, 0};
     }
-    int rc = proxy_start(req, url, parts, np, cacheable, br_store_stall_ms(store), &err);
+    const char *whole = !cacheable && status == MHD_HTTP_OK ? br_store_name(store) : NULL;
+    int rc = proxy_start(req, url, parts, np, cacheable, br_store_stall_ms(store), whole, &err);
     free(framing);
     if (rc < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
     return MHD_YES; /* suspended: the origin's answer brings us back here */
@@ -601,6 +602,7 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
       char hex[BR_HEX_LEN + 1];
       br_hex_encode(req->digest, hex);
       br_error("blob %s: the bytes in store %s do not match their hash", hex, br_store_name(store));
+      atomic_fetch_add(&req->http->read_digest_mismatch, 1);
       return reply_error(req, E_STORE_UNAVAILABLE, "the stored bytes do not match their hash");
     }
     cached_blob *cb = blobcache_put(cache, req->digest, bytes, len);

@@ -211,3 +211,59 @@ def test_put_location_verify_size_checks_the_hash(tmp_path):
     finally:
         assert srv.stop() == 0
 
+
+# ---- 2. a proxied read never completes with wrong bytes ------------------------------------
+
+def raw_get(srv, path):
+    """GET path on a connection of its own, read to EOF: (status, headers dict, body)."""
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=TIMEOUT) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        raw = b""
+        while True:
+            try:
+                piece = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not piece:
+                break
+            raw += piece
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict((k.lower(), v.strip()) for k, _, v in (l.partition(":") for l in lines[1:]))
+    return int(lines[0].split()[1]), headers, body
+
+
+def metric(srv, name):
+    text = requests.get(f"{srv.url}/metrics", timeout=TIMEOUT).text
+    m = re.search(rf"^{name} (\d+)$", text, re.M)
+    assert m, f"no {name} in /metrics"
+    return int(m.group(1))
+
+
+def test_proxied_whole_blob_with_a_flipped_bit_is_cut_before_its_end(faulty):
+    """A 300 KB blob proxied from an origin that flips a bit: the 200 used to go out complete,
+    with the hash as its ETag and `immutable`. Now the stream is hashed on the way and the
+    connection cut before the last byte; counted in /metrics and logged."""
+    data = blobs_of(3, [300 * KiB])[0]
+    h = sha(data)
+    srv, origin = faulty([data])
+    assert metric(srv, "blobref_read_digest_mismatch_total") == 0
+    status, headers, body = raw_get(srv, f"/v1/blobs/{h}")
+    assert status == 200 and body == data, (status, len(body))
+    origin.corrupt = True
+    status, headers, body = raw_get(srv, f"/v1/blobs/{h}")
+    assert origin.corrupted == 1
+    assert status == 200 and int(headers["content-length"]) == len(data)
+    assert len(body) < len(data), "a corrupted body went out complete"
+    assert metric(srv, "blobref_read_digest_mismatch_total") == 1
+    assert f"blob {h}" in srv.read_log() and "do not match" in srv.read_log()
+    # through requests: an error (urllib3 2 checks Content-Length) or a short body, never `data`
+    try:
+        got = requests.get(f"{srv.url}/v1/blobs/{h}", timeout=TIMEOUT).content
+    except requests.exceptions.RequestException:
+        got = None
+    assert got is None or len(got) < len(data)
+    assert metric(srv, "blobref_read_digest_mismatch_total") == 2
+    # ranges are not the whole blob: they pass through unhashed, and a clean origin serves again
+    origin.corrupt = False
+    assert get(srv, h).content == data
