@@ -13,32 +13,6 @@
 #include "http/handlers.h"
 #include "store/internal.h"
 
-/* ---- reading a whole object back, hashing it ---------------------------------------------- */
-
-/* SHA-256 and size of key in st. Returns 0, 1 if absent, -1 + err. */
-static int hash_object(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uint64_t *size,
-                       br_err *err) {
-  br_store_reader r;
-  int rc = br_store_open_read(st, key, &r, err);
-  if (rc) return rc;
-  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-  enum { CHUNK = 1 << 20 };
-  char *buf = malloc(CHUNK);
-  rc = ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) ? 0 : br_fail(err, "out of memory");
-  for (uint64_t off = 0; rc == 0 && off < r.size;) {
-    size_t n = r.size - off < CHUNK ? (size_t)(r.size - off) : CHUNK;
-    rc = r.source->pread(r.source, buf, n, off, err);
-    if (rc == 0) EVP_DigestUpdate(ctx, buf, n);
-    off += n;
-  }
-  if (rc == 0) EVP_DigestFinal_ex(ctx, out, NULL);
-  *size = r.size;
-  free(buf);
-  EVP_MD_CTX_free(ctx);
-  br_store_reader_close(&r);
-  return rc;
-}
-
 /* ---- PUT /v1/blobs/{hash}/location ------------------------------------------------------------
  */
 
@@ -115,7 +89,7 @@ static void move_run(struct request *req) {
   /* `to` is always read back and hashed: a size check alone let a store that flipped bits on
    * the way become the primary (verify "size" adds nothing to it any more) */
   uint8_t got[BR_SHA256_LEN];
-  rc = hash_object(dst, mj->to.key, got, &size, &err);
+  rc = br_store_hash(dst, mj->to.key, got, &size, &err);
   if (rc == 0 && size != rec.size) {
     move_fail(mj, E_VERIFY_FAILED, "%s:%s has %" PRIu64 " bytes, the blob %" PRIu64, mj->to.store,
               mj->to.key, size, rec.size);
@@ -153,7 +127,7 @@ static void move_run(struct request *req) {
   uint64_t t1 = br_now_ms();
   mj->verify_ms = t1 - t0;
   br_loc_change ch = {.kind = BR_LOC_SWITCH, .expect = mj->expect, .to = mj->to};
-  ch.to.verified_at_ms = t1;
+  ch.to.verified_at_ms = t0; /* the hash began then: a later write shows in the file's ctime */
   memcpy(ch.digest, req->digest, BR_SHA256_LEN);
   rc = br_index_apply_locations(srv->index, &ch, 1, t1, &err);
   mj->switch_ms = br_now_ms() - t1;

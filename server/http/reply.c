@@ -631,6 +631,18 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
   return finish_blob_reply(req, rec, resp, status, ranges, n, etag, repr);
 }
 
+/* Did the file behind key change (mtime or ctime) after the location's bytes were last hashed
+ * (verified_at)? Stores that cannot tell (changed_ms 0) and locations never verified: no. */
+static int changed_since_verified(const br_record *rec, br_store *store, const char *key,
+                                  const br_store_reader *r) {
+  for (int i = 0; i < rec->nlocations; i++) {
+    const br_location *l = &rec->locations[i];
+    if (!strcmp(l->store, br_store_name(store)) && !strcmp(l->key, key))
+      return r->changed_ms && l->verified_at_ms && r->changed_ms > l->verified_at_ms;
+  }
+  return 0;
+}
+
 enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *store,
                            const char *key) {
   char hex[BR_HEX_LEN + 1], etag[BR_HEX_LEN + 3], repr[80];
@@ -719,6 +731,15 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
              br_store_name(store), r.size, rec->size);
     br_store_reader_close(&r);
     return reply_error(req, E_STORE_UNAVAILABLE, "the stored size differs from the index");
+  }
+  if (changed_since_verified(rec, store, key, &r)) {
+    br_error(
+        "blob %s: %s:%s changed after its bytes were hashed: not served until re-verified "
+        "(PUT /v1/blobs/%s/location onto itself)",
+        hex, br_store_name(store), key, hex);
+    br_store_reader_close(&r);
+    return reply_error(req, E_STORE_UNAVAILABLE,
+                       "the stored file changed after it was verified: not served as its hash");
   }
   if (status == MHD_HTTP_OK)
     resp = range_response(&r, 0, rec->size);

@@ -218,3 +218,26 @@ int br_store_copy_blob(br_store *src, const char *src_key, br_store *dst, const 
   if (want) br_store_write_set_digest(w, want);
   return br_store_write_commit(w, dst_key, err);
 }
+
+int br_store_hash(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uint64_t *size,
+                  br_err *err) {
+  br_store_reader r;
+  int rc = br_store_open_read(st, key, &r, err);
+  if (rc) return rc;
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  enum { CHUNK = 1 << 20 };
+  char *buf = malloc(CHUNK);
+  rc = ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) ? 0 : br_fail(err, "out of memory");
+  for (uint64_t off = 0; rc == 0 && off < r.size;) {
+    size_t n = r.size - off < CHUNK ? (size_t)(r.size - off) : CHUNK;
+    rc = r.source->pread(r.source, buf, n, off, err);
+    if (rc == 0) EVP_DigestUpdate(ctx, buf, n);
+    off += n;
+  }
+  if (rc == 0) EVP_DigestFinal_ex(ctx, out, NULL);
+  *size = r.size;
+  free(buf);
+  EVP_MD_CTX_free(ctx);
+  br_store_reader_close(&r);
+  return rc;
+}

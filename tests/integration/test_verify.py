@@ -14,13 +14,15 @@ import random
 import re
 import socket
 import threading
+import time
+from datetime import datetime
 
 import pytest
 import requests
 
 from conftest import BIN_DIR, Server
 from test_migrate import run_migrate, primaries
-from util_http import TIMEOUT, assert_error, fsck, get, put, sha
+from util_http import TIMEOUT, assert_error, fsck, get, put, sha, wait_until
 
 KiB = 1024
 
@@ -267,3 +269,85 @@ def test_proxied_whole_blob_with_a_flipped_bit_is_cut_before_its_end(faulty):
     # ranges are not the whole blob: they pass through unhashed, and a clean origin serves again
     origin.corrupt = False
     assert get(srv, h).content == data
+
+
+# ---- 3. index integrity on import ----------------------------------------------------------
+
+def fs_server(tmp_path):
+    conf = (f"[server]\ncache_size = 0\n"
+            f"[store local]\nkind = fs\nroot = {tmp_path / 'root'}\n")
+    return Server(tmp_path / "data", conf).start()
+
+
+def import_items(srv, items):
+    r = requests.post(f"{srv.url}/v1/import", json={"blobs": items}, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    return r.json()["results"]
+
+
+def test_import_refuses_a_claimed_sha256_the_bytes_do_not_have(tmp_path):
+    """POST /v1/import used to check only the size: a record claiming another blob's hash for
+    a file of the right size was inserted and served under that hash. Now each new item is
+    hashed: the wrong one is an error (nothing indexed), the right one in the same call is
+    created."""
+    srv = fs_server(tmp_path)
+    try:
+        good, other = os.urandom(4000), os.urandom(4000)
+        for name, data in (("good.bin", good), ("liar.bin", other)):
+            p = tmp_path / "root" / "in" / name
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+        claimed = sha(os.urandom(4000))
+        res = import_items(srv, [
+            {"sha256": sha(good), "size": 4000, "store": "local", "key": "in/good.bin"},
+            {"sha256": claimed, "size": 4000, "store": "local", "key": "in/liar.bin"}])
+        assert [r["result"] for r in res] == ["created", "error"], res
+        assert "digest_mismatch" in res[1]["message"] and sha(other) in res[1]["message"]
+        assert_error(get(srv, claimed), 404, "not_found")
+        assert get(srv, sha(good)).content == good
+        assert "digest_mismatch" in srv.read_log()
+        # an item already indexed is not read again and changes nothing
+        res = import_items(srv, [{"sha256": sha(good), "size": 4000, "store": "local",
+                                  "key": "in/good.bin"}])
+        assert res[0]["result"] == "exists", res
+    finally:
+        assert srv.stop() == 0
+
+
+def test_inplace_file_rewritten_with_the_same_size_is_not_served_as_its_hash(tmp_path):
+    """A file indexed in place and then rewritten with other bytes of the same size used to be
+    served (sendfile) under the old hash. Its mtime/ctime moved past the location's
+    verified_at: the read is a 503 until the location is verified again (PUT .../location onto
+    itself hashes it: refused while the bytes are wrong, accepted once they are right)."""
+    srv = fs_server(tmp_path)
+    try:
+        data = os.urandom(3 * 1024 * 1024)  # past the read cache, so read from the file
+        h, key = sha(data), "in/big.bin"
+        p = tmp_path / "root" / key
+        p.parent.mkdir(parents=True)
+        p.write_bytes(data)
+        [res] = import_items(srv, [{"sha256": h, "size": len(data), "store": "local",
+                                    "key": key}])
+        assert res["result"] == "created", res
+        assert get(srv, h).content == data
+        meta = requests.get(f"{srv.url}/v1/blobs/{h}/meta", timeout=TIMEOUT).json()
+        verified = meta["locations"][0]["verified_at"]
+        # the rewrite must come after verified_at (ms) in the kernel's (coarse) clock
+        v_s = datetime.fromisoformat(verified.replace("Z", "+00:00")).timestamp()
+        assert wait_until(lambda: time.time() > v_s + 0.02, 2)
+        with open(p, "r+b") as f:
+            f.seek(len(data) // 2)
+            f.write(bytes([data[len(data) // 2] ^ 0xFF]))
+        assert_error(get(srv, h), 503, "store_unavailable")
+        assert_error(get(srv, h, headers={"Range": "bytes=0-99"}), 503, "store_unavailable")
+        assert "changed after its bytes were hashed" in srv.read_log()
+        body = {"expect": {"store": "local", "key": key}, "to": {"store": "local", "key": key}}
+        url = f"{srv.url}/v1/blobs/{h}/location"
+        assert_error(requests.put(url, json=body, timeout=TIMEOUT), 422, "verify_failed")
+        assert_error(get(srv, h), 503, "store_unavailable")
+        p.write_bytes(data)
+        r = requests.put(url, json=body, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert get(srv, h).content == data
+    finally:
+        assert srv.stop() == 0
