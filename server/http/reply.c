@@ -631,10 +631,17 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
   return finish_blob_reply(req, rec, resp, status, ranges, n, etag, repr);
 }
 
-/* Did the file behind key change (mtime or ctime) after the location's bytes were last hashed
- * (verified_at)? Stores that cannot tell (changed_ms 0) and locations never verified: no. */
+/* Did the file behind an in-place key (indexed where it was, not at the store's content key)
+ * change (mtime or ctime) after the location's bytes were last hashed (verified_at)? Content
+ * keys are written only by the server (temp file + rename of hashed bytes; a concurrent upload
+ * of the same blob renames identical bytes over it). Stores that cannot tell (changed_ms 0) and
+ * locations never verified: no. */
 static int changed_since_verified(const br_record *rec, br_store *store, const char *key,
-                                  const br_store_reader *r) {
+                                  const uint8_t digest[BR_SHA256_LEN], const br_store_reader *r) {
+  char content_key[BR_MAX_KEY + 81];
+  if (br_store_default_key(store, digest, content_key, sizeof content_key) &&
+      !strcmp(content_key, key))
+    return 0;
   for (int i = 0; i < rec->nlocations; i++) {
     const br_location *l = &rec->locations[i];
     if (!strcmp(l->store, br_store_name(store)) && !strcmp(l->key, key))
@@ -703,9 +710,16 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     int fu = br_store_fetch_url(store, key, url, sizeof url, &err);
     if (fu < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
     via_url = fu == 0;
-    if (via_url && br_store_unavailable(store))
+    if (via_url && br_store_unavailable(store)) {
+      /* a small blob already in the cache was checked against its hash: no need of the store */
+      cached_blob *hit = n <= 1 ? blobcache_get(req->srv->cache, req->digest) : NULL;
+      if (hit) {
+        cache_outcome(req, 1);
+        return reply_cached(req, rec, hit, status, ranges, n, etag, repr);
+      }
       return reply_error(req, E_STORE_UNAVAILABLE, "store %s cannot be reached right now",
                          br_store_name(store));
+    }
   }
   if (via_url) return reply_proxied(req, rec, store, url, status, ranges, n, etag, repr);
   if (n <= 1) {
@@ -732,7 +746,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     br_store_reader_close(&r);
     return reply_error(req, E_STORE_UNAVAILABLE, "the stored size differs from the index");
   }
-  if (changed_since_verified(rec, store, key, &r)) {
+  if (changed_since_verified(rec, store, key, req->digest, &r)) {
     br_error(
         "blob %s: %s:%s changed after its bytes were hashed: not served until re-verified "
         "(PUT /v1/blobs/%s/location onto itself)",

@@ -35,6 +35,8 @@ class CorruptingOrigin:
         self.root = str(root)
         self.corrupt = False
         self.corrupted = 0
+        self.requests = 0
+        self.down = False  # answer nothing, close (kept-alive connections outlive close())
         self.lock = threading.Lock()
         origin = self
 
@@ -51,6 +53,11 @@ class CorruptingOrigin:
                 self.serve(head=False)
 
             def serve(self, head):
+                with origin.lock:
+                    origin.requests += 1
+                if origin.down:
+                    self.close_connection = True
+                    return
                 p = os.path.join(origin.root, self.path.lstrip("/"))
                 if not os.path.isfile(p):
                     self.send_response(404)
@@ -349,5 +356,64 @@ def test_inplace_file_rewritten_with_the_same_size_is_not_served_as_its_hash(tmp
         r = requests.put(url, json=body, timeout=TIMEOUT)
         assert r.status_code == 200, r.text
         assert get(srv, h).content == data
+    finally:
+        assert srv.stop() == 0
+
+
+# ---- 4. redirect stores keep working around the store --------------------------------------
+
+def origin_server(tmp_path, blobs, serve, cache="cache_size = 0\n"):
+    """The blobs in an http store `origin` (serve = SERVE) over a CorruptingOrigin (not
+    corrupting): returns (server, origin)."""
+    site, data_dir = tmp_path / "site", tmp_path / "data"
+    first = Server(data_dir, f"[store origin]\nkind = fs\nroot = {site}\n").start()
+    for b in blobs:
+        assert put(first, b).status_code == 201
+    assert first.stop() == 0
+    origin = CorruptingOrigin(site)
+    conf = (f"[server]\nupload_store = a\n{cache}"
+            f"[store a]\nkind = fs\nroot = {tmp_path / 'a'}\n"
+            f"[store origin]\nkind = http\nurl = {origin.url}\nserve = {serve}\n")
+    return Server(data_dir, conf).start(), origin
+
+
+def test_head_on_a_redirect_store_is_answered_from_the_index(tmp_path):
+    """HEAD used to be redirected like a GET (to a presigned GET-only URL: S3 answers 403).
+    Now it is answered from the index: 200 with the blob's headers, no Location, the store not
+    asked. A GET still redirects."""
+    data = os.urandom(12_345)
+    h = sha(data)
+    srv, origin = origin_server(tmp_path, [data], "redirect")
+    try:
+        gets_before = origin.requests
+        r = requests.head(f"{srv.url}/v1/blobs/{h}", timeout=TIMEOUT, allow_redirects=False)
+        assert r.status_code == 200, (r.status_code, r.headers)
+        assert "Location" not in r.headers
+        assert r.headers["Content-Length"] == str(len(data))
+        assert r.headers["ETag"] == f'"{h}"'
+        assert "immutable" in r.headers["Cache-Control"]
+        assert origin.requests == gets_before
+        g = requests.get(f"{srv.url}/v1/blobs/{h}", timeout=TIMEOUT, allow_redirects=False)
+        assert g.status_code == 307 and g.headers["Location"].startswith(origin.url)
+    finally:
+        assert srv.stop() == 0
+        origin.close()
+
+
+def test_cached_small_blob_is_served_while_the_store_is_unreachable(tmp_path):
+    """A small blob in the verified cache used to be a 503 while the store's circuit breaker
+    was open. Now it is served from the cache; a blob not in the cache is still a 503."""
+    small, other = os.urandom(5000), os.urandom(6000)
+    srv, origin = origin_server(tmp_path, [small, other], "proxy", cache="")
+    try:
+        assert get(srv, sha(small)).content == small  # fetched whole, checked, cached
+        origin.down = True
+        origin.close()
+        assert wait_until(lambda: requests.get(f"{srv.url}/readyz", timeout=TIMEOUT)
+                          .status_code == 503, 15)
+        r = get(srv, sha(small))
+        assert r.status_code == 200 and r.content == small, (r.status_code, r.text[:200])
+        assert r.headers["ETag"] == f'"{sha(small)}"'
+        assert_error(get(srv, sha(other)), 503, "store_unavailable")
     finally:
         assert srv.stop() == 0
