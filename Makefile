@@ -35,7 +35,7 @@ ALL_CFLAGS := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
 # store, parquet, iceberg, reconcile, core), which the CLI and the unit tests link; libblobref-http.a
 # is the HTTP front (server/http/), which the daemon links, and the unit and fuzz targets of its
 # pure parsers (Range, lookup bodies). Neither holds the console assets.
-LIB_DIRS := base index store parquet iceberg reconcile core
+LIB_DIRS := base index store parquet orc iceberg delta reconcile core
 LIB_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard server/$(d)/*.c))
 HTTP_SRCS := $(wildcard server/http/*.c)
 # The operator console (server/ui/): its files and uPlot (npm, pinned by
@@ -58,7 +58,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD_ROOT)/fuzz/bin/%)
 
 # Keep the objects of unit and fuzz binaries (make would delete them as intermediates).
 .SECONDARY:
-.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile clean format
+.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile clean format install
 all: $(BIN)/blobrefd $(BIN)/blobref
 
 deps:
@@ -149,6 +149,29 @@ bench-reconcile:
 	@tools/install-deps.sh test
 	@$(MAKE) --no-print-directory all
 	BENCH_CFLAGS="$(PKG_CFLAGS)" BENCH_LDLIBS="$(LDLIBS)" tests/bench/reconcile-bench.sh $(LIB)
+
+# Installs the release build: `make install [PREFIX=/usr/local] [DESTDIR=] [SYSCONFDIR=/etc]`.
+# Binaries in PREFIX/bin, man pages in PREFIX/share/man, the systemd unit (its ExecStart pointing
+# at PREFIX/bin) in PREFIX/lib/systemd/system, the bash completion, and the annotated example
+# config in PREFIX/share/doc/blobref; SYSCONFDIR/blobref/blobref.conf only when there is none
+# (an operator's config is never overwritten).
+PREFIX ?= /usr/local
+SYSCONFDIR ?= /etc
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
+	  $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man8 \
+	  $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
+	  $(DESTDIR)$(PREFIX)/share/doc/blobref $(DESTDIR)$(SYSCONFDIR)/blobref
+	install -m 0755 bin/blobrefd bin/blobref $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 conf/man/blobref.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 0644 conf/man/blobref.conf.5 $(DESTDIR)$(PREFIX)/share/man/man5/
+	install -m 0644 conf/man/blobrefd.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	sed 's|/usr/local/bin/|$(PREFIX)/bin/|; s|/etc/blobref/|$(SYSCONFDIR)/blobref/|; s|/usr/share/doc/blobref/|$(PREFIX)/share/doc/blobref/|' conf/blobrefd.service \
+	  > $(DESTDIR)$(PREFIX)/lib/systemd/system/blobrefd.service
+	install -m 0644 conf/blobref.bash-completion $(DESTDIR)$(PREFIX)/share/bash-completion/completions/blobref
+	install -m 0644 conf/blobref.conf README.md CHANGELOG.md $(DESTDIR)$(PREFIX)/share/doc/blobref/
+	test -e $(DESTDIR)$(SYSCONFDIR)/blobref/blobref.conf || \
+	  install -m 0640 conf/blobref.conf $(DESTDIR)$(SYSCONFDIR)/blobref/blobref.conf
 
 format:
 	clang-format -i $(wildcard server/*.c server/*/*.c server/*/*.h include/blobref/*.h tools/*.c tools/*.h \

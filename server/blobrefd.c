@@ -9,12 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <time.h>
 
+#include "blobref/version.h"
 #include "core/fsck.h"
 #include "core/server.h"
 #include "http/front.h"
@@ -22,6 +24,7 @@
 static void usage(FILE *out) {
   fprintf(out,
           "usage: blobrefd [-c FILE] [--listen HOST:PORT] [--data DIR] [--debug]\n"
+          "       blobrefd --version\n"
           "       blobrefd --fsck [--verify] [-c FILE] [--data DIR]\n"
           "       blobrefd --rebuild-index [-c FILE] [--data DIR]\n"
           "With no -c, runs on the embedded default: an fs store 'local' under DIR/blobs and the\n"
@@ -51,7 +54,10 @@ static int parse_args(int argc, char **argv, struct options *o) {
       o->rebuild = 1;
     else if (!strcmp(a, "--debug"))
       o->debug = 1;
-    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+    else if (!strcmp(a, "--version")) {
+      printf("blobrefd %s\n", BLOBREF_VERSION);
+      exit(0);
+    } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
       exit(0);
     } else {
@@ -90,6 +96,38 @@ static void sd_notify_text(const char *text) {
              (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)) < 0)
     br_warn("sd_notify: %s: %s", path, strerror(errno));
   close(fd);
+}
+
+/* Descriptors beyond two per connection (client socket, upstream socket or temp file) and one per
+ * store: index and queue files, listeners, logs, curl's multi handles, the finishers' files. */
+#define NOFILE_MARGIN 256
+
+/* Raises the soft RLIMIT_NOFILE toward max_connections * 2 + stores + NOFILE_MARGIN, up to the
+ * hard limit; warns (with what is missing) when the hard limit is below that: connections would
+ * then fail with EMFILE before max_connections is reached. Never lowers the limit. */
+static void raise_nofile_limit(const br_config *cfg) {
+  struct rlimit lim;
+  if (getrlimit(RLIMIT_NOFILE, &lim) < 0) {
+    br_warn("getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+    return;
+  }
+  rlim_t want = (rlim_t)cfg->max_connections * 2 + (rlim_t)cfg->nstores + NOFILE_MARGIN;
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < want) {
+    rlim_t soft = lim.rlim_max != RLIM_INFINITY && lim.rlim_max < want ? lim.rlim_max : want;
+    struct rlimit raised = {.rlim_cur = soft, .rlim_max = lim.rlim_max};
+    if (soft > lim.rlim_cur && setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      br_info("open files limit raised from %llu to %llu", (unsigned long long)lim.rlim_cur,
+              (unsigned long long)soft);
+      lim.rlim_cur = soft;
+    }
+  }
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < want)
+    br_warn(
+        "open files limit is %llu (hard %llu), below the %llu that max_connections = %llu "
+        "needs: connections may fail with EMFILE (raise LimitNOFILE= or ulimit -Hn, or lower "
+        "max_connections)",
+        (unsigned long long)lim.rlim_cur, (unsigned long long)lim.rlim_max,
+        (unsigned long long)want, (unsigned long long)cfg->max_connections);
 }
 
 /* SIGHUP: reads the config again (with the same command-line overrides) and applies what can
@@ -143,6 +181,7 @@ int main(int argc, char **argv) {
     br_error("out of memory");
     goto out;
   }
+  raise_nofile_limit(&cfg);
   if (br_server_open(&srv, &cfg, BR_OPEN_SERVE, &err) < 0 || br_server_start(&srv, &err) < 0 ||
       br_http_start(http, &srv, &err) < 0) {
     br_error("%s", err.msg);

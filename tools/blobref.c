@@ -1,8 +1,11 @@
-/* blobref: the command-line tool. Parses the global flags and dispatches to a subcommand. */
+/* blobref: the command-line tool. Takes the global options wherever they appear, then
+ * dispatches to a subcommand (each in its own tools/cmd_*.c). */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "blobref/version.h"
 #include "commands.h"
 
 static const struct command {
@@ -10,18 +13,24 @@ static const struct command {
   int (*run)(const cli_globals *g, int argc, char **argv);
   const char *usage;
 } commands[] = {
-    {"put", cmd_put, "put [--type CONTENT-TYPE] [--sha256 HEX] FILE|-   upload a blob"},
+    {"put", cmd_put, "put [--type CONTENT-TYPE] [-r] [--jobs N] FILE|DIR...|-  upload blobs"},
     {"get", cmd_get, "get [--range SPEC] [-o FILE] HASH               download a blob"},
     {"stat", cmd_stat, "stat HASH                                        show a blob's record"},
     {"lookup", cmd_lookup, "lookup [HASH...|-]                               which blobs exist"},
+    {"ls", cmd_ls, "ls [--state live|quarantined] [--limit N]         list the index"},
     {"refs", cmd_refs,
      "refs TABLE --column NAME [--form hex|binary|url] [--rewrite FROM=TO]... [--count|--files]"},
     {"reconcile", cmd_reconcile,
-     "reconcile [--dry-run] [--force] [--full] [--wait]  start a reconcile run (admin)"},
+     "reconcile [--dry-run] [--force] [--full] [--wait]  start a reconcile run (admin)\n"
+     "  reconcile runs | reconcile show ID               the runs' reports"},
+    {"hold", cmd_hold,
+     "hold HASH [--reason TEXT]                        quarantine a blob by hand (admin)"},
     {"restore", cmd_restore,
      "restore HASH                                     un-quarantine a blob (admin)"},
     {"extract-parquet", cmd_extract_parquet,
      "extract-parquet IN OUT --column NAME [--as NEW] [--form hex|binary]   binaries -> SHA-256"},
+    {"column", cmd_column,
+     "column FILE --name COL                           a Parquet/ORC string or binary column"},
     {"export", cmd_export,
      "export -o FILE.parquet [--state live|quarantined]   the index as Parquet"},
     {"migrate", cmd_migrate,
@@ -31,39 +40,133 @@ static const struct command {
     {"token", cmd_token,
      "token new --scopes read,write,admin [--name NAME]    a bearer token and its [token] section"},
 };
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
 
 static void usage(FILE *out) {
-  fprintf(out, "usage: blobref [--server URL] [--token T] COMMAND [ARGS]\n\ncommands:\n");
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    fprintf(out, "  %s\n", commands[i].usage);
-  fprintf(out, "\nenvironment: BLOBREF_SERVER, BLOBREF_TOKEN\n");
+  fprintf(out,
+          "usage: blobref [--server URL] [--token T] [--json] COMMAND [ARGS]\n"
+          "       blobref --version\n\ncommands:\n");
+  for (size_t i = 0; i < NCOMMANDS; i++) fprintf(out, "  %s\n", commands[i].usage);
+  fprintf(out,
+          "\nglobal options may come anywhere (before a lone '--'), as --opt VALUE or "
+          "--opt=VALUE.\n"
+          "environment: BLOBREF_SERVER, BLOBREF_TOKEN\n"
+          "exit status: 0 ok, 1 failure, 2 usage, 3 refused by a guard\n");
+}
+
+/* Edit distance of two short words (insert, delete, substitute, swap of neighbours), capped. */
+static size_t edit_distance(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  if (la > 32 || lb > 32) return 99;
+  size_t d[33][33];
+  for (size_t i = 0; i <= la; i++) d[i][0] = i;
+  for (size_t j = 0; j <= lb; j++) d[0][j] = j;
+  for (size_t i = 1; i <= la; i++)
+    for (size_t j = 1; j <= lb; j++) {
+      size_t best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+      if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+          d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
+    }
+  return d[la][lb];
+}
+
+/* The command closest to a mistyped one (within 2 edits, or the only one it is a prefix of). */
+static const char *closest_command(const char *typed) {
+  const char *best = NULL, *prefix_of = NULL;
+  size_t best_d = 3, prefixes = 0;
+  for (size_t i = 0; i < NCOMMANDS; i++) {
+    size_t d = edit_distance(typed, commands[i].name);
+    if (d < best_d) best_d = d, best = commands[i].name;
+    if (*typed && !strncmp(commands[i].name, typed, strlen(typed)))
+      prefixes++, prefix_of = commands[i].name;
+  }
+  return best ? best : prefixes == 1 ? prefix_of : NULL;
+}
+
+/* Takes a global option at argv[*i] ("--server URL", "--server=URL", "--token", "--json"),
+ * advancing *i past its value. Returns 1 when it was one, 0 when not, -1 when its value is
+ * missing. */
+static int take_global(cli_globals *g, int argc, char **argv, int *i) {
+  static const struct {
+    const char *name;
+    size_t offset;
+  } valued[] = {{"--server", offsetof(cli_globals, server)},
+                {"--token", offsetof(cli_globals, token)}};
+  const char *a = argv[*i];
+  if (!strcmp(a, "--json")) return g->json = 1;
+  for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) {
+    size_t n = strlen(valued[k].name);
+    if (strncmp(a, valued[k].name, n) != 0 || (a[n] != '\0' && a[n] != '=')) continue;
+    const char **slot = (const char **)((char *)g + valued[k].offset);
+    if (a[n] == '=') {
+      *slot = a + n + 1;
+    } else {
+      if (*i + 1 >= argc) return -1;
+      *slot = argv[++*i];
+    }
+    return 1;
+  }
+  return 0;
+}
+
+/* Runs the command rest[0] with the global options g. Returns the exit status. */
+static int dispatch(const cli_globals *g, int nrest, char **rest) {
+  if (nrest == 0) {
+    usage(stderr);
+    return CLI_EXIT_USAGE;
+  }
+  const char *name = rest[0];
+  if (!strcmp(name, "--version") || !strcmp(name, "version")) {
+    if (g->json)
+      printf("{\"version\": \"%s\"}\n", BLOBREF_VERSION);
+    else
+      printf("blobref %s\n", BLOBREF_VERSION);
+    return CLI_EXIT_OK;
+  }
+  if (!strcmp(name, "-h") || !strcmp(name, "--help") || !strcmp(name, "help")) {
+    usage(stdout);
+    return CLI_EXIT_OK;
+  }
+  if (name[0] == '-') {
+    fprintf(stderr, "blobref: unknown option %s (a command comes first: see 'blobref --help')\n",
+            name);
+    return CLI_EXIT_USAGE;
+  }
+  for (size_t c = 0; c < NCOMMANDS; c++)
+    if (!strcmp(name, commands[c].name)) return commands[c].run(g, nrest, rest);
+  const char *guess = closest_command(name);
+  if (guess)
+    fprintf(stderr, "blobref: unknown command '%s'; did you mean '%s'?\n", name, guess);
+  else
+    fprintf(stderr, "blobref: unknown command '%s' (see 'blobref --help')\n", name);
+  return CLI_EXIT_USAGE;
 }
 
 int main(int argc, char **argv) {
-  cli_globals g = {getenv("BLOBREF_SERVER"), getenv("BLOBREF_TOKEN")};
+  cli_globals g = {getenv("BLOBREF_SERVER"), getenv("BLOBREF_TOKEN"), 0};
   if (!g.server || !*g.server) g.server = "http://127.0.0.1:8080";
-  int i = 1;
-  for (; i < argc && argv[i][0] == '-'; i++) {
-    if (!strcmp(argv[i], "--server") && i + 1 < argc) {
-      g.server = argv[++i];
-    } else if (!strcmp(argv[i], "--token") && i + 1 < argc) {
-      g.token = argv[++i];
-    } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage(stdout);
-      return 0;
-    } else {
-      fprintf(stderr, "blobref: unknown option %s\n", argv[i]);
-      usage(stderr);
-      return 2;
+  /* The command's own argv: everything but the global options (none are taken after "--"). */
+  char **rest = calloc((size_t)argc + 1, sizeof *rest);
+  if (!rest) {
+    fprintf(stderr, "blobref: out of memory\n");
+    return CLI_EXIT_FAILURE;
+  }
+  int nrest = 0, dashdash = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!dashdash && !strcmp(argv[i], "--")) dashdash = 1;
+    int t = dashdash ? 0 : take_global(&g, argc, argv, &i);
+    if (t < 0) {
+      fprintf(stderr, "blobref: %s needs a value\n", argv[i]);
+      free(rest);
+      return CLI_EXIT_USAGE;
     }
+    if (t == 0) rest[nrest++] = argv[i];
   }
-  if (i >= argc) {
-    usage(stderr);
-    return 2;
-  }
-  for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++)
-    if (!strcmp(argv[i], commands[c].name)) return commands[c].run(&g, argc - i, argv + i);
-  fprintf(stderr, "blobref: unknown command '%s'\n", argv[i]);
-  usage(stderr);
-  return 2;
+  int rc = dispatch(&g, nrest, rest);
+  free(rest);
+  return rc;
 }

@@ -1,5 +1,9 @@
 /* blobref put/get/stat/lookup: upload, download, describe and look up blobs over the HTTP API. */
+#include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <libgen.h>
@@ -98,31 +102,48 @@ static int parse_json_reply(const br_http_buf *body, json_t **root, br_err *err)
 
 static const char put_help[] =
     "usage: blobref put [--type CONTENT-TYPE] [--sha256 HEX] [-v] FILE|-\n"
+    "       blobref put [--type CONTENT-TYPE] [-r] [--jobs N] FILE|DIR...\n"
     "\n"
     "Uploads FILE (or standard input for '-') and prints its SHA-256 in hex.\n"
     "A regular file is hashed locally first and sent with PUT /v1/blobs/HASH and\n"
     "'Expect: 100-continue', so a blob the server already has is not sent again.\n"
     "Standard input is streamed with POST /v1/blobs (chunked), or with a chunked\n"
-    "PUT when --sha256 is given.\n"
+    "PUT when --sha256 is given. With several files (or -r DIR), each line is\n"
+    "'HEX  PATH', uploads run N at a time, and a summary goes to standard error.\n"
     "\n"
-    "  --type CONTENT-TYPE  stored Content-Type (default application/octet-stream)\n"
+    "  --type CONTENT-TYPE  stored Content-Type (default: from the file name's\n"
+    "                       extension, else application/octet-stream)\n"
     "  --sha256 HEX         expected hash (64 hex digits or sha256:HEX); the server\n"
     "                       refuses the upload when the bytes do not match it\n"
+    "  -r, --recursive      upload the regular files under each DIR (symbolic links\n"
+    "                       are not followed)\n"
+    "  --jobs N             uploads at a time with several files (1-64, default 4)\n"
     "  -v, --verbose        print 'HEX size=N dedup=yes|no sent=N' instead of HEX\n"
     "  -h, --help           this help\n"
     "\n"
     "Exit status: 0 uploaded (or already present), 1 error, 2 usage error.\n";
 
+#define PUT_JOBS_MAX 64
+#define PUT_FILES_MAX (1u << 24) /* paths one command takes (-r included) */
+
 typedef struct put_opts {
   const char *type;
-  const char *path;
   char hex[BR_HEX_LEN + 1]; /* expected hash, "" when unknown */
   int verbose;
+  int labelled; /* several files: print "HEX  PATH" */
 } put_opts;
 
-/* Sends the upload; on a 2xx prints the result. Returns the exit status. */
-static int put_send(const cli_globals *g, const put_opts *o, FILE *in, int64_t length,
-                    const char *what) {
+/* What one upload did, for the summary of a multi-file put. */
+typedef struct put_result {
+  int ok, dedup;
+  uint64_t size;
+  curl_off_t sent;
+} put_result;
+
+/* Sends the upload; on a 2xx prints the result (one printf, so parallel uploads do not mix their
+ * lines) and fills *res. Returns the exit status. */
+static int put_send(const cli_globals *g, const put_opts *o, const char *type, FILE *in,
+                    int64_t length, const char *label, const char *what, put_result *res) {
   int rc = 1;
   br_err err = {{0}};
   br_http_req req;
@@ -140,7 +161,7 @@ static int put_send(const cli_globals *g, const put_opts *o, FILE *in, int64_t l
     return 1;
   }
   CURL *c = req.curl;
-  snprintf(ctype, sizeof ctype, "Content-Type: %s", o->type ? o->type : "application/octet-stream");
+  snprintf(ctype, sizeof ctype, "Content-Type: %s", type);
   if (br_http_req_header(&req, ctype, &err) != 0) goto fail;
   curl_easy_setopt(c, CURLOPT_READDATA, in);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, br_http_buf_write);
@@ -179,15 +200,25 @@ static int put_send(const cli_globals *g, const put_opts *o, FILE *in, int64_t l
     br_fail(&err, "server stored %s, not the requested %s", sha, o->hex);
     goto fail;
   }
-  if (o->verbose) {
-    curl_off_t sent = 0;
-    curl_easy_getinfo(c, CURLINFO_SIZE_UPLOAD_T, &sent);
-    printf("%s size=%" JSON_INTEGER_FORMAT " dedup=%s sent=%" CURL_FORMAT_CURL_OFF_T "\n", sha,
-           json_integer_value(size), json_is_true(dedup) ? "yes" : "no", sent);
+  curl_off_t sent = 0;
+  curl_easy_getinfo(c, CURLINFO_SIZE_UPLOAD_T, &sent);
+  *res = (put_result){1, json_is_true(dedup), (uint64_t)json_integer_value(size), sent};
+  int w;
+  if (g->json) {
+    json_t *line = json_pack("{s:s, s:O, s:O}", "sha256", sha, "size", size, "dedup", dedup);
+    if (line && o->labelled) json_object_set_new(line, "path", json_string(label));
+    char *text = line ? json_dumps(line, JSON_COMPACT) : NULL;
+    w = text ? printf("%s\n", text) : -1;
+    free(text);
+    json_decref(line);
+  } else if (o->verbose) {
+    w = printf("%s size=%" JSON_INTEGER_FORMAT " dedup=%s sent=%" CURL_FORMAT_CURL_OFF_T "%s%s\n",
+               sha, json_integer_value(size), json_is_true(dedup) ? "yes" : "no", sent,
+               o->labelled ? "  " : "", o->labelled ? label : "");
   } else {
-    printf("%s\n", sha);
+    w = printf("%s%s%s\n", sha, o->labelled ? "  " : "", o->labelled ? label : "");
   }
-  if (fflush(stdout) != 0) {
+  if (w < 0 || fflush(stdout) != 0) {
     br_fail(&err, "cannot write to standard output: %s", strerror(errno));
     goto fail;
   }
@@ -202,65 +233,38 @@ done:
   return rc;
 }
 
-int cmd_put(const cli_globals *g, int argc, char **argv) {
-  static const struct option longopts[] = {{"type", required_argument, NULL, 't'},
-                                           {"sha256", required_argument, NULL, 's'},
-                                           {"verbose", no_argument, NULL, 'v'},
-                                           {"help", no_argument, NULL, 'h'},
-                                           {NULL, 0, NULL, 0}};
-  put_opts o = {0};
-  int opt, rc = 1;
-  FILE *in = NULL;
+/* Uploads one path ('-' = standard input). Returns the exit status; *res says what happened. */
+static int put_one(const cli_globals *g, const put_opts *o, const char *file, put_result *res) {
   char what[300];
   br_err err = {{0}};
-
-  getopt_reset();
-  while ((opt = getopt_long(argc, argv, "vh", longopts, NULL)) != -1) {
-    switch (opt) {
-      case 't':
-        if (br_cli_content_type_check(optarg) != 0)
-          return br_cli_usage_error("put", "--type must be 1 to %d printable ASCII characters",
-                                    BR_CLI_CONTENT_TYPE_MAX);
-        o.type = optarg;
-        break;
-      case 's':
-        if (br_cli_hash_parse(optarg, o.hex) != 0)
-          return br_cli_usage_error("put", "--sha256: '%.80s' is not a SHA-256 (64 hex digits)",
-                                    optarg);
-        break;
-      case 'v':
-        o.verbose = 1;
-        break;
-      case 'h':
-        fputs(put_help, stdout);
-        return 0;
-      default:
-        return bad_option("put", argv);
-    }
-  }
-  if (argc - optind != 1) return br_cli_usage_error("put", "expected exactly one FILE or '-'");
-  o.path = argv[optind];
-  snprintf(what, sizeof what, "put %.250s", o.path);
+  put_opts mine = *o;
+  FILE *in = NULL;
+  int rc = 1;
+  *res = (put_result){0};
+  snprintf(what, sizeof what, "put %.250s", file);
+  const char *type = o->type;
+  if (!type) type = br_cli_type_for_name(file);
+  if (!type) type = "application/octet-stream";
 
   int64_t length = -1;
-  if (strcmp(o.path, "-") == 0) {
+  if (strcmp(file, "-") == 0) {
     in = stdin;
   } else {
     struct stat st;
-    in = fopen(o.path, "rb");
+    in = fopen(file, "rb");
     if (!in || fstat(fileno(in), &st) != 0) {
       br_fail(&err, "cannot open: %s", strerror(errno));
       goto fail;
     }
     if (S_ISDIR(st.st_mode)) {
-      br_fail(&err, "is a directory");
+      br_fail(&err, "is a directory (see -r)");
       goto fail;
     }
     if (S_ISREG(st.st_mode)) {
       /* A regular file: hash it first (unless told), then send it with its length. */
-      if (!o.hex[0]) {
+      if (!mine.hex[0]) {
         uint64_t hashed = 0;
-        if (sha256_file(in, o.hex, &hashed, &err) != 0) goto fail;
+        if (sha256_file(in, mine.hex, &hashed, &err) != 0) goto fail;
         if (fseeko(in, 0, SEEK_SET) != 0) {
           br_fail(&err, "cannot rewind: %s", strerror(errno));
           goto fail;
@@ -273,13 +277,215 @@ int cmd_put(const cli_globals *g, int argc, char **argv) {
       length = (int64_t)st.st_size;
     }
   }
-  rc = put_send(g, &o, in, length, what);
+  rc = put_send(g, &mine, type, in, length, file, what, res);
   goto done;
 fail:
   print_error(what, err.msg);
   rc = 1;
 done:
   if (in && in != stdin) fclose(in);
+  return rc;
+}
+
+/* The paths a multi-file put uploads, in command-line order (directories walked, sorted). */
+typedef struct put_list {
+  char **paths;
+  size_t n, cap;
+  int failed; /* a path that could not be walked (already reported) */
+} put_list;
+
+static int put_list_add(put_list *l, const char *path) {
+  if (l->n >= PUT_FILES_MAX) return -1;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 64;
+    char **grown = realloc(l->paths, cap * sizeof *grown);
+    if (!grown) return -1;
+    l->paths = grown;
+    l->cap = cap;
+  }
+  if (!(l->paths[l->n] = strdup(path))) return -1;
+  l->n++;
+  return 0;
+}
+
+static int path_cmp(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Adds the regular files under dir (symbolic links are neither followed nor uploaded). */
+static int put_walk(put_list *l, const char *dir, int depth) {
+  if (depth > 64) {
+    fprintf(stderr, "blobref: put %s: directories nested too deep\n", dir);
+    l->failed = 1;
+    return 0;
+  }
+  DIR *d = opendir(dir);
+  if (!d) {
+    fprintf(stderr, "blobref: put %s: cannot open: %s\n", dir, strerror(errno));
+    l->failed = 1;
+    return 0;
+  }
+  size_t first = l->n;
+  char path[4096];
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= sizeof path) {
+      fprintf(stderr, "blobref: put %s/%s: path too long\n", dir, e->d_name);
+      l->failed = 1;
+      continue;
+    }
+    struct stat st;
+    if (lstat(path, &st) != 0) continue; /* gone meanwhile */
+    if (S_ISREG(st.st_mode) && put_list_add(l, path) < 0) {
+      closedir(d);
+      return -1;
+    }
+  }
+  qsort(l->paths + first, l->n - first, sizeof *l->paths, path_cmp);
+  rewinddir(d);
+  while ((e = readdir(d))) { /* then the subdirectories, in name order of their files */
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= sizeof path) continue;
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && put_walk(l, path, depth + 1) < 0) {
+      closedir(d);
+      return -1;
+    }
+  }
+  closedir(d);
+  return 0;
+}
+
+typedef struct put_batch {
+  const cli_globals *g;
+  const put_opts *o;
+  const put_list *list;
+  atomic_size_t next;
+  pthread_mutex_t lock;
+  size_t uploaded, present, failed;
+  uint64_t bytes, sent;
+} put_batch;
+
+static void *put_worker(void *arg) {
+  put_batch *b = arg;
+  for (;;) {
+    size_t i = atomic_fetch_add(&b->next, 1);
+    if (i >= b->list->n) return NULL;
+    put_result r;
+    int rc = put_one(b->g, b->o, b->list->paths[i], &r);
+    pthread_mutex_lock(&b->lock);
+    if (rc != 0 || !r.ok)
+      b->failed++;
+    else if (r.dedup)
+      b->present++;
+    else
+      b->uploaded++;
+    b->bytes += r.ok ? r.size : 0;
+    b->sent += r.sent > 0 ? (uint64_t)r.sent : 0;
+    pthread_mutex_unlock(&b->lock);
+  }
+}
+
+/* Uploads every path of list, jobs at a time; prints the summary. Returns the exit status. */
+static int put_many(const cli_globals *g, const put_opts *o, const put_list *list, int jobs) {
+  put_batch b = {.g = g, .o = o, .list = list};
+  atomic_init(&b.next, 0);
+  pthread_mutex_init(&b.lock, NULL);
+  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+    fprintf(stderr, "blobref: put: libcurl did not start\n");
+    return 1;
+  }
+  pthread_t threads[PUT_JOBS_MAX];
+  int started = 0;
+  if ((size_t)jobs > list->n) jobs = (int)list->n;
+  for (; started < jobs; started++)
+    if (pthread_create(&threads[started], NULL, put_worker, &b) != 0) break;
+  if (started == 0) put_worker(&b);
+  for (int t = 0; t < started; t++) pthread_join(threads[t], NULL);
+  pthread_mutex_destroy(&b.lock);
+  fprintf(stderr,
+          "blobref put: %zu file%s: %zu uploaded, %zu already present, %zu failed; %" PRIu64
+          " bytes, %" PRIu64 " sent\n",
+          list->n, list->n == 1 ? "" : "s", b.uploaded, b.present, b.failed, b.bytes, b.sent);
+  return b.failed || list->failed ? 1 : 0;
+}
+
+int cmd_put(const cli_globals *g, int argc, char **argv) {
+  static const struct option longopts[] = {{"type", required_argument, NULL, 't'},
+                                           {"sha256", required_argument, NULL, 's'},
+                                           {"recursive", no_argument, NULL, 'r'},
+                                           {"jobs", required_argument, NULL, 'j'},
+                                           {"verbose", no_argument, NULL, 'v'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+  put_opts o = {0};
+  int opt, recursive = 0, jobs = 4;
+  char *end;
+
+  getopt_reset();
+  while ((opt = getopt_long(argc, argv, "rvh", longopts, NULL)) != -1) {
+    switch (opt) {
+      case 't':
+        if (br_cli_content_type_check(optarg) != 0)
+          return br_cli_usage_error("put", "--type must be 1 to %d printable ASCII characters",
+                                    BR_CLI_CONTENT_TYPE_MAX);
+        o.type = optarg;
+        break;
+      case 's':
+        if (br_cli_hash_parse(optarg, o.hex) != 0)
+          return br_cli_usage_error("put", "--sha256: '%.80s' is not a SHA-256 (64 hex digits)",
+                                    optarg);
+        break;
+      case 'r':
+        recursive = 1;
+        break;
+      case 'j': {
+        long n = strtol(optarg, &end, 10);
+        if (*optarg == '\0' || *end != '\0' || n < 1 || n > PUT_JOBS_MAX)
+          return br_cli_usage_error("put", "--jobs must be 1 to %d", PUT_JOBS_MAX);
+        jobs = (int)n;
+        break;
+      }
+      case 'v':
+        o.verbose = 1;
+        break;
+      case 'h':
+        fputs(put_help, stdout);
+        return 0;
+      default:
+        return bad_option("put", argv);
+    }
+  }
+  int nargs = argc - optind;
+  if (nargs < 1) return br_cli_usage_error("put", "expected a FILE, '-', or FILE|DIR...");
+  if (nargs == 1 && !recursive) {
+    put_result r;
+    return put_one(g, &o, argv[optind], &r);
+  }
+  if (o.hex[0]) return br_cli_usage_error("put", "--sha256 takes exactly one FILE or '-'");
+  put_list list = {0};
+  int rc = 1;
+  for (int i = optind; i < argc; i++) {
+    struct stat st;
+    if (!strcmp(argv[i], "-")) {
+      rc = br_cli_usage_error("put", "'-' (standard input) cannot be one of several files");
+      goto done;
+    }
+    if (recursive && stat(argv[i], &st) == 0 && S_ISDIR(st.st_mode)) {
+      if (put_walk(&list, argv[i], 0) < 0) goto oom;
+    } else if (put_list_add(&list, argv[i]) < 0) {
+      goto oom;
+    }
+  }
+  o.labelled = 1;
+  rc = list.n ? put_many(g, &o, &list, jobs) : (fprintf(stderr, "blobref put: no files\n"), 1);
+  goto done;
+oom:
+  fprintf(stderr, "blobref: put: out of memory (or more than %u files)\n", PUT_FILES_MAX);
+done:
+  for (size_t i = 0; i < list.n; i++) free(list.paths[i]);
+  free(list.paths);
   return rc;
 }
 
@@ -572,9 +778,16 @@ static int lookup_batch(const cli_globals *g, char (*hashes)[BR_HEX_LEN + 1], si
     const char *mkey = hashes[i];
     const found_entry *f = nf ? bsearch(&key, found, nf, sizeof *found, found_cmp) : NULL;
     if (f) {
-      printf("found %s %" JSON_INTEGER_FORMAT "\n", hashes[i], f->size);
+      if (g->json)
+        printf("{\"sha256\":\"%s\",\"found\":true,\"size\":%" JSON_INTEGER_FORMAT "}\n", hashes[i],
+               f->size);
+      else
+        printf("found %s %" JSON_INTEGER_FORMAT "\n", hashes[i], f->size);
     } else if (nm && bsearch(&mkey, missing, nm, sizeof *missing, str_cmp)) {
-      printf("missing %s\n", hashes[i]);
+      if (g->json)
+        printf("{\"sha256\":\"%s\",\"found\":false}\n", hashes[i]);
+      else
+        printf("missing %s\n", hashes[i]);
       any_missing = 1;
     } else {
       br_fail(&err, "server reply does not mention %s", hashes[i]);

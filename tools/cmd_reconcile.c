@@ -10,10 +10,22 @@
 
 static const char reconcile_usage[] =
     "usage: blobref reconcile [--dry-run] [--force] [--full] [--wait]\n"
+    "       blobref reconcile runs        the latest runs, newest first: ID STATE STARTED ...\n"
+    "       blobref reconcile show ID     one run's report\n"
     "  --dry-run  decide and report, change nothing\n"
     "  --force    quarantine even over max_fraction\n"
     "  --full     read every data file again (ignore the cache)\n"
-    "  --wait     wait for the run to end and print its report; exit 1 when it failed\n";
+    "  --wait     wait for the run to end and print its report; exit 1 when it failed,\n"
+    "             3 when max_fraction refused it\n"
+    "  --json     print the server's JSON (the run's id and links; with --wait, its report)\n";
+
+/* Prints a reply as one JSON document; returns 0, or -1 when standard output failed. */
+static int print_json(json_t *doc) {
+  return json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0 &&
+                 fputc('\n', stdout) != EOF && fflush(stdout) == 0
+             ? 0
+             : -1;
+}
 
 static void print_summary(json_t *rep) {
   json_t *b = json_object_get(rep, "blobs");
@@ -36,8 +48,58 @@ static void print_summary(json_t *rep) {
     printf("error: %s\n", json_string_value(json_array_get(errs, i)));
 }
 
+/* GET a reconcile path and print it (JSON, or through text_fn). Returns the exit status. */
+static int reconcile_get(const cli_globals *g, const char *path, void (*text_fn)(json_t *)) {
+  long status = 0;
+  json_t *reply = NULL;
+  br_err err;
+  if (br_http_json(g->server, g->token, "GET", path, NULL, &status, &reply, &err) < 0) {
+    fprintf(stderr, "blobref reconcile: %s\n", err.msg);
+    return CLI_EXIT_FAILURE;
+  }
+  int rc = 0;
+  if (g->json)
+    rc = print_json(reply);
+  else
+    text_fn(reply);
+  json_decref(reply);
+  return rc < 0 || fflush(stdout) != 0 ? CLI_EXIT_FAILURE : CLI_EXIT_OK;
+}
+
+/* One line per run: id, state, start time (UTC), dry run or not, and its counts. */
+static void print_runs(json_t *reply) {
+  json_t *runs = json_object_get(reply, "runs");
+  printf("%-6s %-9s %-20s %-4s %10s %10s %10s\n", "ID", "STATE", "STARTED (UTC)", "DRY", "LIVE",
+         "QUARANT.", "DELETED");
+  for (size_t i = 0; i < json_array_size(runs); i++) {
+    json_t *r = json_array_get(runs, i), *b = json_object_get(r, "blobs");
+    char when[32] = "-";
+    json_t *started = json_object_get(r, "started_at");
+    if (json_is_string(started)) snprintf(when, sizeof when, "%.20s", json_string_value(started));
+    printf("%-6lld %-9s %-20s %-4s %10lld %10lld %10lld\n",
+           (long long)json_integer_value(json_object_get(r, "id")),
+           json_string_value(json_object_get(r, "state")), when,
+           json_is_true(json_object_get(r, "dry_run")) ? "yes" : "no",
+           (long long)json_integer_value(json_object_get(b, "live")),
+           (long long)json_integer_value(json_object_get(b, "quarantined")),
+           (long long)json_integer_value(json_object_get(b, "deleted")));
+  }
+}
+
 int cmd_reconcile(const cli_globals *g, int argc, char **argv) {
   int dry = 0, force = 0, full = 0, wait = 0;
+  if (argc >= 2 && !strcmp(argv[1], "runs")) {
+    if (argc != 2) return br_cli_usage_error("reconcile runs", "takes no arguments");
+    return reconcile_get(g, "/v1/reconcile/runs", print_runs);
+  }
+  if (argc >= 2 && !strcmp(argv[1], "show")) {
+    char *end;
+    if (argc != 3 || !*argv[2] || strtoull(argv[2], &end, 10) == 0 || *end)
+      return br_cli_usage_error("reconcile show", "expected one run ID (a positive number)");
+    char path[128];
+    snprintf(path, sizeof path, "/v1/reconcile/runs/%s", argv[2]);
+    return reconcile_get(g, path, print_summary);
+  }
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--dry-run"))
       dry = 1;
@@ -65,11 +127,19 @@ int cmd_reconcile(const cli_globals *g, int argc, char **argv) {
     return 1;
   }
   long long id = (long long)json_integer_value(json_object_get(reply, "id"));
-  json_decref(reply);
   if (!wait) {
-    printf("%lld\n", id);
-    return 0;
+    int rc = 0;
+    if (g->json)
+      rc = print_json(reply);
+    else
+      printf(
+          "reconcile run %lld started%s; see 'blobref reconcile --wait' or GET "
+          "/v1/reconcile/runs/%lld\n",
+          id, dry ? " (dry run)" : "", id);
+    json_decref(reply);
+    return rc < 0 ? CLI_EXIT_FAILURE : CLI_EXIT_OK;
   }
+  json_decref(reply);
   snprintf(path, sizeof path, "/v1/reconcile/runs/%lld", id);
   for (;;) {
     if (br_http_json(g->server, g->token, "GET", path, NULL, &status, &reply, &err) < 0) {
@@ -78,10 +148,16 @@ int cmd_reconcile(const cli_globals *g, int argc, char **argv) {
     }
     const char *state = json_string_value(json_object_get(reply, "state"));
     if (state && strcmp(state, "running") != 0) {
-      print_summary(reply);
+      int out = 0;
+      if (g->json)
+        out = print_json(reply);
+      else
+        print_summary(reply);
       int failed = !strcmp(state, "failed");
+      int refused = json_is_string(json_object_get(reply, "refused"));
       json_decref(reply);
-      return failed ? 1 : 0;
+      if (out < 0) return CLI_EXIT_FAILURE;
+      return failed ? CLI_EXIT_FAILURE : refused ? CLI_EXIT_REFUSED : CLI_EXIT_OK;
     }
     json_decref(reply);
     struct timespec ts = {0, 200 * 1000000L};
@@ -109,7 +185,11 @@ int cmd_restore(const cli_globals *g, int argc, char **argv) {
     fprintf(stderr, "blobref restore: %s\n", err.msg);
     return 1;
   }
-  printf("%s %s\n", hash, json_string_value(json_object_get(reply, "state")));
+  int rc = 0;
+  if (g->json)
+    rc = print_json(reply);
+  else
+    printf("%s %s\n", hash, json_string_value(json_object_get(reply, "state")));
   json_decref(reply);
-  return 0;
+  return rc < 0 ? CLI_EXIT_FAILURE : CLI_EXIT_OK;
 }

@@ -1,11 +1,12 @@
-/* `blobref refs`: prints the SHA-256 hashes (or the live data files) an Iceberg table references
- * across all its retained snapshots. Offline: reads the table's files directly. */
+/* `blobref refs`: prints the SHA-256 hashes (or the live data files) an Iceberg or Delta Lake table
+ * references across all its retained snapshots (versions). Offline: reads the table's files. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "blobref/config.h"
+#include "blobref/delta.h"
 #include "blobref/iceberg.h"
 #include "blobref/iceberg_s3.h"
 #include "commands.h"
@@ -17,7 +18,8 @@ static const char usage_text[] =
     "                    [--count] [--strict] [--token T]\n"
     "       blobref refs TABLE --files [--rewrite FROM=TO]... [--token T]\n"
     "       blobref refs -c FILE NAME [--count|--files] [--strict]\n"
-    "TABLE: a table folder, a metadata.json path or URL, or rest:URI#namespace.table\n"
+    "TABLE: a table folder, a metadata.json path or URL, or rest:URI#namespace.table; a folder\n"
+    "       holding _delta_log/ is a Delta Lake table (--files prints VERSION<TAB>PATH)\n"
     "-c FILE NAME: the [table NAME] of a blobref config (location, column, form, rewrites, and\n"
     "              the store whose credentials read s3:// table files)\n";
 
@@ -46,8 +48,13 @@ static int cmp_line(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+typedef struct delta_lister {
+  br_delta_list_fn fn;
+  void *ud;
+} delta_lister;
+
 static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrites, int files,
-                    int count_only);
+                    int count_only, const delta_lister *delta);
 
 static int usage_error(const char *msg) {
   fprintf(stderr, "blobref refs: %s\n%s", msg, usage_text);
@@ -115,6 +122,7 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
   br_config conf;
   br_config_init(&conf);
   br_iceberg_s3 *s3 = NULL;
+  enum br_table_format format = BR_TABLE_AUTO;
   cfg.location = table;
   if (config_path) {
     if (br_config_load(&conf, config_path, &err) < 0 || br_config_finish(&conf, &err) < 0) {
@@ -131,6 +139,7 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
       return 1;
     }
     cfg.location = t->location;
+    format = t->format;
     if (!cfg.column) cfg.column = t->column;
     if (!form_given) cfg.form = t->form;
     for (int r = 0; r < t->nrewrites && cfg.nrewrites < MAX_REWRITES; r++) {
@@ -150,15 +159,22 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
       cfg.open_ud = s3;
     }
   }
-  int rc_all = refs_run(&cfg, rewrites, files, count_only);
+  /* s3:// Delta tables list their log through the table store (as reconcile does) */
+  int s3_table = s3 && !strncmp(cfg.location, "s3", 2) && strstr(cfg.location, "://");
+  int delta = format == BR_TABLE_DELTA ||
+              (format == BR_TABLE_AUTO && (br_delta_is_local_table(cfg.location) ||
+                                           (s3_table && br_delta_s3_is_table(s3, cfg.location))));
+  delta_lister lister = {s3_table ? br_delta_list_s3 : NULL, s3};
+  int rc_all = refs_run(&cfg, rewrites, files, count_only, delta ? &lister : NULL);
   br_iceberg_s3_free(s3);
   br_config_free(&conf);
   return rc_all;
 }
 
 /* Prints the table's references (or files) as asked; returns the exit status. */
+/* delta: NULL for an Iceberg table, else how to list the Delta table's log. */
 static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrites, int files,
-                    int count_only) {
+                    int count_only, const delta_lister *delta) {
   br_iceberg_table_config cfg = *cfg_in;
   if (!files && (!cfg.column || !*cfg.column)) return usage_error("--column is required");
   if (files && count_only) return usage_error("--files and --count do not go together");
@@ -168,7 +184,8 @@ static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrite
   br_iceberg_stats stats;
   if (files) {
     lines l = {NULL, 0, 0};
-    int rc = br_iceberg_list_files(&cfg, on_file, &l, &stats, &err);
+    int rc = delta ? br_delta_list_files(&cfg, delta->fn, delta->ud, on_file, &l, &stats, &err)
+                   : br_iceberg_list_files(&cfg, on_file, &l, &stats, &err);
     if (rc == 0) {
       qsort(l.v, l.n, sizeof *l.v, cmp_line);
       for (size_t i = 0; i < l.n; i++) printf("%s\n", l.v[i]);
@@ -191,7 +208,8 @@ static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrite
   }
   int status = 1;
   uint8_t *sorted = NULL;
-  if (br_iceberg_collect_refs(&cfg, set, &stats, &err) != 0) {
+  if ((delta ? br_delta_collect_refs(&cfg, delta->fn, delta->ud, set, &stats, &err)
+             : br_iceberg_collect_refs(&cfg, set, &stats, &err)) != 0) {
     fprintf(stderr, "blobref refs: %s\n", err.msg);
     goto done;
   }

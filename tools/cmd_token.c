@@ -2,6 +2,7 @@
  * configures it on the server. Offline: the server is never asked, and only ever holds the
  * token's SHA-256. */
 #include <getopt.h>
+#include <jansson.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
@@ -24,18 +25,20 @@ static const char token_help[] =
     "token's SHA-256. Clients send it as 'Authorization: Bearer TOKEN' (blobref --token\n"
     "or BLOBREF_TOKEN).\n"
     "\n"
-    "  --scopes SCOPES  read, write and/or admin, comma-separated. Scopes are independent:\n"
-    "                   write does not imply read.\n"
+    "  --scopes SCOPES  read, write, admin and/or metrics, comma-separated. Scopes are\n"
+    "                   independent: write does not imply read. metrics: /metrics and\n"
+    "                   /readyz's details when the server sets [auth] private_metrics.\n"
     "  --name NAME      the section's name (letters, digits, '-', '_', '.'); default\n"
     "                   t-<the first 8 hex digits of the token's SHA-256>\n"
     "\n"
     "Exit status: 0 printed, 1 no random bytes, 2 usage error.\n";
 
-static const char *const scope_names[] = {"read", "write", "admin"};
+static const char *const scope_names[] = {"read", "write", "admin", "metrics"};
+#define NSCOPES (sizeof scope_names / sizeof scope_names[0])
 
 /* Parses a scope list ("write,read", commas and/or blanks) into its canonical spelling in out
- * ("read, write"; each scope once, in the order read, write, admin). Returns 0, or -1 for an
- * empty list or an unknown scope. */
+ * ("read, write"; each scope once, in the order read, write, admin, metrics). Returns 0, or -1 for
+ * an empty list or an unknown scope. */
 static int token_scopes_canonical(const char *in, char *out, size_t outlen) {
   unsigned seen = 0;
   const char *p = in;
@@ -44,15 +47,15 @@ static int token_scopes_canonical(const char *in, char *out, size_t outlen) {
     if (!*p) break;
     size_t n = strcspn(p, ", \t");
     size_t i = 0;
-    while (i < 3 && !(strlen(scope_names[i]) == n && !strncmp(p, scope_names[i], n))) i++;
-    if (i == 3) return -1;
+    while (i < NSCOPES && !(strlen(scope_names[i]) == n && !strncmp(p, scope_names[i], n))) i++;
+    if (i == NSCOPES) return -1;
     seen |= 1u << i;
     p += n;
   }
   if (!seen) return -1;
   size_t used = 0;
   out[0] = '\0';
-  for (size_t i = 0; i < 3; i++) {
+  for (size_t i = 0; i < NSCOPES; i++) {
     if (!(seen & 1u << i)) continue;
     int w = snprintf(out + used, outlen - used, "%s%s", used ? ", " : "", scope_names[i]);
     if (w < 0 || (size_t)w >= outlen - used) return -1;
@@ -94,7 +97,7 @@ static int token_format(const uint8_t random[TOKEN_RANDOM_BYTES], const char *na
     return br_fail(err, "--name: '%.80s' must be 1 to %d letters, digits, '-', '_' or '.'", name,
                    TOKEN_NAME_MAX);
   if (token_scopes_canonical(scopes, canon, sizeof canon) < 0)
-    return br_fail(err, "--scopes: '%.80s' is not a list of read, write, admin", scopes);
+    return br_fail(err, "--scopes: '%.80s' is not a list of read, write, admin, metrics", scopes);
   int w = snprintf(out, outlen,
                    "%s\n"
                    "\n"
@@ -107,8 +110,28 @@ static int token_format(const uint8_t random[TOKEN_RANDOM_BYTES], const char *na
   return 0;
 }
 
+/* Prints token_format()'s text as one JSON object: token, name, sha256, scopes (a list) and
+ * config (the section to paste). Returns 0, or -1 when the text is not token_format's. */
+static int token_print_json(const char *text) {
+  char token[128], name[TOKEN_NAME_MAX + 1], sha[BR_HEX_LEN + 1], scopes[64];
+  const char *section = strstr(text, "\n[token ");
+  if (sscanf(text, "%127s", token) != 1 || !section ||
+      sscanf(section, "\n[token %63[^]]]\nsha256 = %64s\nscopes = %63[^\n]", name, sha, scopes) !=
+          3)
+    return -1;
+  json_t *list = json_array();
+  for (char *save = NULL, *s = strtok_r(scopes, ", ", &save); s; s = strtok_r(NULL, ", ", &save))
+    json_array_append_new(list, json_string(s));
+  json_t *doc = json_pack("{s:s, s:s, s:s, s:o, s:s}", "token", token, "name", name, "sha256", sha,
+                          "scopes", list, "config", section + 1);
+  int ok = doc && json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0 &&
+           fputc('\n', stdout) != EOF;
+  json_decref(doc);
+  OPENSSL_cleanse(token, sizeof token);
+  return ok ? 0 : -1;
+}
+
 int cmd_token(const cli_globals *g, int argc, char **argv) {
-  (void)g;
   static const struct option longopts[] = {{"scopes", required_argument, NULL, 's'},
                                            {"name", required_argument, NULL, 'n'},
                                            {"help", no_argument, NULL, 'h'},
@@ -170,7 +193,7 @@ int cmd_token(const cli_globals *g, int argc, char **argv) {
     fprintf(stderr, "blobref token: %s\n", err.msg);
     return 1;
   }
-  int ok = fputs(out, stdout) >= 0 && fflush(stdout) == 0;
+  int ok = (g->json ? token_print_json(out) == 0 : fputs(out, stdout) >= 0) && fflush(stdout) == 0;
   OPENSSL_cleanse(out, sizeof out);
   if (!ok) {
     fprintf(stderr, "blobref token: cannot write to standard output\n");

@@ -6,10 +6,19 @@
 typedef struct cli_globals {
   const char *server; /* base URL, default http://127.0.0.1:8080 or $BLOBREF_SERVER */
   const char *token;  /* bearer token or NULL ($BLOBREF_TOKEN) */
+  int json;           /* --json: print data as JSON (one document, or one per line) */
 } cli_globals;
 
-/* Each command gets argv starting at its own name; returns the process exit status
- * (0 success, 1 failure with a one-line error already printed to stderr, 2 usage). */
+/* Exit statuses of every command (documented in the README and blobref(1)). */
+enum {
+  CLI_EXIT_OK = 0,
+  CLI_EXIT_FAILURE = 1, /* failed (or, for lookup, some hashes missing); a one-line error */
+  CLI_EXIT_USAGE = 2,   /* the command line is wrong */
+  CLI_EXIT_REFUSED = 3, /* a guard refused it (reconcile over max_fraction, ...) */
+};
+
+/* Each command gets argv starting at its own name, without the global options (they may appear
+ * anywhere on the command line); returns one of the CLI_EXIT_ statuses. */
 int cmd_put(const cli_globals *g, int argc, char **argv);
 int cmd_get(const cli_globals *g, int argc, char **argv);
 int cmd_stat(const cli_globals *g, int argc, char **argv);
@@ -17,10 +26,13 @@ int cmd_lookup(const cli_globals *g, int argc, char **argv);
 int cmd_refs(const cli_globals *g, int argc, char **argv);
 int cmd_reconcile(const cli_globals *g, int argc, char **argv);
 int cmd_restore(const cli_globals *g, int argc, char **argv);
+int cmd_ls(const cli_globals *g, int argc, char **argv);
+int cmd_hold(const cli_globals *g, int argc, char **argv);
 int cmd_token(const cli_globals *g, int argc, char **argv);
 int cmd_extract_parquet(const cli_globals *g, int argc, char **argv);
 int cmd_export(const cli_globals *g, int argc, char **argv);
 int cmd_migrate(const cli_globals *g, int argc, char **argv);
 int cmd_import(const cli_globals *g, int argc, char **argv);
+int cmd_column(const cli_globals *g, int argc, char **argv);
 
 #endif

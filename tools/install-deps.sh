@@ -12,7 +12,8 @@ test_pkgs=(clang libclang-rt-14-dev curl lmdb-utils strace python3-requests pyth
   radosgw ceph-mon ceph-osd python3-boto3     # a real S3 for the tests: tests/s3/start-rgw.sh
   varnish                                     # a real CDN in front of blobrefd: conf/varnish/blobref.vcl
   python3-pil python3-nbclient python3-nbformat python3-ipykernel   # the Python client and its notebook
-  chromium python3-websocket)   # the console in a real headless browser: tests/integration/test_ui.py
+  chromium python3-websocket   # the console in a real headless browser: tests/integration/test_ui.py
+  man-db groff-base)                  # man --warnings on conf/man/*
 bench_pkgs=(nginx-light wrk docker-registry)
 want=("${build_pkgs[@]}")
 case "$level" in

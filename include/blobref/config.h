@@ -40,6 +40,8 @@ typedef struct br_store_config {
   char *cdn_url;   /* s3: base URL that replaces the endpoint in redirects ("" = presign) */
   char *spool_dir; /* s3: local directory where upload bodies wait for their part upload */
   uint64_t part_size;
+  uint64_t spool_max;       /* s3: spooled bytes not yet sent, all uploads of this store */
+  uint64_t spool_max_total; /* s3: the same over every s3 store ([server] spool_max_total) */
   /* s3 and http */
   char *url; /* http: the origin's base URL */
   uint64_t connect_timeout_ms, timeout_ms;
@@ -51,12 +53,15 @@ typedef struct br_store_config {
 } br_store_config;
 
 enum br_table_form { BR_FORM_HEX, BR_FORM_BINARY, BR_FORM_URL };
+/* [table] format: AUTO (key absent) = Delta Lake when the location holds _delta_log/. */
+enum br_table_format { BR_TABLE_AUTO, BR_TABLE_ICEBERG, BR_TABLE_DELTA };
 
 typedef struct br_table_config {
   char *name;
   char *location;
   char *column;
   enum br_table_form form;
+  enum br_table_format format;
   char *store;
   char *rewrite_from[BR_MAX_REWRITES];
   char *rewrite_to[BR_MAX_REWRITES];
@@ -64,7 +69,8 @@ typedef struct br_table_config {
   int line;
 } br_table_config;
 
-enum br_scope { BR_SCOPE_READ = 1, BR_SCOPE_WRITE = 2, BR_SCOPE_ADMIN = 4 };
+/* METRICS: /metrics and /readyz's details when [auth] private_metrics is set (admin has it too). */
+enum br_scope { BR_SCOPE_READ = 1, BR_SCOPE_WRITE = 2, BR_SCOPE_ADMIN = 4, BR_SCOPE_METRICS = 8 };
 
 typedef struct br_token_config {
   char *name;
@@ -97,7 +103,8 @@ typedef struct br_config {
   uint64_t max_lookup_hashes;
   uint64_t connection_timeout_ms;
   uint64_t max_connections;
-  uint64_t threads; /* 0 = number of cores */
+  uint64_t spool_max_total; /* bytes spooled for S3 and not yet sent, all s3 stores */
+  uint64_t threads;         /* 0 = number of cores */
   uint64_t connection_memory;
   uint64_t index_map_size;
   uint64_t index_batch_max;
@@ -124,6 +131,7 @@ typedef struct br_config {
   double max_fraction;
   /* [auth] */
   unsigned anonymous_scopes;
+  int private_metrics; /* /metrics and /readyz's details need the metrics or admin scope */
 
   br_store_config stores[BR_MAX_STORES];
   int nstores;

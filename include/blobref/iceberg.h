@@ -111,9 +111,13 @@ int br_iceberg_list_files(const br_iceberg_table_config *cfg, br_iceberg_file_fn
 /* --- what reconcile needs: the live data files, then each file's hashes ---------------------- */
 
 /* One distinct live data file of the retained snapshots, with what its manifest records. */
+/* Data file formats as the manifest's file_format names them; 0: another name, the reader then
+ * goes by the file's magic (PAR1 or ORC). */
+enum { BR_ICEBERG_PARQUET = 1, BR_ICEBERG_ORC = 2 };
+
 typedef struct br_iceberg_data_file {
   const char *path;     /* mapped path, valid during the call */
-  int parquet;          /* file_format is Parquet */
+  int parquet;          /* format: BR_ICEBERG_PARQUET, BR_ICEBERG_ORC or 0 (see above) */
   int64_t file_size;    /* file_size_in_bytes, -1 if not recorded */
   int64_t record_count; /* record_count, -1 if not recorded */
 } br_iceberg_data_file;

@@ -18,4 +18,10 @@ void br_iceberg_s3_free(br_iceberg_s3 *o);
  * br_iceberg_open_local. */
 br_source *br_iceberg_open_s3(void *ud, const char *path, br_err *err);
 
+/* Lists the objects whose URL starts with url_prefix ("s3://BUCKET/PREFIX", through the bucket's
+ * store): fn gets each key (without the bucket) and size; its non-zero value stops the listing and
+ * is returned. Returns 0, -1 + err, or fn's value. (Delta tables list their _delta_log/.) */
+int br_iceberg_s3_list(br_iceberg_s3 *o, const char *url_prefix, br_store_list_fn fn, void *ud,
+                       br_err *err);
+
 #endif

@@ -66,6 +66,7 @@ typedef struct br_index_options {
   uint64_t map_size;  /* bytes */
   unsigned batch_max; /* most operations per transaction (1 = no group commit) */
   int read_only;      /* open without the writer thread (fsck, tools) */
+  int queue_purges;   /* state and location changes that make CDN copies stale queue a purge */
 } br_index_options;
 
 /* Opens (creating) the index in directory dir and starts the writer thread. NULL + err. */
@@ -193,6 +194,41 @@ int br_index_list_after(br_index *idx, const uint8_t *after, size_t limit, int s
                         br_index_each_fn fn, void *ud, uint8_t next[BR_SHA256_LEN], int *has_next,
                         br_err *err);
 
+/* ---- pending CDN purges ---------------------------------------------------------------------
+ * With queue_purges, every change that makes a CDN's copy of a blob stale (QUARANTINE, HOLD and
+ * REMOVE applied; SWITCH to another place) writes a pending purge of the blob in the same write
+ * transaction (a `purges` sub-database), so that a crash cannot lose it. The purger reads them
+ * and settles each once every CDN acknowledged it. Queuing a blob again resets its entry. */
+#define BR_MAX_PURGE_CDNS 32 /* bits of br_purge.acked */
+
+typedef struct br_purge {
+  uint8_t digest[BR_SHA256_LEN];
+  uint64_t queued_ns; /* when it was queued (identifies this queuing) */
+  uint64_t next_ms;   /* not to be tried before (backoff) */
+  uint32_t attempts;  /* failed tries so far */
+  uint32_t acked;     /* bit i: CDN i (in config order) acknowledged it */
+  int done;           /* br_index_settle_purges' input: 1 = remove it, 0 = store the fields */
+} br_purge;
+
+/* Queues a purge of each of the n digests, durably, before returning (also without
+ * queue_purges: the upgrade from the old purge queue uses it). Returns 0, BR_INDEX_FULL,
+ * BR_INDEX_NO_SPACE, or -1 + err. */
+int br_index_queue_purges(br_index *idx, const uint8_t (*digests)[BR_SHA256_LEN], size_t n,
+                          br_err *err);
+
+/* Copies up to max pending purges that are due at now_ms into out, in digest order starting
+ * after `after` (NULL: the first), looking at no more than BR_INDEX_PURGE_SCAN entries. *next
+ * receives the last digest looked at and *wrapped = 1 when the scan reached the end (start from
+ * NULL next time). Returns how many were copied, or -1 + err. */
+#define BR_INDEX_PURGE_SCAN 10000
+int br_index_purges_due(br_index *idx, const uint8_t *after, uint64_t now_ms, br_purge *out,
+                        size_t max, uint8_t next[BR_SHA256_LEN], int *wrapped, br_err *err);
+
+/* Settles n purges as read by br_index_purges_due, in one durable transaction: an entry still
+ * holding the same queuing (queued_ns) is removed (done) or gets attempts, next_ms and acked;
+ * one queued again meanwhile is left alone. Returns 0, BR_INDEX_FULL, BR_INDEX_NO_SPACE, -1. */
+int br_index_settle_purges(br_index *idx, const br_purge *purges, size_t n, br_err *err);
+
 /* Counters for /metrics and the benchmark. */
 typedef struct br_index_stats {
   uint64_t commits;                  /* write transactions committed */
@@ -202,6 +238,7 @@ typedef struct br_index_stats {
   uint64_t map_used;                 /* bytes in use (last page number * page size) */
   uint64_t cache_hits, cache_misses; /* br_index_get answered from the record cache or not */
   uint64_t stale_readers;            /* reader slots of dead processes cleared (mdb_reader_check) */
+  uint64_t purges_pending;           /* blobs with a CDN purge not yet acknowledged everywhere */
 } br_index_stats;
 void br_index_get_stats(br_index *idx, br_index_stats *out);
 

@@ -26,4 +26,24 @@ enum br_range_result {
 enum br_range_result br_range_parse(const char *header, uint64_t size, br_byte_range *out,
                                     size_t *n);
 
+/* Upstream reads for ranges proxied from an HTTP origin (S3, http stores). */
+#define BR_RANGE_READ_GAP (8u * 1024) /* a gap this small is read and dropped: one read */
+#define BR_RANGE_READS_MAX 8          /* more reads than this and the ranges are read at once */
+
+enum br_range_plan_kind {
+  BR_PLAN_READS, /* joins[] says which ranges share the read before them; *nreads <= max_reads */
+  BR_PLAN_SPAN,  /* one read from ranges[0].first to ranges[n - 1].last serves them all */
+  BR_PLAN_WHOLE, /* too many overlapping or out-of-order ranges: serve the whole thing (200) */
+};
+
+/* Plans how few upstream reads serve ranges[0..n) in this order (the order of the parts sent):
+ * range i joins the read of range i - 1 (joins[i] = 1) when it starts after that range's last
+ * byte with a gap below max_gap (the gap bytes are read and dropped); joins[0] = 0. When that
+ * needs more than max_reads reads: BR_PLAN_SPAN if the ranges are ascending without overlap
+ * (every joins[i > 0] = 1: one read through all the gaps), else BR_PLAN_WHOLE (RFC 9110 14.2:
+ * many overlapping or unordered ranges may be ignored). *nreads is the reads planned (1 for SPAN
+ * and WHOLE). joins has room for n entries. Pure. */
+enum br_range_plan_kind br_range_plan(const br_byte_range *ranges, size_t n, uint64_t max_gap,
+                                      size_t max_reads, unsigned char *joins, size_t *nreads);
+
 #endif

@@ -44,19 +44,31 @@ uint64_t br_store_stall_ms(const br_store *st);
 size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_LEN], char *out,
                             size_t outlen);
 
+/* The blob whose default key (above) key is in st: 0 and its digest, or -1 when key is none's. */
+int br_store_default_key_digest(const br_store *st, const char *key, uint8_t digest[BR_SHA256_LEN]);
+
 /* --- writing: stream bytes in, then commit under a key only once durable ------------------- */
 
-/* Starts a new object. Bytes go to a temporary place inside the store. */
+/* Starts a new object. Bytes go to a temporary place inside the store. NULL with err (errno
+ * EBUSY: an s3 store's spool is over spool_max or spool_max_total; EHOSTUNREACH: down). */
 br_store_writer *br_store_write_begin(br_store *st, br_err *err);
 /* Appends len bytes; returns 0, or -1 (err->msg says why; errno ENOSPC/EDQUOT is kept in
- * br_store_writer_errno for a 507). */
+ * br_store_writer_errno for a 507, EBUSY when an s3 store's spool is full: 503). */
 int br_store_write(br_store_writer *w, const void *buf, size_t len, br_err *err);
 /* Why the last write or commit failed: ENOSPC/EDQUOT (no space: 507), EHOSTUNREACH (the store
- * cannot be reached: 503), EPROTO (the store refused: 502), or another errno (500). */
+ * cannot be reached: 503), EBUSY (the s3 spool is full: 503), EPROTO (the store refused: 502), or
+ * another errno (500). */
 int br_store_writer_errno(const br_store_writer *w);
 /* Makes the bytes durable (fsync) and visible under key atomically (rename + directory fsync).
  * Frees w whatever the outcome; on failure nothing is left behind. */
 int br_store_write_commit(br_store_writer *w, const char *key, br_err *err);
+/* 1 when w holds as many bytes not yet handed on as it should (s3: about two parts waiting for
+ * their upload): the caller should stop feeding it until this says 0 again (it does once a part
+ * went up, or the upload failed: the next write then says why). With wait = 1 it blocks until
+ * then instead and returns 0 (never on a network thread). 0 for stores that do not spool. */
+int br_store_write_backlogged(br_store_writer *w, int wait);
+/* Bytes spooled for S3 and not yet sent, over every s3 store of the process. */
+uint64_t br_store_spooled_bytes(void);
 /* Drops the temporary bytes and frees w. NULL is allowed. */
 void br_store_write_abort(br_store_writer *w);
 
@@ -79,8 +91,11 @@ int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err);
 
 /* Writes a URL a client can be redirected to for key (presigned for S3 unless cdn_url is set;
  * public_url or the origin URL + key otherwise) and how long it stays valid in *valid_ms
- * (UINT64_MAX: no expiry). Returns 0; 1 if this store cannot redirect; -1 on error. */
-int br_store_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+ * (UINT64_MAX: no expiry). attachment: the URL must make the origin answer with
+ * Content-Disposition: attachment (a presigned S3 URL signs response-content-disposition; other
+ * redirects cannot promise it and return 1, so the blob is proxied). Returns 0; 1 if this store
+ * cannot redirect (so); -1 on error. */
+int br_store_redirect_url(br_store *st, const char *key, int attachment, char *out, size_t outlen,
                           uint64_t *valid_ms, br_err *err);
 
 /* Writes a URL from which this process can GET key itself, with Range (presigned for S3, the

@@ -22,6 +22,7 @@ enum key_type {
   KEY_BOOL,
   KEY_SERVE,
   KEY_FORM,
+  KEY_TABLE_FORMAT,
   KEY_SCOPES,
   KEY_SHA256,
   KEY_REWRITE,     /* may repeat */
@@ -61,6 +62,7 @@ static const struct key_spec server_keys[] = {
     {"connection_timeout", KEY_DURATION, SRV(connection_timeout_ms), "30s", 1000, 86400000, 0, 0},
     {"max_connections", KEY_COUNT, SRV(max_connections), "1024", 1, 1000000, 0, 0},
     {"threads", KEY_COUNT, SRV(threads), "0", 0, 1024, 0, 0},
+    {"spool_max_total", KEY_SIZE, SRV(spool_max_total), "1GiB", 10 << 20, 1ull << 50, 0, 0},
     {"connection_memory", KEY_SIZE, SRV(connection_memory), "32KiB", 16384, 16 << 20, 0, 0},
     {"index_map_size", KEY_SIZE, SRV(index_map_size), "1GiB", 1 << 20, 1ull << 44, 0, 0},
     {"index_batch_max", KEY_COUNT, SRV(index_batch_max), "1024", 1, 1000000, 0, 0},
@@ -96,6 +98,7 @@ static const struct key_spec reconcile_keys[] = {
 };
 static const struct key_spec auth_keys[] = {
     {"anonymous", KEY_ANONYMOUS, SRV(anonymous_scopes), "read", 0, 0, 0, 0},
+    {"private_metrics", KEY_BOOL, SRV(private_metrics), "false", 0, 0, 0, 0},
 };
 #define STO(field) offsetof(br_store_config, field)
 static const struct key_spec store_keys[] = {
@@ -116,6 +119,7 @@ static const struct key_spec store_keys[] = {
     {"cdn_url", KEY_STRING, STO(cdn_url), "", 0, 0, 0, 0},
     {"spool_dir", KEY_STRING, STO(spool_dir), "", 0, 0, 0, 0},
     {"part_size", KEY_SIZE, STO(part_size), "16MiB", 5 << 20, 5ull << 30, 0, 0},
+    {"spool_max", KEY_SIZE, STO(spool_max), "256MiB", 10 << 20, 1ull << 50, 0, 0},
     {"url", KEY_STRING, STO(url), "", 0, 0, 0, 0},
     {"connect_timeout", KEY_DURATION, STO(connect_timeout_ms), "2s", 100, 600000, 0, 0},
     {"timeout", KEY_DURATION, STO(timeout_ms), "5m", 1000, 86400000, 0, 0},
@@ -128,6 +132,7 @@ static const struct key_spec table_keys[] = {
     {"location", KEY_STRING, TAB(location), "", 0, 0, 0, 0},
     {"column", KEY_STRING, TAB(column), "", 0, 0, 0, 0},
     {"form", KEY_FORM, TAB(form), "hex", 0, 0, 0, 0},
+    {"format", KEY_TABLE_FORMAT, TAB(format), NULL, 0, 0, 0, 0}, /* absent: auto-detected */
     {"store", KEY_STRING, TAB(store), "", 0, 0, 0, 0},
     {"rewrite", KEY_REWRITE, 0, NULL, 0, 0, 0, 0},
 };
@@ -170,6 +175,8 @@ static int parse_scopes(const char *value, unsigned *out) {
       scopes |= BR_SCOPE_WRITE;
     else if (!strcmp(tok, "admin"))
       scopes |= BR_SCOPE_ADMIN;
+    else if (!strcmp(tok, "metrics"))
+      scopes |= BR_SCOPE_METRICS;
     else if (!strcmp(tok, "none"))
       ;
     else
@@ -313,9 +320,18 @@ static int set_key(const struct key_spec *k, void *base, const char *value, br_e
       else
         return br_fail(err, "%s: '%s' must be hex, binary or url", k->name, value);
       return 0;
+    case KEY_TABLE_FORMAT:
+      if (!strcmp(value, "iceberg"))
+        *(enum br_table_format *)p = BR_TABLE_ICEBERG;
+      else if (!strcmp(value, "delta"))
+        *(enum br_table_format *)p = BR_TABLE_DELTA;
+      else
+        return br_fail(err, "%s: '%s' must be iceberg or delta", k->name, value);
+      return 0;
     case KEY_SCOPES:
       if (parse_scopes(value, (unsigned *)p) < 0)
-        return br_fail(err, "%s: '%s' must list read, write, admin (or none)", k->name, value);
+        return br_fail(err, "%s: '%s' must list read, write, admin, metrics (or none)", k->name,
+                       value);
       return 0;
     case KEY_ANONYMOUS: /* write or admin here would give them to every client on the network */
       if (!strcmp(value, "read"))
@@ -720,6 +736,10 @@ int br_config_finish(br_config *cfg, br_err *err) {
                      s->name);
     if (!strcmp(s->kind, "http") && !*s->url)
       return br_fail(err, "%s:%d: [store %s] kind = http needs url", where, s->line, s->name);
+    if (!strcmp(s->kind, "s3") && s->spool_max < 2 * s->part_size)
+      return br_fail(err, "%s:%d: [store %s] spool_max must hold two parts (2 x part_size)", where,
+                     s->line, s->name);
+    s->spool_max_total = cfg->spool_max_total;
     if (!strcmp(s->kind, "s3") && !*s->spool_dir) {
       char spool[4096];
       snprintf(spool, sizeof spool, "%s/spool/%s", cfg->data_dir, s->name);

@@ -1,6 +1,6 @@
-/* CDN purges: a durable queue (one LMDB record per CDN and blob: attempts, next try) and a sender
- * thread that sends each purge (PURGE, BAN, ... to the [cdn]'s purge_url with {hash} replaced),
- * retrying failures with exponential backoff up to 5 minutes apart. */
+/* CDN purges: a sender thread that sends the purges pending in the index (PURGE, BAN, ... to the
+ * [cdn]'s purge_url with {hash} replaced), retrying failures with exponential backoff up to 5
+ * minutes apart, and the one-time move of the old DATA_DIR/purge queue into the index. */
 #include "core/cdn_purge.h"
 
 #include <curl/curl.h>
@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define D BR_SHA256_LEN
 #define BATCH 64
@@ -21,31 +22,18 @@
 
 struct cdn_purger {
   const br_config *cfg;
-  MDB_env *env;
-  MDB_dbi dbi;
+  br_index *index;
   pthread_t thread;
   pthread_mutex_t lock;
   pthread_cond_t cv;
   int stopping, started, kick;
-  atomic_uint_fast64_t sent, failed, pending;
-};
-
-struct entry_val {
-  uint32_t attempts;
-  uint64_t next_ms;
+  uint8_t cursor[D]; /* where the next scan of the pending purges starts */
+  int has_cursor;
+  atomic_uint_fast64_t sent, failed;
 };
 
 static int lmdb_err(br_err *err, const char *what, int rc) {
   return br_fail(err, "cdn purge queue: %s: %s", what, mdb_strerror(rc));
-}
-
-static uint64_t count_pending(cdn_purger *p) {
-  MDB_txn *txn;
-  MDB_stat st;
-  if (mdb_txn_begin(p->env, NULL, MDB_RDONLY, &txn)) return 0;
-  uint64_t n = mdb_stat(txn, p->dbi, &st) == 0 ? st.ms_entries : 0;
-  mdb_txn_abort(txn);
-  return n;
 }
 
 /* Sends one purge. Returns 0 when the CDN accepted it (2xx, or 404: nothing cached). */
@@ -80,61 +68,56 @@ static int send_purge(const br_cdn_config *c, const uint8_t digest[D], char *why
   return -1;
 }
 
-/* One pass over the due entries (at most BATCH). Returns how many were due. */
+/* One pass over the due purges (at most BATCH): sends each to every CDN that has not
+ * acknowledged it yet and settles them in the index (removed once all did, else retried later
+ * with backoff). Returns 1 when more may be due at once, else 0. */
 static int drain_once(cdn_purger *p) {
-  struct {
-    uint8_t key[1 + D];
-    struct entry_val v;
-  } due[BATCH];
-  int n = 0;
-  uint64_t now = br_now_ms();
-  MDB_txn *txn;
-  if (mdb_txn_begin(p->env, NULL, MDB_RDONLY, &txn)) return 0;
-  MDB_cursor *cur;
-  if (mdb_cursor_open(txn, p->dbi, &cur) == 0) {
-    MDB_val k, v;
-    int op = MDB_FIRST;
-    while (n < BATCH && mdb_cursor_get(cur, &k, &v, op) == 0) {
-      op = MDB_NEXT;
-      if (k.mv_size != 1 + D || v.mv_size != sizeof(struct entry_val)) continue;
-      struct entry_val ev;
-      memcpy(&ev, v.mv_data, sizeof ev);
-      if (ev.next_ms > now) continue;
-      memcpy(due[n].key, k.mv_data, 1 + D);
-      due[n].v = ev;
-      n++;
-    }
-    mdb_cursor_close(cur);
+  br_purge due[BATCH];
+  uint8_t next[D];
+  int wrapped = 1;
+  br_err err;
+  int n = br_index_purges_due(p->index, p->has_cursor ? p->cursor : NULL, br_now_ms(), due, BATCH,
+                              next, &wrapped, &err);
+  if (n < 0) {
+    br_error("cdn purge: %s", err.msg);
+    return 0;
   }
-  mdb_txn_abort(txn);
+  p->has_cursor = !wrapped;
+  if (!wrapped) memcpy(p->cursor, next, D);
+  int ncdns = p->cfg->ncdns < BR_MAX_PURGE_CDNS ? p->cfg->ncdns : BR_MAX_PURGE_CDNS;
+  uint32_t all = ncdns == 32 ? UINT32_MAX : ((uint32_t)1 << ncdns) - 1;
+  uint64_t sent = 0, failed = 0; /* counted once settled: the metrics never run ahead */
   for (int i = 0; i < n; i++) {
-    int ci = due[i].key[0];
-    char why[256] = "";
-    int ok =
-        ci < p->cfg->ncdns && send_purge(&p->cfg->cdns[ci], due[i].key + 1, why, sizeof why) == 0;
-    if (ci >= p->cfg->ncdns) ok = 1; /* a [cdn] removed from the config: drop its purges */
-    if (mdb_txn_begin(p->env, NULL, 0, &txn)) continue;
-    MDB_val k = {1 + D, due[i].key};
-    if (ok) {
-      mdb_del(txn, p->dbi, &k, NULL);
-      atomic_fetch_add(&p->sent, 1);
-    } else {
-      struct entry_val ev = due[i].v;
-      ev.attempts++;
-      uint64_t backoff = 1000ull << (ev.attempts < 9 ? ev.attempts : 9);
-      ev.next_ms = br_now_ms() + (backoff > MAX_BACKOFF_MS ? MAX_BACKOFF_MS : backoff);
-      MDB_val v = {sizeof ev, &ev};
-      mdb_put(txn, p->dbi, &k, &v, 0);
-      atomic_fetch_add(&p->failed, 1);
+    br_purge *pg = &due[i];
+    pg->acked &= all; /* a [cdn] removed from the config: its purges are dropped */
+    for (int ci = 0; ci < ncdns; ci++) {
+      if (pg->acked & (uint32_t)1 << ci) continue;
+      char why[256] = "";
+      if (send_purge(&p->cfg->cdns[ci], pg->digest, why, sizeof why) == 0) {
+        pg->acked |= (uint32_t)1 << ci;
+        sent++;
+        continue;
+      }
+      failed++;
       char hex[BR_HEX_LEN + 1];
-      br_hex_encode(due[i].key + 1, hex);
+      br_hex_encode(pg->digest, hex);
       br_warn("cdn %s: purge of %s failed (%s); attempt %u, retrying", p->cfg->cdns[ci].name, hex,
-              why, ev.attempts);
+              why, pg->attempts + 1);
     }
-    mdb_txn_commit(txn);
+    pg->done = pg->acked == all;
+    if (!pg->done) {
+      pg->attempts++;
+      uint64_t backoff = 1000ull << (pg->attempts < 9 ? pg->attempts : 9);
+      pg->next_ms = br_now_ms() + (backoff > MAX_BACKOFF_MS ? MAX_BACKOFF_MS : backoff);
+    }
   }
-  atomic_store(&p->pending, count_pending(p));
-  return n;
+  if (n && br_index_settle_purges(p->index, due, (size_t)n, &err) < 0) {
+    br_error("cdn purge: %s (the purges are sent again)", err.msg);
+    return 0; /* not at once: they are still due */
+  }
+  atomic_fetch_add(&p->sent, sent);
+  atomic_fetch_add(&p->failed, failed);
+  return n == BATCH || !wrapped;
 }
 
 static void *sender_main(void *arg) {
@@ -143,9 +126,9 @@ static void *sender_main(void *arg) {
   while (!p->stopping) {
     p->kick = 0;
     pthread_mutex_unlock(&p->lock);
-    int n = drain_once(p);
+    int more = drain_once(p);
     pthread_mutex_lock(&p->lock);
-    if (n == BATCH || p->kick || p->stopping) continue;
+    if (more || p->kick || p->stopping) continue;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_sec += 1;
@@ -155,36 +138,68 @@ static void *sender_main(void *arg) {
   return NULL;
 }
 
-cdn_purger *cdn_purger_open(const br_config *cfg, const char *dir, br_err *err) {
+/* Moves the purges of the old queue in dir (an LMDB environment: key = CDN number + digest)
+ * into the index, then removes it. Nothing there: nothing done. 0, or -1 + err (it stays). */
+static int import_old_queue(cdn_purger *p, const char *dir, br_err *err) {
+  enum { CHUNK = 1024 };
+  char path[4200];
+  struct stat st;
+  snprintf(path, sizeof path, "%s/data.mdb", dir);
+  if (stat(path, &st) < 0) return 0;
+  MDB_env *env = NULL;
+  MDB_txn *txn = NULL;
+  MDB_cursor *cur = NULL;
+  MDB_dbi dbi;
+  uint8_t(*chunk)[D] = malloc(CHUNK * sizeof *chunk);
+  size_t n = 0, total = 0;
+  int out = 0, rc = chunk ? 0 : ENOMEM;
+  if (!rc) rc = mdb_env_create(&env);
+  if (!rc) rc = mdb_env_set_mapsize(env, (size_t)1 << 30);
+  if (!rc) rc = mdb_env_open(env, dir, MDB_NOTLS, 0600);
+  if (!rc) rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn);
+  if (!rc) rc = mdb_dbi_open(txn, NULL, 0, &dbi);
+  if (!rc) rc = mdb_cursor_open(txn, dbi, &cur);
+  MDB_val k, v;
+  for (int op = MDB_FIRST; !rc && !out; op = MDB_NEXT) {
+    rc = mdb_cursor_get(cur, &k, &v, op);
+    if (!rc && k.mv_size == 1 + D) memcpy(chunk[n++], (uint8_t *)k.mv_data + 1, D);
+    if (n && (n == CHUNK || rc)) {
+      out = br_index_queue_purges(p->index, (const uint8_t(*)[D])chunk, n, err) < 0 ? -1 : 0;
+      total += n;
+      n = 0;
+    }
+  }
+  if (rc == MDB_NOTFOUND) rc = 0;
+  if (cur) mdb_cursor_close(cur);
+  if (txn) mdb_txn_abort(txn);
+  if (env) mdb_env_close(env);
+  free(chunk);
+  if (rc && !out) out = lmdb_err(err, dir, rc);
+  if (out) return -1;
+  if (unlink(path) < 0 && errno != ENOENT)
+    return br_fail(err, "cdn purge queue: remove %s: %s", path, strerror(errno));
+  snprintf(path, sizeof path, "%s/lock.mdb", dir);
+  unlink(path);
+  rmdir(dir);
+  br_info("cdn purge: %zu pending purge(s) moved from %s into the index", total, dir);
+  return 0;
+}
+
+cdn_purger *cdn_purger_open(const br_config *cfg, br_index *index, const char *old_dir,
+                            br_err *err) {
   cdn_purger *p = calloc(1, sizeof *p);
   if (!p) {
     br_fail(err, "out of memory");
     return NULL;
   }
   p->cfg = cfg;
+  p->index = index;
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->cv, NULL);
-  if (cfg->ncdns == 0) return p; /* nothing to purge */
-  MDB_txn *txn = NULL;
-  int rc;
-  if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-    br_fail(err, "cdn purge queue: mkdir %s: %s", dir, strerror(errno));
-    free(p);
-    return NULL;
-  }
-  if ((rc = mdb_env_create(&p->env)) || (rc = mdb_env_set_mapsize(p->env, (size_t)1 << 30)) ||
-      (rc = mdb_env_open(p->env, dir, MDB_NOTLS, 0600)) ||
-      (rc = mdb_txn_begin(p->env, NULL, 0, &txn)) || (rc = mdb_dbi_open(txn, NULL, 0, &p->dbi)) ||
-      (rc = mdb_txn_commit(txn))) {
-    if (txn && rc) mdb_txn_abort(txn);
-    lmdb_err(err, dir, rc);
-    if (p->env) mdb_env_close(p->env);
-    free(p);
-    return NULL;
-  }
-  atomic_store(&p->pending, count_pending(p));
+  br_err ierr;
+  if (import_old_queue(p, old_dir, &ierr) < 0)
+    br_error("%s (the old queue stays; moved at the next start)", ierr.msg);
   if (pthread_create(&p->thread, NULL, sender_main, p)) {
-    mdb_env_close(p->env);
     free(p);
     br_fail(err, "cannot start the cdn purge thread");
     return NULL;
@@ -202,33 +217,15 @@ void cdn_purger_close(cdn_purger *p) {
     pthread_mutex_unlock(&p->lock);
     pthread_join(p->thread, NULL);
   }
-  if (p->env) mdb_env_close(p->env);
   free(p);
 }
 
-int cdn_purge_enqueue(cdn_purger *p, const uint8_t digest[D], br_err *err) {
-  if (!p || !p->env) return 0;
-  MDB_txn *txn;
-  int rc = mdb_txn_begin(p->env, NULL, 0, &txn);
-  if (rc) return lmdb_err(err, "begin", rc);
-  for (int i = 0; i < p->cfg->ncdns && rc == 0; i++) {
-    uint8_t key[1 + D];
-    key[0] = (uint8_t)i;
-    memcpy(key + 1, digest, D);
-    struct entry_val ev = {0, 0};
-    MDB_val k = {sizeof key, key}, v = {sizeof ev, &ev};
-    rc = mdb_put(txn, p->dbi, &k, &v, 0);
-  }
-  if (rc) {
-    mdb_txn_abort(txn);
-    return lmdb_err(err, "put", rc);
-  }
-  if ((rc = mdb_txn_commit(txn))) return lmdb_err(err, "commit", rc);
+void cdn_purger_kick(cdn_purger *p) {
+  if (!p) return;
   pthread_mutex_lock(&p->lock);
   p->kick = 1;
   pthread_cond_signal(&p->cv);
   pthread_mutex_unlock(&p->lock);
-  return 0;
 }
 
 void cdn_purger_stats(cdn_purger *p, cdn_purge_stats *out) {
@@ -236,5 +233,7 @@ void cdn_purger_stats(cdn_purger *p, cdn_purge_stats *out) {
   if (!p) return;
   out->sent = atomic_load(&p->sent);
   out->failed = atomic_load(&p->failed);
-  out->pending = atomic_load(&p->pending);
+  br_index_stats st;
+  br_index_get_stats(p->index, &st);
+  out->pending = st.purges_pending;
 }

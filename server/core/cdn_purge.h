@@ -1,20 +1,24 @@
 /* Private to the daemon: purges at the configured CDNs ([cdn NAME]) when a blob stops being
- * servable (quarantined, deleted), from a durable queue (LMDB under DATA_DIR/purge) that a
- * sender thread drains with retries, so that a restart never forgets a pending purge. */
+ * servable (quarantined, held, deleted, moved). The purges are pending in the index (written in
+ * the same transaction as the change that made them due), and a sender thread sends them with
+ * retries, so that neither a crash nor a restart ever loses one. */
 #ifndef BLOBREF_CDN_PURGE_H
 #define BLOBREF_CDN_PURGE_H
 
 #include "blobref/config.h"
+#include "blobref/index.h"
 
 typedef struct cdn_purger cdn_purger;
 
-/* Opens the queue under dir and starts the sender; NULL with err on failure. With no [cdn]
- * configured it returns a purger that queues nothing. */
-cdn_purger *cdn_purger_open(const br_config *cfg, const char *dir, br_err *err);
-void cdn_purger_close(cdn_purger *p); /* NULL allowed; pending purges stay queued */
+/* Starts the sender over index's pending purges (borrowed: it must outlive the purger). An old
+ * purge queue (an LMDB environment in old_dir, from before the index held them) is moved into
+ * the index first, once, and removed. NULL with err on failure. */
+cdn_purger *cdn_purger_open(const br_config *cfg, br_index *index, const char *old_dir,
+                            br_err *err);
+void cdn_purger_close(cdn_purger *p); /* NULL allowed; pending purges stay in the index */
 
-/* Queues a purge of digest at every CDN, durably. Returns 0 or -1 + err. */
-int cdn_purge_enqueue(cdn_purger *p, const uint8_t digest[BR_SHA256_LEN], br_err *err);
+/* Wakes the sender: a change has just queued a purge. NULL allowed. */
+void cdn_purger_kick(cdn_purger *p);
 
 typedef struct cdn_purge_stats {
   uint64_t sent, failed, pending;

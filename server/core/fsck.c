@@ -192,7 +192,7 @@ int br_rebuild_index(br_config *cfg) {
   }
   if (br_server_open(srv, cfg, BR_OPEN_REBUILD, &err) < 0) {
     fprintf(stderr, "blobrefd: %s%s\n", err.msg,
-            srv->index ? "" : " (move a damaged index away and run again)");
+            srv->data_locked && !srv->index ? " (move a damaged index away and run again)" : "");
     br_server_close(srv);
     return 2;
   }

@@ -1,7 +1,11 @@
 /* The core's lifetime: opens index and stores, and starts and stops the background services
  * (purge queue, store health, reconcile runner, drain) in one order. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include "core/blobcache.h"
 #include "core/cdn_purge.h"
@@ -9,13 +13,43 @@
 #include "core/reconcile_runner.h"
 #include "core/server.h"
 
+/* Takes flock(LOCK_EX | LOCK_NB) on DATA_DIR/lock and writes our pid into it (for the next one's
+ * message). -1 with err when the file cannot be opened or another process holds the lock. */
+static int lock_data_dir(br_server *srv, const char *data_dir, br_err *err) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/lock", data_dir);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return br_fail(err, "cannot open %s: %s", path, strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    int e = errno;
+    char holder[32] = "";
+    ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+    holder[n > 0 ? n : 0] = '\0';
+    holder[strcspn(holder, "\n")] = '\0';
+    close(fd);
+    if (e == EWOULDBLOCK)
+      return br_fail(err, "data directory %s is in use by another blobrefd (pid %s holds %s)",
+                     data_dir, holder[0] ? holder : "unknown", path);
+    return br_fail(err, "cannot lock %s: %s", path, strerror(e));
+  }
+  char pid[32];
+  int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)len, 0) != len)
+    br_warn("cannot write the pid into %s: %s", path, strerror(errno));
+  srv->data_lock_fd = fd;
+  srv->data_locked = 1;
+  return 0;
+}
+
 int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_err *err) {
   srv->cfg = cfg;
+  if (mode != BR_OPEN_CHECK && lock_data_dir(srv, cfg->data_dir, err) < 0) return -1;
   char dir[4096];
   snprintf(dir, sizeof dir, "%s/index", cfg->data_dir);
   br_index_options opt = {.map_size = cfg->index_map_size,
                           .batch_max = mode == BR_OPEN_SERVE ? (unsigned)cfg->index_batch_max : 1,
-                          .read_only = mode == BR_OPEN_CHECK};
+                          .read_only = mode == BR_OPEN_CHECK,
+                          .queue_purges = mode != BR_OPEN_CHECK && cfg->ncdns > 0};
   int read_only = mode != BR_OPEN_SERVE;
   srv->index = br_index_open(dir, &opt, err);
   if (!srv->index) return -1;
@@ -38,6 +72,8 @@ void br_server_close(br_server *srv) {
   srv->index = NULL;
   for (int i = 0; i < srv->nstores; i++) br_store_close(srv->stores[i]);
   srv->nstores = 0;
+  if (srv->data_locked) close(srv->data_lock_fd); /* releases the flock */
+  srv->data_locked = 0;
 }
 
 int br_server_start(br_server *srv, br_err *err) {
@@ -45,7 +81,7 @@ int br_server_start(br_server *srv, br_err *err) {
   for (int i = 0; i < BLOB_LOCKS; i++) pthread_mutex_init(&srv->blob_locks[i], NULL);
   char pdir[4200];
   snprintf(pdir, sizeof pdir, "%s/purge", srv->cfg->data_dir);
-  srv->purger = cdn_purger_open(srv->cfg, pdir, err);
+  srv->purger = cdn_purger_open(srv->cfg, srv->index, pdir, err);
   if (!srv->purger) return -1;
   if (br_server_health_start(srv, err) < 0) return -1;
   if (reconcile_runner_start(srv, err) < 0) return -1;

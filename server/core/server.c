@@ -25,8 +25,7 @@ void br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], in
 
 void br_server_blob_gone(br_server *srv, const uint8_t digest[BR_SHA256_LEN]) {
   if (srv->cache) blobcache_remove(srv->cache, digest);
-  br_err err;
-  if (cdn_purge_enqueue(srv->purger, digest, &err) < 0) br_error("%s", err.msg);
+  cdn_purger_kick(srv->purger); /* the change queued the purge in its own transaction */
 }
 
 void br_server_store_error(br_server *srv, const br_store *store, enum store_op op) {

@@ -28,8 +28,10 @@ typedef struct br_server br_server;
  * br_server_store_health holds for a read of the figures only. The purge queue (cdn_purge) has
  * its own lock taken last, after the stripe has been released. */
 struct br_server {
-  br_config *cfg;  /* borrowed from the daemon: lives as long as the process */
-  br_index *index; /* owned: br_server_open ... br_server_close */
+  br_config *cfg;   /* borrowed from the daemon: lives as long as the process */
+  br_index *index;  /* owned: br_server_open ... br_server_close */
+  int data_lock_fd; /* DATA_DIR/lock under flock(LOCK_EX) when data_locked, else unused */
+  int data_locked;
   br_store *stores[BR_MAX_STORES];
   int nstores;
   br_store *upload_store;  /* one of stores[] */
@@ -56,7 +58,11 @@ struct br_server {
  * --rebuild-index (stores read-only, the index written one record per commit). */
 enum br_open_mode { BR_OPEN_SERVE, BR_OPEN_CHECK, BR_OPEN_REBUILD };
 /* Opens the index (DATA_DIR/index) and the stores of cfg and, to serve, allocates the small-blob
- * cache. Returns -1 with err; br_server_close undoes what was done. */
+ * cache. To serve and to rebuild it first takes flock(LOCK_EX | LOCK_NB) on DATA_DIR/lock (held
+ * until br_server_close), so that only one process ever writes a data directory: -1 with err
+ * naming the holder's pid when another has it (srv->data_locked stays 0). --fsck takes no lock:
+ * it only reads, beside a running server. Returns -1 with err; br_server_close undoes what was
+ * done. */
 int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_err *err);
 void br_server_close(br_server *srv);
 

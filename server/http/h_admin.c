@@ -13,11 +13,12 @@ static enum MHD_Result change_state(struct request *req, enum br_change_kind kin
   if (kind == BR_CHANGE_HOLD) {
     reason = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "reason");
     if (!reason || !*reason) reason = "quarantined by an admin";
-    if (strlen(reason) > BR_MAX_REASON)
-      return reply_error(req, E_BAD_REQUEST, "reason is over %d bytes", BR_MAX_REASON);
-    for (const char *p = reason; *p; p++)
-      if ((unsigned char)*p < 0x20 || *p == 0x7f)
-        return reply_error(req, E_BAD_REQUEST, "reason must not contain control characters");
+    const char *why = br_header_text_check(reason, BR_MAX_REASON); /* echoed in replies, logs */
+    if (why)
+      return reply_error(req, E_BAD_REQUEST,
+                         "reason: %s (at most %d bytes, no control "
+                         "characters)",
+                         why, BR_MAX_REASON);
   }
   br_change ch = {.kind = kind, .reason = reason};
   memcpy(ch.digest, req->digest, BR_SHA256_LEN);

@@ -35,14 +35,9 @@ static enum MHD_Result answer_dedup(struct request *req, const br_record *rec) {
 static enum MHD_Result upload_begin_common(struct request *req) {
   const char *ct = header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
   if (!ct || !*ct) ct = "application/octet-stream";
-  size_t ctlen = strlen(ct);
-  if (ctlen > BR_MAX_CONTENT_TYPE)
-    return reply_error(req, E_BAD_CONTENT_TYPE, "Content-Type is over %d bytes",
-                       BR_MAX_CONTENT_TYPE);
-  for (size_t i = 0; i < ctlen; i++)
-    if ((unsigned char)ct[i] < 0x20 || (unsigned char)ct[i] > 0x7e)
-      return reply_error(req, E_BAD_CONTENT_TYPE, "Content-Type must be printable ASCII");
-  memcpy(req->content_type, ct, ctlen + 1);
+  const char *why = br_header_content_type_check(ct); /* it is sent back with every read */
+  if (why) return reply_error(req, E_BAD_CONTENT_TYPE, "Content-Type: %s", why);
+  memcpy(req->content_type, ct, strlen(ct) + 1);
 
   req->declared_length = UINT64_MAX;
   const char *cl = header(req, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -137,6 +132,7 @@ int upload_body(struct request *req, const char *data, size_t len) {
       request_free_upload(req);
       return -1;
     }
+    if (br_store_write_backlogged(req->writer, 0)) request_wait_spool(req); /* S3 is behind */
   }
   return 0;
 }
@@ -227,7 +223,9 @@ enum MHD_Result blob_get(struct request *req) {
       !(br_store_unavailable(store) && blob_cached(req))) {
     char url[4096];
     uint64_t valid_ms;
-    int u = br_store_redirect_url(store, loc->key, url, sizeof url, &valid_ms, &err);
+    /* an active type goes where the answer is a download, or is proxied with our headers */
+    int attachment = !br_content_type_is_passive(blob_content_type(&rec));
+    int u = br_store_redirect_url(store, loc->key, attachment, url, sizeof url, &valid_ms, &err);
     if (u == 0) return reply_redirect(req, url, valid_ms);
     if (u < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
   }

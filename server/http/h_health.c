@@ -6,19 +6,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blobref/version.h"
 #include "core/cdn_purge.h"
 #include "core/reconcile_runner.h"
 #include "http/handlers.h"
+#include "http/ops.h"
 
 enum MHD_Result health_get(struct request *req) {
-  return reply_json(req, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
+  return reply_json(req, MHD_HTTP_OK,
+                    json_pack("{s:s, s:s}", "status", "ok", "version", BLOBREF_VERSION));
 }
 
 enum MHD_Result ready_get(struct request *req) {
   if (!atomic_load(&req->http->ready)) return reply_error(req, E_NOT_READY, "starting or stopping");
   char msg[sizeof(br_err)];
-  if (br_server_store_health(req->srv, msg, sizeof msg) < 0)
+  if (br_server_store_health(req->srv, msg, sizeof msg) < 0) {
+    /* which store failed and why is a detail for /metrics' readers (private_metrics) */
+    if (ops_metrics_access(req) != E__COUNT)
+      return reply_error(req, E_NOT_READY, "a store is unavailable");
     return reply_error(req, E_NOT_READY, "%s", msg);
+  }
   return reply_json(req, MHD_HTTP_OK, json_pack("{s:s}", "status", "ready"));
 }
 
@@ -112,6 +119,13 @@ static void census_refresh(struct request *req) {
 enum MHD_Result metrics_get(struct request *req) {
   br_server *srv = req->srv;
   br_http *http = req->http;
+  if (req->phase != PHASE_RESUMED) {
+    enum br_api_error denied = ops_metrics_access(req);
+    if (denied != E__COUNT)
+      return reply_error(req, denied,
+                         denied == E_FORBIDDEN ? "/metrics needs the metrics or admin scope"
+                                               : "/metrics needs a bearer token (private_metrics)");
+  }
   int stale;
   struct census census = census_now(&stale);
   if (stale && req->phase != PHASE_RESUMED) {
@@ -120,6 +134,10 @@ enum MHD_Result metrics_get(struct request *req) {
   }
   if (req->phase == PHASE_RESUMED) census = census_now(&stale);
   struct text t = {0};
+  appendf(&t,
+          "# HELP blobref_build_info The running version (always 1).\n"
+          "# TYPE blobref_build_info gauge\nblobref_build_info{version=\"%s\"} 1\n",
+          BLOBREF_VERSION);
   appendf(&t,
           "# HELP blobref_http_requests_total HTTP requests answered, by route and status "
           "class.\n# TYPE blobref_http_requests_total counter\n");
@@ -217,6 +235,10 @@ enum MHD_Result metrics_get(struct request *req) {
           atomic_load(&http->json_refused), atomic_load(&http->slow_cut[0]),
           atomic_load(&http->slow_cut[1]));
   appendf(&t,
+          "# HELP blobref_spool_bytes Upload bytes spooled for S3 and not yet sent.\n"
+          "# TYPE blobref_spool_bytes gauge\nblobref_spool_bytes %" PRIu64 "\n",
+          br_store_spooled_bytes());
+  appendf(&t,
           "# HELP blobref_received_bytes_total Upload body bytes received.\n"
           "# TYPE blobref_received_bytes_total counter\nblobref_received_bytes_total %" PRIu64
           "\n"
@@ -243,11 +265,15 @@ enum MHD_Result metrics_get(struct request *req) {
           "blobref_index_record_cache_total{result=\"hit\"} %" PRIu64
           "\nblobref_index_record_cache_total{result=\"miss\"} %" PRIu64
           "\n"
+          "# HELP blobref_index_stale_readers_total Index reader slots of dead processes cleared "
+          "(mdb_reader_check).\n# TYPE blobref_index_stale_readers_total counter\n"
+          "blobref_index_stale_readers_total %" PRIu64
+          "\n"
           "# HELP blobref_start_time_seconds When the server started, in seconds since the "
           "epoch.\n"
           "# TYPE blobref_start_time_seconds gauge\nblobref_start_time_seconds %" PRIu64 "\n",
           atomic_load(&http->bytes_in), atomic_load(&http->bytes_out), is.commits, is.ops,
-          is.entries, is.map_size, is.map_used, is.cache_hits, is.cache_misses,
+          is.entries, is.map_size, is.map_used, is.cache_hits, is.cache_misses, is.stale_readers,
           srv->started_ms / 1000);
   appendf(&t,
           "# HELP blobref_index_blobs Blobs in the index by state (refreshed at most every "

@@ -162,6 +162,7 @@ enum MHD_Result import_post(struct request *req) {
     if (!ct || !*ct) ct = "application/octet-stream";
     snprintf(it->result, sizeof it->result, "error");
     br_location *l = &it->rec.locations[0];
+    uint8_t named[BR_SHA256_LEN];
     if (key) snprintf(l->key, sizeof l->key, "%s", key);
     if (!hex || br_blob_id_parse(hex, strlen(hex), it->digest) < 0) {
       snprintf(it->message, sizeof it->message, "sha256 must be 64 hex digits");
@@ -171,8 +172,15 @@ enum MHD_Result import_post(struct request *req) {
       snprintf(it->message, sizeof it->message, "no store named %s", store ? store : "(none)");
     } else if (!key || strlen(key) > BR_MAX_KEY || br_store_key_valid(key) < 0) {
       snprintf(it->message, sizeof it->message, "not a valid object key");
-    } else if (strlen(ct) > BR_MAX_CONTENT_TYPE) {
-      snprintf(it->message, sizeof it->message, "content_type is too long");
+    } else if (br_store_default_key_digest(br_server_store(req->srv, store), key, named) == 0 &&
+               memcmp(named, it->digest, BR_SHA256_LEN)) {
+      /* the place an upload of that other blob writes to: its bytes would replace these */
+      snprintf(it->result, sizeof it->result, "key_in_use");
+      snprintf(it->message, sizeof it->message, "the key is the default key of another blob");
+      br_warn("import: %s:%s refused: the default key of another blob", store, key);
+    } else if (br_header_content_type_check(ct)) { /* sent back in every read's headers */
+      snprintf(it->message, sizeof it->message, "bad_content_type: %s",
+               br_header_content_type_check(ct));
     } else if ((uint64_t)json_integer_value(size) > req->srv->cfg->max_blob_size) {
       snprintf(it->message, sizeof it->message, "over max_blob_size");
     } else {
@@ -184,6 +192,7 @@ enum MHD_Result import_post(struct request *req) {
       snprintf(l->store, sizeof l->store, "%s", store);
       l->role = BR_ROLE_PRIMARY;
     }
+    if (!it->ok) br_info("POST /v1/import: blob %zu refused: %s", i, it->message);
   }
   json_decref(root);
   req->job_fn = import_run;

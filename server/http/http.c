@@ -87,6 +87,27 @@ static enum MHD_Result add_arg_size(void *cls, enum MHD_ValueKind kind, const ch
  * the connection times out. on_uri counts them first and drops the query when there are more. */
 #define MAX_QUERY_ARGS 64
 
+/* The query's argument names seen so far, to find one given twice (?dry_run=1&dry_run=0 must not
+ * mean whichever a handler happens to read). Borrowed from libmicrohttpd for the request. */
+struct arg_scan {
+  const char *names[MAX_QUERY_ARGS];
+  size_t n;
+  const char *repeated; /* the first name given twice, or NULL */
+};
+
+static enum MHD_Result scan_arg_names(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value) {
+  (void)kind, (void)value;
+  struct arg_scan *as = cls;
+  for (size_t i = 0; i < as->n; i++)
+    if (!strcmp(as->names[i], key)) {
+      as->repeated = key;
+      return MHD_NO;
+    }
+  if (as->n < MAX_QUERY_ARGS) as->names[as->n++] = key; /* on_uri keeps there no more */
+  return MHD_YES;
+}
+
 /* RFC 9110 5.6.2: the characters of a token (what a field name must consist of). */
 static int is_tchar(unsigned char c) {
   return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z') ||
@@ -193,6 +214,13 @@ static enum MHD_Result start_request(struct request *req, const char *url, const
   MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, add_arg_size, &target_len);
   if (target_len > cfg->max_url_length)
     return early_error(req, has_body, E_URL_TOO_LONG, "the URL is too long");
+  struct arg_scan as = {.n = 0};
+  MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, scan_arg_names, &as);
+  if (as.repeated) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "query parameter '%.60s' is given more than once", as.repeated);
+    return early_error(req, has_body, E_BAD_REQUEST, msg);
+  }
   if (!strcmp(version, MHD_HTTP_VERSION_1_1) &&
       !MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST))
     return early_error(req, has_body, E_BAD_REQUEST, "HTTP/1.1 requests need a Host header");
@@ -473,6 +501,7 @@ int br_http_start(br_http *http, br_server *srv, br_err *err) {
   if (ops_start(http, err) < 0) return -1;
   if (proxy_engine_start(http, err) < 0) return -1;
   if (request_finishers_start(http, err) < 0) return -1;
+  if (request_spool_start(http, err) < 0) return -1;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   unsigned threads = cfg->threads ? (unsigned)cfg->threads : (unsigned)(cores > 0 ? cores : 1);
   http->daemon = start_daemon(http, cfg->listen, *cfg->tls_cert != '\0', threads, err);
@@ -503,6 +532,8 @@ void br_http_stop(br_http *http) {
     if (cut > 0)
       br_warn("stopping: cutting %d request(s) still in progress after %llu ms", cut,
               (unsigned long long)cfg->shutdown_timeout_ms);
+    /* Uploads paused for their S3 spool go on (unpaused: the spool caps still hold) */
+    request_spool_stop(http);
     /* Uploads that complete their body from now on get 503; those already with a finisher
      * complete (bounded by one fsync and one index commit each). libmicrohttpd must not be
      * stopped while a connection is suspended. */
@@ -526,7 +557,8 @@ void br_http_stop(br_http *http) {
     http->daemon_plain = NULL;
   }
   request_finishers_stop(http);
-  proxy_engine_stop(http); /* when the daemon never started */
+  request_spool_stop(http); /* when the daemon never started */
+  proxy_engine_stop(http);  /* when the daemon never started */
   ops_stop(http);
   tls_unload();
 }

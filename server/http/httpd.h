@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "blobref/config.h"
+#include "blobref/header.h"
 #include "blobref/index.h"
 #include "blobref/store.h"
 #include "core/server.h"
@@ -41,6 +42,7 @@ enum br_api_error {
   E_FORBIDDEN,
   E_NOT_READY,
   E_TRY_AGAIN,
+  E_SPOOL_FULL,
   E_STORE_UNAVAILABLE,
   E_STORE_ERROR,
   E_RECONCILE_RUNNING,
@@ -139,13 +141,15 @@ struct request {
   void (*job_fn)(struct request *req); /* JOB_CALL: run on a finisher thread */
   void *job_data;                      /* owned by the route; freed (free()) on completion */
   struct request *next_job;            /* finisher queue link */
+  struct request *next_spool;          /* paused-upload list link (request_wait_spool) */
+  int spool_paused;                    /* on that list (under http->spool_lock) */
   /* observability (http_ops.c): the access log line, the latency histogram, step timings */
   const char *path;             /* libmicrohttpd's copy of the path: valid until completion */
   uint64_t start_ns;            /* first handler call (headers complete), monotonic */
   uint64_t body_start_ns;       /* first body byte seen */
   uint64_t bytes_in, bytes_out; /* body bytes received; body bytes answered */
   enum request_outcome { OUTCOME_NONE, OUTCOME_CACHE_HIT, OUTCOME_CACHE_MISS } outcome;
-  char request_id[65];
+  char request_id[BR_MAX_REQUEST_ID + 1];
   char remote[48];
   char token_name[128];     /* the matched [token NAME], never the token */
   uint64_t json_reserved;   /* bytes of max_json_inflight this request holds */
@@ -176,6 +180,14 @@ struct br_http {
   int jobs_stopping; /* finishers exit */
   int stopping;      /* no new jobs: uploads finishing now get 503 */
   atomic_int jobs_in_flight;
+  /* uploads paused while their S3 spool drains (request_wait_spool): spool_lock guards the list
+   * and the flag; the spool thread resumes them */
+  pthread_t spool_thread;
+  int spool_thread_started;
+  pthread_mutex_t spool_lock;
+  pthread_cond_t spool_cv;
+  struct request *spool_head;
+  int spool_stopping;
   /* requests between their first handler call and completion: SIGTERM waits for these */
   atomic_int requests_in_progress;
   atomic_int draining; /* SIGTERM seen: every answer closes its connection */
@@ -209,6 +221,14 @@ void request_free_upload(struct request *req);
 /* Starts and stops the finisher threads (br_http_start, br_http_stop). */
 int request_finishers_start(br_http *http, br_err *err);
 void request_finishers_stop(br_http *http);
+/* Pauses an upload whose writer is backlogged (br_store_write_backlogged): suspends the
+ * connection until the spool thread sees the writer take bytes again. Call it from the body
+ * callback; does nothing once the front stops. */
+void request_wait_spool(struct request *req);
+/* The thread that resumes paused uploads; stopping resumes every one of them (before
+ * libmicrohttpd stops: it must not stop with a connection suspended). */
+int request_spool_start(br_http *http, br_err *err);
+void request_spool_stop(br_http *http);
 
 /* reply.c: every response goes through these. Each returns the MHD result of queueing. */
 enum MHD_Result reply_json(struct request *req, unsigned status, json_t *body); /* steals body */
@@ -217,6 +237,10 @@ enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char
 enum MHD_Result reply_response(struct request *req, unsigned status, struct MHD_Response *resp);
 /* The body of an error reply, {"error":{"code","message"}}, for a reply that adds fields. */
 json_t *error_body(enum br_api_error e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The Content-Type a blob is served with: its record's when that passes the header grammar,
+ * else application/octet-stream (a record written before the grammar, or by hand). Borrowed
+ * from rec or static. */
+const char *blob_content_type(const br_record *rec);
 /* Serves a blob's bytes (or headers only, for HEAD), honouring Range, If-Range, If-None-Match. */
 enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *store,
                            const char *key);

@@ -25,7 +25,6 @@ const double br_latency_bounds[LATENCY_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005,
 const char *const br_upload_step_names[UPLOAD_STEPS] = {"receive", "hash", "store_write",
                                                         "store_commit", "index_commit"};
 
-#define MAX_REQUEST_ID 64
 #define SWEEP_MS 250
 
 struct auth_token {
@@ -36,6 +35,7 @@ struct auth_token {
 /* Immutable once published; replaced whole on reload. */
 struct auth_table {
   unsigned anonymous;
+  int private_metrics; /* [auth] private_metrics */
   int n;
   struct auth_token t[BR_MAX_TOKENS];
 };
@@ -107,6 +107,7 @@ static struct auth_table *make_auth(const br_config *cfg) {
   struct auth_table *a = calloc(1, sizeof *a);
   if (!a) return NULL;
   a->anonymous = cfg->anonymous_scopes;
+  a->private_metrics = cfg->private_metrics;
   a->n = cfg->ntokens;
   for (int i = 0; i < cfg->ntokens; i++) {
     memcpy(a->t[i].sha256, cfg->tokens[i].sha256, BR_SHA256_LEN);
@@ -212,15 +213,6 @@ static void log_request(br_http *http, struct request *req, uint64_t duration_ns
 
 /* ---- requests -------------------------------------------------------------------------------- */
 
-static int request_id_ok(const char *v) {
-  size_t n = strlen(v);
-  if (n == 0 || n > MAX_REQUEST_ID) return 0;
-  for (const char *p = v; *p; p++)
-    if (!((*p >= '0' && *p <= '9') || ((*p | 32) >= 'a' && (*p | 32) <= 'z') || strchr("-_.:", *p)))
-      return 0;
-  return 1;
-}
-
 void ops_request_begin(struct request *req) {
   br_http *http = req->http;
   struct ops *o = http->ops;
@@ -246,7 +238,7 @@ void ops_request_begin(struct request *req) {
   }
   if (trusted) {
     const char *given = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "X-Request-Id");
-    if (given && request_id_ok(given)) {
+    if (given && br_header_request_id_ok(given)) { /* else a generated one replaces it */
       memcpy(req->request_id, given, strlen(given) + 1);
       return;
     }
@@ -272,7 +264,7 @@ void ops_request_end(struct request *req) {
 int ops_granted_scopes(struct request *req, unsigned *scopes) {
   struct auth_table *a = atomic_load(&req->http->ops->auth);
   if (a->n == 0) {
-    *scopes = BR_SCOPE_READ | BR_SCOPE_WRITE | BR_SCOPE_ADMIN;
+    *scopes = BR_SCOPE_READ | BR_SCOPE_WRITE | BR_SCOPE_ADMIN | BR_SCOPE_METRICS;
     return 0;
   }
   *scopes = a->anonymous;
@@ -298,6 +290,17 @@ int ops_granted_scopes(struct request *req, unsigned *scopes) {
   if (index < (unsigned)a->n) /* two tokens with one digest would OR their indexes */
     snprintf(req->token_name, sizeof req->token_name, "%s", a->t[index].name);
   return 0;
+}
+
+enum br_api_error ops_metrics_access(struct request *req) {
+  struct auth_table *a = atomic_load(&req->http->ops->auth);
+  if (!a->private_metrics) return E__COUNT;
+  unsigned scopes = 0;
+  if (ops_granted_scopes(req, &scopes) < 0) return E_UNAUTHORIZED;
+  if (scopes & (BR_SCOPE_METRICS | BR_SCOPE_ADMIN)) return E__COUNT;
+  return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)
+             ? E_FORBIDDEN
+             : E_UNAUTHORIZED;
 }
 
 int ops_json_reserve(struct request *req, uint64_t n) {

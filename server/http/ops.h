@@ -20,6 +20,10 @@ void ops_request_begin(struct request *req);
 void ops_request_end(struct request *req);
 /* Scopes of the request (see http.c); fills req->token_name. -1: an unknown bearer token. */
 int ops_granted_scopes(struct request *req, unsigned *scopes);
+/* May the request see /metrics and /readyz's details? E__COUNT: yes (private_metrics is off, or
+ * the token has the metrics or admin scope); else the error to answer: E_UNAUTHORIZED (no or an
+ * unknown token), E_FORBIDDEN (a token without either scope). */
+enum br_api_error ops_metrics_access(struct request *req);
 /* Takes n more bytes of the global JSON budget for req. -1 when it would go over. */
 int ops_json_reserve(struct request *req, uint64_t n);
 void ops_json_release(struct request *req);

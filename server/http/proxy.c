@@ -21,6 +21,8 @@ struct segment {
   enum seg_kind kind;
   size_t lit_off, lit_len; /* into job->lits */
   uint64_t first, len;     /* remote bytes */
+  int joins;               /* remote: read by the transfer of the remote segment before */
+  uint64_t gap;            /* joins: bytes dropped between that segment's end and first */
 };
 
 struct proxy_job {
@@ -31,6 +33,7 @@ struct proxy_job {
   size_t nsegs, seg; /* segments, and the one being produced (engine side) */
   size_t lit_done;   /* bytes of the current literal already in the ring */
   uint64_t seg_got;  /* bytes of the current remote segment received */
+  uint64_t gap_left; /* bytes still to drop before the current remote segment's */
   char *lits;
   /* the ring: bytes [head, head + len) modulo cap */
   char *ring;
@@ -185,25 +188,78 @@ static int verified_chunk(struct proxy_job *j, const char *data, size_t n) {
   return 0;
 }
 
+/* Walks n bytes of the transfer from the job's position without changing anything: the bytes
+ * they put into the ring (the segments' bytes, and the literals between segments read by the
+ * same transfer). -1 when they run past the last segment the transfer was asked for. */
+static int64_t route_size(const struct proxy_job *j, size_t n) {
+  size_t k = j->seg;
+  uint64_t got = j->seg_got, gap = j->gap_left, ring = 0;
+  while (n) {
+    uint64_t take;
+    if (gap) {
+      take = gap < n ? gap : n;
+      gap -= take;
+    } else if (got < j->segs[k].len) {
+      take = j->segs[k].len - got < n ? j->segs[k].len - got : n;
+      got += take;
+      ring += take;
+    } else {
+      size_t next = k + 1;
+      while (next < j->nsegs && j->segs[next].kind == SEG_LITERAL) ring += j->segs[next++].lit_len;
+      if (next >= j->nsegs || !j->segs[next].joins) return -1;
+      k = next;
+      got = 0;
+      gap = j->segs[k].gap;
+      continue;
+    }
+    n -= (size_t)take;
+  }
+  return (int64_t)ring;
+}
+
+/* Moves n bytes of the transfer into the ring as route_size measured them (room checked). */
+static void route_put(struct proxy_job *j, const char *data, size_t n) {
+  while (n) {
+    struct segment *s = &j->segs[j->seg];
+    size_t take;
+    if (j->gap_left) {
+      take = j->gap_left < n ? (size_t)j->gap_left : n;
+      j->gap_left -= take;
+    } else if (j->seg_got < s->len) {
+      take = s->len - j->seg_got < n ? (size_t)(s->len - j->seg_got) : n;
+      ring_put(j, data, take);
+      j->seg_got += take;
+    } else {
+      while (j->segs[++j->seg].kind == SEG_LITERAL)
+        ring_put(j, j->lits + j->segs[j->seg].lit_off, j->segs[j->seg].lit_len);
+      j->seg_got = 0;
+      j->gap_left = j->segs[j->seg].gap;
+      continue;
+    }
+    data += take;
+    n -= take;
+  }
+}
+
 static size_t on_origin_body(char *data, size_t size, size_t nmemb, void *ud) {
   struct proxy_job *j = ud;
   size_t n = size * nmemb;
   pthread_mutex_lock(&j->lock);
   size_t rc = n;
+  int64_t need = j->failed || j->status < 200 || j->status > 206 ? 0 : route_size(j, n);
   if (j->failed || j->status < 200 || j->status > 206) {
     rc = 0; /* stop the transfer */
-  } else if (j->seg_got + n > j->segs[j->seg].len) {
+  } else if (need < 0) {
     fail(j, "the origin sent more bytes than asked for");
     rc = 0;
-  } else if (ring_room(j) < n) {
+  } else if (ring_room(j) < (size_t)need) {
     j->paused = 1;
     rc = CURL_WRITEFUNC_PAUSE;
   } else if (j->verify && !verified_chunk(j, data, n)) {
     fail(j, "the bytes do not match the blob's SHA-256");
     rc = 0;
   } else {
-    ring_put(j, data, n);
-    j->seg_got += n;
+    route_put(j, data, n);
     wake(j);
   }
   pthread_mutex_unlock(&j->lock);
@@ -231,9 +287,15 @@ static void pump(struct proxy_engine *e, struct proxy_job *j) {
       continue;
     }
     CURL *h = curl_easy_init();
+    /* one request for this segment and the remote segments that join it */
+    uint64_t last = s->first + s->len - 1;
+    for (size_t k = j->seg + 1; k < j->nsegs; k++)
+      if (j->segs[k].kind == SEG_REMOTE) {
+        if (!j->segs[k].joins) break;
+        last = j->segs[k].first + j->segs[k].len - 1;
+      }
     char range[96];
-    snprintf(range, sizeof range, "Range: bytes=%" PRIu64 "-%" PRIu64, s->first,
-             s->first + s->len - 1);
+    snprintf(range, sizeof range, "Range: bytes=%" PRIu64 "-%" PRIu64, s->first, last);
     curl_slist_free_all(j->headers);
     j->headers = curl_slist_append(NULL, range);
     if (!h || !j->headers) {
@@ -257,6 +319,7 @@ static void pump(struct proxy_engine *e, struct proxy_job *j) {
     j->easy = h;
     j->status = 0;
     j->seg_got = 0;
+    j->gap_left = 0;
     curl_multi_add_handle(e->multi, h);
     return;
   }
@@ -440,13 +503,21 @@ int proxy_start(struct request *req, const char *url, const struct proxy_part *p
   snprintf(j->url, sizeof j->url, "%s", url);
   j->cap = cap ? cap : 1;
   size_t lo = 0;
+  const struct segment *prev_remote = NULL;
   for (size_t i = 0; i < n; i++) {
     if (parts[i].literal_len) {
       memcpy(j->lits + lo, parts[i].literal, parts[i].literal_len);
-      j->segs[j->nsegs++] = (struct segment){SEG_LITERAL, lo, parts[i].literal_len, 0, 0};
+      j->segs[j->nsegs++] = (struct segment){SEG_LITERAL, lo, parts[i].literal_len, 0, 0, 0, 0};
       lo += parts[i].literal_len;
     } else if (parts[i].len) {
-      j->segs[j->nsegs++] = (struct segment){SEG_REMOTE, 0, 0, parts[i].first, parts[i].len};
+      struct segment seg = {SEG_REMOTE, 0, 0, parts[i].first, parts[i].len, 0, 0};
+      uint64_t prev_end = prev_remote ? prev_remote->first + prev_remote->len : 0;
+      if (parts[i].joins && prev_remote && parts[i].first >= prev_end) {
+        seg.joins = 1;
+        seg.gap = parts[i].first - prev_end;
+      }
+      j->segs[j->nsegs] = seg;
+      prev_remote = &j->segs[j->nsegs++];
     }
   }
   if (whole_blob_of && n == 1 && !parts[0].literal_len && parts[0].first == 0) {

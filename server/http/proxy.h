@@ -9,11 +9,14 @@ int proxy_engine_start(br_http *http, br_err *err);
 /* Fails every proxied read in progress (their connections resume) and stops the loop. */
 void proxy_engine_stop(br_http *http);
 /* One piece of a proxied body: literal bytes (literal_len > 0), or len bytes of the object from
- * first. */
+ * first. A remote piece with joins = 1 is read by the same upstream request as the remote piece
+ * before it (which must end before first; the bytes between are read and dropped): a plan from
+ * br_range_plan. */
 struct proxy_part {
   const char *literal;
   size_t literal_len;
   uint64_t first, len;
+  int joins;
 };
 /* Starts fetching the pieces from url and suspends req; the route's finish handler runs again
  * (PHASE_RESUMED, req->proxy set) once the origin answered (collect = 0) or the whole body is

@@ -1,4 +1,5 @@
-/* Range header parsing per RFC 9110 14.1-14.2: bytes=first-last, first-, -suffix, lists. */
+/* Range header parsing per RFC 9110 14.1-14.2: bytes=first-last, first-, -suffix, lists; and the
+ * plan of upstream reads that serves a list of ranges. */
 #include "blobref/range.h"
 
 #include <string.h>
@@ -78,4 +79,22 @@ enum br_range_result br_range_parse(const char *header, uint64_t size, br_byte_r
   if (count == 0) return BR_RANGE_UNSATISFIABLE;
   *n = count;
   return BR_RANGE_OK;
+}
+
+enum br_range_plan_kind br_range_plan(const br_byte_range *ranges, size_t n, uint64_t max_gap,
+                                      size_t max_reads, unsigned char *joins, size_t *nreads) {
+  size_t reads = 0;
+  int ascending = 1;
+  for (size_t i = 0; i < n; i++) {
+    int after = i > 0 && ranges[i].first > ranges[i - 1].last;
+    ascending &= i == 0 || after;
+    joins[i] = (unsigned char)(after && ranges[i].first - ranges[i - 1].last - 1 < max_gap);
+    reads += !joins[i];
+  }
+  *nreads = reads;
+  if (reads <= max_reads) return BR_PLAN_READS;
+  *nreads = 1;
+  if (!ascending) return BR_PLAN_WHOLE;
+  for (size_t i = 1; i < n; i++) joins[i] = 1;
+  return BR_PLAN_SPAN;
 }

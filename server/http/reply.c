@@ -42,6 +42,7 @@ static const struct {
     [E_FORBIDDEN] = {"forbidden", 403},
     [E_NOT_READY] = {"not_ready", 503},
     [E_TRY_AGAIN] = {"try_again", 503},
+    [E_SPOOL_FULL] = {"spool_full", 503},
     [E_STORE_UNAVAILABLE] = {"store_unavailable", 503},
     [E_STORE_ERROR] = {"store_error", 502},
     [E_RECONCILE_RUNNING] = {"reconcile_running", 409},
@@ -70,6 +71,8 @@ enum br_api_error store_error_code(int e) {
       return E_NO_SPACE;
     case EHOSTUNREACH:
       return E_STORE_UNAVAILABLE;
+    case EBUSY:
+      return E_SPOOL_FULL;
     case EPROTO:
       return E_STORE_ERROR;
     default:
@@ -153,7 +156,7 @@ enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
   }
   if (e == E_UNAUTHORIZED) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
-  if (e == E_TRY_AGAIN || e == E_NOT_READY)
+  if (e == E_TRY_AGAIN || e == E_NOT_READY || e == E_SPOOL_FULL)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
   return reply_response(req, status, resp);
 }
@@ -270,16 +273,32 @@ static int if_range_matches(const char *value, const char *etag) {
   return *value == '\0';
 }
 
-static void add_blob_headers(struct MHD_Response *resp, const br_record *rec, const char *etag,
-                             const char *repr_digest) {
+const char *blob_content_type(const br_record *rec) {
+  const char *ct = rec->content_type;
+  return ct[0] && !br_header_content_type_check(ct) ? ct : "application/octet-stream";
+}
+
+/* Stored content never runs on our origin (where the console keeps its token): no sniffing, a
+ * sandbox with nothing allowed, and anything but a passive type downloaded, not rendered. On every
+ * blob reply: 200, 206, 304, 416, HEAD, proxied, cached. */
+static void add_confinement_headers(struct MHD_Response *resp, const br_record *rec) {
+  MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+  MHD_add_response_header(resp, "Content-Security-Policy", "default-src 'none'; sandbox");
+  if (!br_content_type_is_passive(blob_content_type(rec)))
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_DISPOSITION, "attachment");
+}
+
+/* with_type 0: no Content-Type (a 304, or multipart/byteranges set by the caller). */
+static void add_blob_headers(struct MHD_Response *resp, const br_record *rec, int with_type,
+                             const char *etag, const char *repr_digest) {
+  add_confinement_headers(resp, rec);
   MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, etag);
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL,
                           "public, max-age=31536000, immutable");
   MHD_add_response_header(resp, MHD_HTTP_HEADER_ACCEPT_RANGES, "bytes");
   MHD_add_response_header(resp, "Repr-Digest", repr_digest);
-  if (rec)
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                            rec->content_type[0] ? rec->content_type : "application/octet-stream");
+  if (with_type)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, blob_content_type(rec));
 }
 
 /* A multipart/byteranges body assembled on the fly: part headers from memory, part bodies read
@@ -405,7 +424,7 @@ static struct MHD_Response *multipart_response(br_store_reader *r, const br_reco
   mp->headers = h;
   mp->nparts = n;
   snprintf(boundary, blen, "blobref-%016" PRIx64 "%08x", br_now_ms(), (unsigned)random());
-  const char *type = rec->content_type[0] ? rec->content_type : "application/octet-stream";
+  const char *type = blob_content_type(rec); /* never a CR or LF into the part headers */
   size_t used = 0;
   uint64_t pos = 0;
   for (size_t i = 0; i < n; i++) {
@@ -480,7 +499,7 @@ static enum MHD_Result finish_blob_reply(struct request *req, const br_record *r
                                          struct MHD_Response *resp, unsigned status,
                                          const br_byte_range *ranges, size_t n, const char *etag,
                                          const char *repr) {
-  add_blob_headers(resp, n > 1 ? NULL : rec, etag, repr);
+  add_blob_headers(resp, rec, n <= 1, etag, repr);
   if (status == MHD_HTTP_PARTIAL_CONTENT && n == 1) {
     char cr[80];
     snprintf(cr, sizeof cr, "bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64, ranges[0].first,
@@ -525,7 +544,7 @@ static char *multipart_framing(struct request *req, const br_record *rec,
   if (!req->boundary[0])
     snprintf(req->boundary, sizeof req->boundary, "blobref-%016" PRIx64 "%08x", br_now_ms(),
              (unsigned)random());
-  const char *type = rec->content_type[0] ? rec->content_type : "application/octet-stream";
+  const char *type = blob_content_type(rec); /* never a CR or LF into the part headers */
   for (size_t i = 0; i < n; i++) {
     int w =
         snprintf(h + used, cap - used,
@@ -544,11 +563,18 @@ static char *multipart_framing(struct request *req, const br_record *rec,
 
 /* A blob in an S3 or http store: on the first call the transfer starts and the connection is
  * suspended (small blobs are fetched whole, checked against their hash and cached); on the
- * second the origin's answer is known and the body streams through. */
+ * second the origin's answer is known and the body streams through. Several ranges are read
+ * with as few upstream requests as br_range_plan finds (never more than BR_RANGE_READS_MAX);
+ * too many unordered ones get the whole blob (200). */
 static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, br_store *store,
                                      const char *url, unsigned status, const br_byte_range *ranges,
                                      size_t n, const char *etag, const char *repr) {
   blobcache *cache = req->srv->cache;
+  unsigned char joins[BR_RANGE_MAX] = {0};
+  size_t nreads = 0;
+  if (n > 1 && br_range_plan(ranges, n, BR_RANGE_READ_GAP, BR_RANGE_READS_MAX, joins, &nreads) ==
+                   BR_PLAN_WHOLE)
+    status = MHD_HTTP_OK, n = 0;
   int cacheable = n <= 1 && rec->size <= blobcache_max_blob(cache) && rec->size > 0;
   if (cacheable) {
     cached_blob *hit = blobcache_get(cache, req->digest);
@@ -561,20 +587,20 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
     size_t np = 0;
     char *framing = NULL;
     if (cacheable || status == MHD_HTTP_OK) {
-      parts[np++] = (struct proxy_part){NULL, 0, 0, rec->size};
+      parts[np++] = (struct proxy_part){NULL, 0, 0, rec->size, 0};
     } else if (n == 1) {
       parts[np++] =
-          (struct proxy_part){NULL, 0, ranges[0].first, ranges[0].last - ranges[0].first + 1};
+          (struct proxy_part){NULL, 0, ranges[0].first, ranges[0].last - ranges[0].first + 1, 0};
     } else {
       size_t offs[BR_RANGE_MAX + 1], lens[BR_RANGE_MAX + 1];
       framing = multipart_framing(req, rec, ranges, n, offs, lens);
       if (!framing) return reply_error(req, E_INTERNAL, "out of memory");
       for (size_t i = 0; i < n; i++) {
-        parts[np++] = (struct proxy_part){framing + offs[i], lens[i], 0, 0};
-        parts[np++] =
-            (struct proxy_part){NULL, 0, ranges[i].first, ranges[i].last - ranges[i].first + 1};
+        parts[np++] = (struct proxy_part){framing + offs[i], lens[i], 0, 0, 0};
+        parts[np++] = (struct proxy_part){NULL, 0, ranges[i].first,
+                                          ranges[i].last - ranges[i].first + 1, joins[i]};
       }
-      parts[np++] = (struct proxy_part){framing + offs[n], lens[n], 0, 0};
+      parts[np++] = (struct proxy_part){framing + offs[n], lens[n], 0, 0, 0};
     }
     const char *whole = !cacheable && status == MHD_HTTP_OK ? br_store_name(store) : NULL;
     int rc = proxy_start(req, url, parts, np, cacheable, br_store_stall_ms(store), whole, &err);
@@ -663,7 +689,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     struct MHD_Response *resp =
         MHD_create_response_from_callback(rec->size, 1, no_body, NULL, NULL);
     if (!resp) return MHD_NO;
-    add_blob_headers(resp, NULL, etag, repr);
+    add_blob_headers(resp, rec, 0, etag, repr);
     return reply_response(req, MHD_HTTP_NOT_MODIFIED, resp);
   }
   const char *range = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_RANGE);
@@ -690,6 +716,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
         &req->bytes_out);
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
+    add_confinement_headers(resp, rec);
     return reply_response(req, MHD_HTTP_RANGE_NOT_SATISFIABLE, resp);
   }
 
@@ -699,7 +726,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     /* HEAD of the whole: no need to touch the store at all */
     resp = MHD_create_response_from_callback(rec->size, 1, no_body, NULL, NULL);
     if (!resp) return MHD_NO;
-    add_blob_headers(resp, rec, etag, repr);
+    add_blob_headers(resp, rec, 1, etag, repr);
     return reply_response(req, status, resp);
   }
   /* S3 and http stores are read over HTTP by the proxy loop, never on this thread */

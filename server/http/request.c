@@ -184,6 +184,74 @@ int request_finishers_start(br_http *http, br_err *err) {
   return 0;
 }
 
+void request_wait_spool(struct request *req) {
+  br_http *http = req->http;
+  pthread_mutex_lock(&http->spool_lock);
+  /* libmicrohttpd 0.9.75 may hand over the rest of its buffer before the suspension takes
+   * effect: a request already paused is not listed (nor suspended) twice */
+  if (!http->spool_stopping && http->spool_thread_started && !req->spool_paused) {
+    req->spool_paused = 1;
+    req->next_spool = http->spool_head;
+    http->spool_head = req;
+    MHD_suspend_connection(req->conn);
+    pthread_cond_signal(&http->spool_cv);
+  }
+  pthread_mutex_unlock(&http->spool_lock);
+}
+
+/* Resumes the paused uploads whose writer takes bytes again (all of them when stopping); looks
+ * every SPOOL_POLL_MS while any is paused, sleeps otherwise. A paused request is not freed
+ * (libmicrohttpd completes no suspended connection), so the list never holds a dangling one. */
+#define SPOOL_POLL_MS 20
+static void *spool_main(void *arg) {
+  br_http *http = arg;
+  pthread_mutex_lock(&http->spool_lock);
+  for (;;) {
+    int stopping = http->spool_stopping;
+    for (struct request **p = &http->spool_head; *p;) {
+      struct request *req = *p;
+      if (stopping || !br_store_write_backlogged(req->writer, 0)) {
+        *p = req->next_spool;
+        req->spool_paused = 0;
+        MHD_resume_connection(req->conn);
+      } else {
+        p = &req->next_spool;
+      }
+    }
+    if (stopping) break;
+    if (http->spool_head) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_nsec += SPOOL_POLL_MS * 1000000L;
+      if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+      pthread_cond_timedwait(&http->spool_cv, &http->spool_lock, &ts);
+    } else {
+      pthread_cond_wait(&http->spool_cv, &http->spool_lock);
+    }
+  }
+  pthread_mutex_unlock(&http->spool_lock);
+  return NULL;
+}
+
+int request_spool_start(br_http *http, br_err *err) {
+  pthread_mutex_init(&http->spool_lock, NULL);
+  pthread_cond_init(&http->spool_cv, NULL);
+  if (pthread_create(&http->spool_thread, NULL, spool_main, http))
+    return br_fail(err, "cannot start the upload spool thread");
+  http->spool_thread_started = 1;
+  return 0;
+}
+
+void request_spool_stop(br_http *http) {
+  if (!http->spool_thread_started) return;
+  pthread_mutex_lock(&http->spool_lock);
+  http->spool_stopping = 1;
+  pthread_cond_broadcast(&http->spool_cv);
+  pthread_mutex_unlock(&http->spool_lock);
+  pthread_join(http->spool_thread, NULL);
+  http->spool_thread_started = 0;
+}
+
 void request_finishers_stop(br_http *http) {
   if (!http->finishers) return;
   pthread_mutex_lock(&http->job_lock);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "blobref/orc.h"
 #include "blobref/parquet.h"
 #include "iceberg/internal.h"
 
@@ -97,7 +98,7 @@ typedef struct walk {
   idxvec *mlive;    /* per manifest: live data file indices */
   size_t mlive_cap;
   strtab files;            /* mapped live data file paths */
-  uint8_t *parquet;        /* per file: 1 if its file_format is Parquet */
+  uint8_t *parquet;        /* per file: its format (BR_ICEBERG_PARQUET, _ORC or 0) */
   int64_t *fsize, *fcount; /* per file: file_size_in_bytes and record_count from the manifest */
   size_t parquet_cap;
   size_t *mark; /* per file: last snapshot index + 1 that listed it */
@@ -152,7 +153,10 @@ static int on_entry(void *ud, const ice_entry *e, br_err *err) {
       if (!np || !nm || !ns || !nc) return br_fail(err, "out of memory");
       w->parquet_cap = ncap;
     }
-    w->parquet[fi] = e->format_len == 7 && strncasecmp(e->format, "PARQUET", 7) == 0;
+    w->parquet[fi] = e->format_len == 7 && strncasecmp(e->format, "PARQUET", 7) == 0
+                         ? BR_ICEBERG_PARQUET
+                     : e->format_len == 3 && strncasecmp(e->format, "ORC", 3) == 0 ? BR_ICEBERG_ORC
+                                                                                   : 0;
     w->fsize[fi] = e->file_size;
     w->fcount[fi] = e->record_count;
     w->mark[fi] = 0;
@@ -333,42 +337,72 @@ static int on_value(void *ud, const uint8_t *data, size_t len, int is_null) {
   return 0;
 }
 
-static int read_hashes_of(const br_iceberg_table_config *cfg, const char *path, int parquet,
+/* Parquet: reads the hash column of src into vc. -1 with err (path included) when the file or
+ * column cannot be read; otherwise the reader's result (callback codes 2/3, or -1 + bare err). */
+static int read_parquet_hashes(const br_iceberg_table_config *cfg, const char *path, br_source *src,
+                               value_ctx *vc, int *opened, br_err *err) {
+  int rc = -1;
+  br_parquet_file *pf = br_parquet_open(src, err);
+  if (!pf) return -1;
+  *opened = 1;
+  int ci = br_parquet_find_column(pf, cfg->column);
+  br_parquet_column_info info;
+  if (ci < 0) {
+    br_fail(err, "%s: no column '%s'", path, cfg->column);
+  } else if (br_parquet_column(pf, (size_t)ci, &info) != 0) {
+    br_fail(err, "%s: column '%s' is unreadable", path, cfg->column);
+  } else if (info.type != BR_PQ_BYTE_ARRAY &&
+             !(info.type == BR_PQ_FIXED_LEN_BYTE_ARRAY &&
+               (cfg->form != BR_FORM_BINARY || info.type_length == BR_SHA256_LEN))) {
+    br_fail(err, "%s: column '%s' has a physical type that cannot hold a hash in this form", path,
+            cfg->column);
+  } else {
+    rc = br_parquet_read_column_at(pf, (size_t)ci, on_value, vc, err);
+    if (rc == -1) rc = -4; /* a read error: the caller adds the path */
+  }
+  br_parquet_close(pf);
+  return rc;
+}
+
+/* ORC: as read_parquet_hashes, for a top-level string, varchar, char or binary column. */
+static int read_orc_hashes(const br_iceberg_table_config *cfg, const char *path, br_source *src,
+                           value_ctx *vc, int *opened, br_err *err) {
+  int rc = -1;
+  br_orc_file *of = br_orc_open(src, err);
+  if (!of) return -1;
+  *opened = 1;
+  int ci = br_orc_find_column(of, cfg->column);
+  if (ci < 0) {
+    br_fail(err, "%s: no column '%s'", path, cfg->column);
+  } else {
+    rc = br_orc_read_column_at(of, (size_t)ci, on_value, vc, err);
+    if (rc == -1) rc = -4;
+  }
+  br_orc_close(of);
+  return rc;
+}
+
+static int read_hashes_of(const br_iceberg_table_config *cfg, const char *path, int format,
                           br_hashset *out, br_iceberg_hash_fn fn, void *ud, br_iceberg_stats *stats,
                           br_err *err) {
-  if (!parquet)
-    return br_fail(err, "%s: live data file is not Parquet (only Parquet is read)", path);
   br_iceberg_open_fn open = cfg->open ? cfg->open : br_iceberg_open_local;
   br_source *src = open(cfg->open_ud, path, err);
   if (!src) return -1;
-  int rc = -1;
-  br_parquet_file *pf = br_parquet_open(src, err);
-  if (!pf) {
-    char tmp[sizeof err->msg];
-    snprintf(tmp, sizeof tmp, "%s", err ? err->msg : "");
-    br_fail(err, "%s: %s", path, tmp);
-    goto done;
-  }
-  int ci = br_parquet_find_column(pf, cfg->column);
-  if (ci < 0) {
-    br_fail(err, "%s: no column '%s'", path, cfg->column);
-    goto done;
-  }
-  br_parquet_column_info info;
-  if (br_parquet_column(pf, (size_t)ci, &info) != 0) {
-    br_fail(err, "%s: column '%s' is unreadable", path, cfg->column);
-    goto done;
-  }
-  int ok = info.type == BR_PQ_BYTE_ARRAY ||
-           (info.type == BR_PQ_FIXED_LEN_BYTE_ARRAY &&
-            (cfg->form != BR_FORM_BINARY || info.type_length == BR_SHA256_LEN));
-  if (!ok) {
-    br_fail(err, "%s: column '%s' has a physical type that cannot hold a hash in this form", path,
-            cfg->column);
-    goto done;
+  int rc = -1, opened = 0;
+  if (format == 0) { /* the manifest names another format: the file's magic decides */
+    uint8_t magic[4] = {0};
+    if (src->size >= 4 && src->pread(src, magic, 4, 0, err) != 0) goto done;
+    format = !memcmp(magic, "PAR1", 4)  ? BR_ICEBERG_PARQUET
+             : !memcmp(magic, "ORC", 3) ? BR_ICEBERG_ORC
+                                        : 0;
+    if (!format) {
+      br_fail(err, "%s: live data file is neither Parquet nor ORC (only those are read)", path);
+      goto done;
+    }
   }
   value_ctx vc = {out, fn, ud, stats, cfg, path, 0};
-  rc = br_parquet_read_column_at(pf, (size_t)ci, on_value, &vc, err);
+  rc = format == BR_ICEBERG_ORC ? read_orc_hashes(cfg, path, src, &vc, &opened, err)
+                                : read_parquet_hashes(cfg, path, src, &vc, &opened, err);
   if (rc == 2) {
     br_fail(err, "%s: column '%s' holds a value that is not a hash: %s", path, cfg->column,
             stats->first_invalid);
@@ -376,14 +410,15 @@ static int read_hashes_of(const br_iceberg_table_config *cfg, const char *path, 
   } else if (rc == 3 || vc.oom) {
     if (out) br_fail(err, "out of memory"); /* a callback failure left its own message */
     rc = -1;
-  } else if (rc != 0) {
+  } else if (rc == -4 || (rc == -1 && !opened)) {
     char tmp[sizeof err->msg];
     snprintf(tmp, sizeof tmp, "%s", err ? err->msg : "");
     br_fail(err, "%s: %s", path, tmp);
     rc = -1;
+  } else if (rc != 0) {
+    rc = -1;
   }
 done:
-  if (pf) br_parquet_close(pf);
   br_source_close(src);
   return rc;
 }

@@ -66,25 +66,49 @@ static br_store *bucket_store(br_iceberg_s3 *o, const char *bucket, br_err *err)
   return st;
 }
 
-br_source *br_iceberg_open_s3(void *ud, const char *path, br_err *err) {
-  br_iceberg_s3 *o = ud;
-  const char *rest = NULL;
+/* The part after "s3://" (or s3a://, s3n://), or NULL for another scheme. */
+static const char *s3_rest(const char *path) {
   static const char *const schemes[] = {"s3://", "s3a://", "s3n://"};
-  for (size_t i = 0; i < sizeof schemes / sizeof schemes[0] && !rest; i++)
-    if (!strncmp(path, schemes[i], strlen(schemes[i]))) rest = path + strlen(schemes[i]);
-  if (!rest) return br_iceberg_open_local(NULL, path, err);
+  for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
+    if (!strncmp(path, schemes[i], strlen(schemes[i]))) return path + strlen(schemes[i]);
+  return NULL;
+}
+
+/* Splits "BUCKET/KEY" into bucket (NUL-terminated) and returns KEY (NULL + err when malformed). */
+static const char *split_bucket(const char *path, const char *rest, char bucket[64], br_err *err) {
   const char *slash = strchr(rest, '/');
-  char bucket[64];
-  if (!slash || slash == rest || (size_t)(slash - rest) >= sizeof bucket || !slash[1]) {
+  if (!slash || slash == rest || (size_t)(slash - rest) >= 64 || !slash[1]) {
     br_fail(err, "%s: not s3://BUCKET/KEY", path);
     return NULL;
   }
   memcpy(bucket, rest, (size_t)(slash - rest));
   bucket[slash - rest] = '\0';
+  return slash + 1;
+}
+
+int br_iceberg_s3_list(br_iceberg_s3 *o, const char *url_prefix, br_store_list_fn fn, void *ud,
+                       br_err *err) {
+  const char *rest = s3_rest(url_prefix);
+  if (!rest) return br_fail(err, "%s: not an s3:// URL", url_prefix);
+  char bucket[64];
+  const char *key = split_bucket(url_prefix, rest, bucket, err);
+  if (!key) return -1;
+  br_store *st = bucket_store(o, bucket, err);
+  if (!st) return -1;
+  return br_store_list(st, key, fn, ud, err);
+}
+
+br_source *br_iceberg_open_s3(void *ud, const char *path, br_err *err) {
+  br_iceberg_s3 *o = ud;
+  const char *rest = s3_rest(path);
+  if (!rest) return br_iceberg_open_local(NULL, path, err);
+  char bucket[64];
+  const char *key = split_bucket(path, rest, bucket, err);
+  if (!key) return NULL;
   br_store *st = bucket_store(o, bucket, err);
   if (!st) return NULL;
   br_store_reader r;
-  int rc = br_store_open_read(st, slash + 1, &r, err);
+  int rc = br_store_open_read(st, key, &r, err);
   if (rc != 0) {
     if (rc > 0) br_fail(err, "%s: no such object", path);
     return NULL;

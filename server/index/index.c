@@ -197,8 +197,12 @@ struct rcache {
 struct br_index {
   MDB_env *env;
   MDB_dbi dbi;
-  MDB_dbi keys; /* the reverse map: SHA-256(store NUL key) -> owner digest (see KEYS_*) */
-  int has_keys; /* 0 only in a read-only open of an index not upgraded yet */
+  MDB_dbi keys;           /* the reverse map: SHA-256(store NUL key) -> owner digest (see KEYS_*) */
+  int has_keys;           /* 0 only in a read-only open of an index not upgraded yet */
+  MDB_dbi purges;         /* pending CDN purges: digest -> PURGE_VALUE bytes (see put_purge) */
+  int has_purges;         /* 0 only in a read-only open of an index from before it */
+  int queue_purges;       /* changes that make CDN copies stale queue a purge */
+  uint64_t last_purge_ns; /* the writer's: the last queued_ns given */
   unsigned writes_since_check; /* the writer's: write transactions since mdb_reader_check */
   uint64_t last_check_ns;
   atomic_uint_fast64_t stale_readers;
@@ -470,6 +474,7 @@ struct op {
   int fail_rc; /* with apply's -1: the caller's code (BR_INDEX_KEY_TAKEN), else -1 */
   br_change *change;
   br_loc_change *loc;
+  const br_purge *purge; /* settle */
   uint64_t now_ms;
   int rc;
   int done;
@@ -554,6 +559,75 @@ static int sync_places(br_index *idx, MDB_txn *txn, const uint8_t digest[BR_SHA2
     if (rc && rc != MDB_NOTFOUND) return rc;
   }
   return 0;
+}
+
+/* ---- pending purges: digest -> u64 queued_ns, u64 next_ms, u32 attempts, u32 acked (LE) ---- */
+
+#define PURGE_VALUE 24
+
+static void purge_encode(const br_purge *p, uint8_t out[PURGE_VALUE]) {
+  uint64_t f[2] = {p->queued_ns, p->next_ms};
+  for (int j = 0; j < 2; j++)
+    for (int i = 0; i < 8; i++) out[8 * j + i] = (uint8_t)(f[j] >> (8 * i));
+  uint32_t g[2] = {p->attempts, p->acked};
+  for (int j = 0; j < 2; j++)
+    for (int i = 0; i < 4; i++) out[16 + 4 * j + i] = (uint8_t)(g[j] >> (8 * i));
+}
+
+/* Decodes a stored purge value; 0, or -1 when it is not PURGE_VALUE bytes. */
+static int purge_decode(const MDB_val *v, br_purge *p) {
+  if (v->mv_size != PURGE_VALUE) return -1;
+  const uint8_t *b = v->mv_data;
+  uint64_t f[2] = {0, 0};
+  uint32_t g[2] = {0, 0};
+  for (int j = 0; j < 2; j++)
+    for (int i = 7; i >= 0; i--) f[j] = f[j] << 8 | b[8 * j + i];
+  for (int j = 0; j < 2; j++)
+    for (int i = 3; i >= 0; i--) g[j] = g[j] << 8 | b[16 + 4 * j + i];
+  p->queued_ns = f[0], p->next_ms = f[1], p->attempts = g[0], p->acked = g[1];
+  p->done = 0;
+  return 0;
+}
+
+static uint64_t realtime_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Queues (or queues again, from scratch) a purge of digest in txn. 0 or an LMDB code. */
+static int put_purge(br_index *idx, MDB_txn *txn, const uint8_t *digest) {
+  uint64_t now = realtime_ns(); /* each queuing gets a distinct queued_ns */
+  idx->last_purge_ns = now > idx->last_purge_ns ? now : idx->last_purge_ns + 1;
+  br_purge p = {.queued_ns = idx->last_purge_ns};
+  uint8_t buf[PURGE_VALUE];
+  purge_encode(&p, buf);
+  MDB_val k = key_of(digest), v = {sizeof buf, buf};
+  return mdb_put(txn, idx->purges, &k, &v, 0);
+}
+
+/* A change that makes CDN copies of digest stale queues a purge when the index does that. */
+static int stale_at_cdn(br_index *idx, MDB_txn *txn, const uint8_t *digest) {
+  return idx->queue_purges && idx->has_purges ? put_purge(idx, txn, digest) : 0;
+}
+
+static int apply_queue_purge(br_index *idx, MDB_txn *txn, struct op *op) {
+  return put_purge(idx, txn, op->digest);
+}
+
+static int apply_settle_purge(br_index *idx, MDB_txn *txn, struct op *op) {
+  MDB_val k = key_of(op->digest), v;
+  br_purge cur;
+  int rc = mdb_get(txn, idx->purges, &k, &v);
+  if (rc == MDB_NOTFOUND) return 0;
+  if (rc) return rc;
+  int malformed = purge_decode(&v, &cur) < 0; /* was read as due from scratch */
+  if (!malformed && cur.queued_ns != op->purge->queued_ns) return 0; /* queued again meanwhile */
+  if (op->purge->done) return mdb_del(txn, idx->purges, &k, NULL);
+  uint8_t buf[PURGE_VALUE];
+  purge_encode(op->purge, buf);
+  MDB_val nv = {sizeof buf, buf};
+  return mdb_put(txn, idx->purges, &k, &nv, 0);
 }
 
 /* The record stored under digest in txn, decoded into out: 0, MDB_NOTFOUND, -1 (err), or an
@@ -695,6 +769,7 @@ static int apply_change(br_index *idx, MDB_txn *txn, struct op *op) {
           rec->state_ms >= c->cutoff_ms)
         return 0;
       rc = del_record(idx, txn, op, rec);
+      if (!rc) rc = stale_at_cdn(idx, txn, op->digest);
       if (rc) return rc;
       c->applied = 1;
       return 0;
@@ -712,6 +787,8 @@ static int apply_change(br_index *idx, MDB_txn *txn, struct op *op) {
            : next.state == BR_STATE_DELETING ? "being deleted for good"
                                              : "");
   rc = put_record(idx, txn, op, &next);
+  if (rc == 0 && (c->kind == BR_CHANGE_QUARANTINE || c->kind == BR_CHANGE_HOLD))
+    rc = stale_at_cdn(idx, txn, op->digest);
   if (rc == 0) c->applied = 1;
   return rc;
 }
@@ -799,6 +876,8 @@ static int apply_location(br_index *idx, MDB_txn *txn, struct op *op) {
     c->outcome = BR_LOC_KEY_TAKEN; /* `after` stays the record as found */
     return 0;
   }
+  rc = stale_at_cdn(idx, txn, op->digest); /* cached redirects point at the old place */
+  if (rc) return rc;
   *rec = next;
   c->outcome = BR_LOC_APPLIED;
   return 0;
@@ -1024,6 +1103,72 @@ int br_index_touch(br_index *idx, const uint8_t digest[BR_SHA256_LEN], uint64_t 
   return rc == 0 && op.gone ? 1 : rc;
 }
 
+int br_index_queue_purges(br_index *idx, const uint8_t (*digests)[BR_SHA256_LEN], size_t n,
+                          br_err *err) {
+  enum { CHUNK = 1024 };
+  if (!idx->has_purges) return br_fail(err, "index: no purges database (read-only)");
+  struct op *ops = calloc(n < CHUNK ? (n ? n : 1) : CHUNK, sizeof *ops);
+  if (!ops) return br_fail(err, "out of memory");
+  int out = 0;
+  for (size_t base = 0; base < n && out == 0; base += CHUNK) {
+    size_t m = n - base < CHUNK ? n - base : CHUNK;
+    for (size_t i = 0; i < m; i++)
+      ops[i] = (struct op){.apply = apply_queue_purge, .digest = digests[base + i]};
+    out = submit_many(idx, ops, m, err);
+  }
+  free(ops);
+  return out;
+}
+
+int br_index_purges_due(br_index *idx, const uint8_t *after, uint64_t now_ms, br_purge *out,
+                        size_t max, uint8_t next[BR_SHA256_LEN], int *wrapped, br_err *err) {
+  *wrapped = 1;
+  if (!idx->has_purges) return 0;
+  MDB_txn *txn = reader_begin(idx, err);
+  if (!txn) return -1;
+  MDB_cursor *cur = NULL;
+  int rc = mdb_cursor_open(txn, idx->purges, &cur);
+  if (rc) {
+    reader_end(idx, txn);
+    return lmdb_fail(err, "open cursor", rc);
+  }
+  MDB_val k, v;
+  size_t n = 0, scanned = 0;
+  for (rc = cursor_seek_after(cur, after, &k, &v); rc == 0 && n < max;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (scanned++ == BR_INDEX_PURGE_SCAN) break;
+    if (k.mv_size != BR_SHA256_LEN) continue;
+    memcpy(next, k.mv_data, BR_SHA256_LEN);
+    br_purge p;
+    if (purge_decode(&v, &p) < 0) p = (br_purge){0}; /* malformed: due, settled anew */
+    if (p.next_ms > now_ms) continue;
+    memcpy(p.digest, k.mv_data, BR_SHA256_LEN);
+    out[n++] = p;
+  }
+  if (rc == 0) *wrapped = 0; /* stopped early: entries remain after next */
+  int res = rc == 0 || rc == MDB_NOTFOUND ? (int)n : lmdb_fail(err, "cursor", rc);
+  mdb_cursor_close(cur);
+  reader_end(idx, txn);
+  return res;
+}
+
+int br_index_settle_purges(br_index *idx, const br_purge *purges, size_t n, br_err *err) {
+  enum { CHUNK = 1024 };
+  struct op *ops = calloc(n < CHUNK ? (n ? n : 1) : CHUNK, sizeof *ops);
+  if (!ops) return br_fail(err, "out of memory");
+  int out = 0;
+  for (size_t base = 0; base < n && out == 0; base += CHUNK) {
+    size_t m = n - base < CHUNK ? n - base : CHUNK;
+    for (size_t i = 0; i < m; i++)
+      ops[i] = (struct op){.apply = apply_settle_purge,
+                           .digest = purges[base + i].digest,
+                           .purge = &purges[base + i]};
+    out = submit_many(idx, ops, m, err);
+  }
+  free(ops);
+  return out;
+}
+
 #define BUILD_CHUNK 50000 /* records per transaction while the reverse map is built */
 
 /* Builds the reverse map once, for an index written before it existed (or whose build was cut
@@ -1132,6 +1277,7 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
     return NULL;
   }
   idx->batch_max = opt->batch_max ? opt->batch_max : 1;
+  idx->queue_purges = opt->queue_purges;
   idx->generation = atomic_fetch_add(&next_generation, 1);
   pthread_mutex_init(&idx->lock, NULL);
   pthread_cond_init(&idx->work_cv, NULL);
@@ -1164,12 +1310,19 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
       rc = krc;
   }
   if (!rc) {
+    int prc = mdb_dbi_open(txn, "purges", opt->read_only ? 0 : MDB_CREATE, &idx->purges);
+    if (prc == 0)
+      idx->has_purges = 1;
+    else if (prc != MDB_NOTFOUND || !opt->read_only)
+      rc = prc;
+  }
+  if (!rc) {
     rc = mdb_txn_commit(txn);
     txn = NULL;
   }
   if (rc) {
     if (txn) mdb_txn_abort(txn);
-    lmdb_fail(err, "open databases 'blobs' and 'keys'", rc);
+    lmdb_fail(err, "open databases 'blobs', 'keys' and 'purges'", rc);
     goto fail;
   }
   if (!opt->read_only && build_places(idx, err) < 0) goto fail;
@@ -1242,6 +1395,8 @@ void br_index_get_stats(br_index *idx, br_index_stats *out) {
   if (mdb_txn_begin(idx->env, NULL, MDB_RDONLY, &txn) == 0) {
     MDB_stat dst;
     if (mdb_stat(txn, idx->dbi, &dst) == 0) out->entries = dst.ms_entries;
+    if (idx->has_purges && mdb_stat(txn, idx->purges, &dst) == 0)
+      out->purges_pending = dst.ms_entries;
     mdb_txn_abort(txn);
   }
 }

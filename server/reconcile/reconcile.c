@@ -14,6 +14,7 @@
 
 #include <openssl/evp.h>
 
+#include "blobref/delta.h"
 #include "blobref/iceberg.h"
 #include "blobref/iceberg_s3.h"
 #include "reconcile/internal.h"
@@ -149,7 +150,18 @@ static int mark_table(struct mark *m, const br_table_config *t, json_t *tables, 
   m->files = m->read = m->cached = 0;
   memset(&m->fstats, 0, sizeof m->fstats);
   br_iceberg_stats ws;
-  int rc = br_iceberg_walk_data_files(&tc, on_data_file, m, &ws, &m->err);
+  int s3_table = s3 && !strncmp(t->location, "s3", 2) && strstr(t->location, "://");
+  int delta = t->format == BR_TABLE_DELTA ||
+              (t->format == BR_TABLE_AUTO && (br_delta_is_local_table(t->location) ||
+                                              (s3_table && br_delta_s3_is_table(s3, t->location))));
+  /* Delta: the data files are read under the column's physical name (column mapping) */
+  char physical[BR_DELTA_MAX_COLUMN];
+  br_iceberg_table_config delta_read = tc;
+  delta_read.column = physical;
+  if (delta) m->tcfg = &delta_read;
+  int rc = delta ? br_delta_walk_data_files_mapped(&tc, s3_table ? br_delta_list_s3 : NULL, s3,
+                                                   on_data_file, m, physical, &ws, &m->err)
+                 : br_iceberg_walk_data_files(&tc, on_data_file, m, &ws, &m->err);
   br_iceberg_s3_free(s3);
   json_array_append_new(
       tables, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "name", t->name, "snapshots",

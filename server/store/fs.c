@@ -577,11 +577,11 @@ static int fs_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   return 0;
 }
 
-static int fs_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+static int fs_redirect_url(br_store *st, const char *key, int attachment, char *out, size_t outlen,
                            uint64_t *valid_ms, br_err *err) {
   (void)valid_ms;
   const char *base = st->cfg.public_url;
-  if (!base || !*base) return 1;
+  if (!base || !*base || attachment) return 1; /* public_url's server sets its own headers */
   size_t blen = strlen(base), klen = strlen(key);
   size_t slash = blen && base[blen - 1] == '/' ? 0 : 1;
   if (blen + slash + klen >= outlen) return br_fail(err, "redirect URL too long");

@@ -192,9 +192,10 @@ static int http_write_commit(br_store_writer *w, const char *key, br_err *err) {
 
 static void http_write_abort(br_store_writer *w) { (void)w; }
 
-static int http_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
-                             uint64_t *valid_ms, br_err *err) {
+static int http_redirect_url(br_store *st, const char *key, int attachment, char *out,
+                             size_t outlen, uint64_t *valid_ms, br_err *err) {
   *valid_ms = UINT64_MAX;
+  if (attachment) return 1; /* the origin sets its own headers: proxy instead */
   const char *pub = st->cfg.public_url;
   if (pub && *pub) {
     size_t plen = strlen(pub);

@@ -12,10 +12,12 @@ struct store_ops {
   int (*write)(br_store_writer *w, const void *buf, size_t len, br_err *err);
   int (*write_commit)(br_store_writer *w, const char *key, br_err *err);
   void (*write_abort)(br_store_writer *w);
+  int (*write_backlogged)(br_store_writer *w, int wait); /* optional: never backlogged */
   int (*open_read)(br_store *st, const char *key, br_store_reader *out, br_err *err);
   int (*stat)(br_store *st, const char *key, uint64_t *size, br_err *err);
-  int (*redirect_url)(br_store *st, const char *key, char *out, size_t outlen, uint64_t *valid_ms,
-                      br_err *err);
+  /* attachment: only a URL whose origin answers with Content-Disposition: attachment, else 1 */
+  int (*redirect_url)(br_store *st, const char *key, int attachment, char *out, size_t outlen,
+                      uint64_t *valid_ms, br_err *err);
   int (*remove)(br_store *st, const char *key, br_err *err);
   int (*list)(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err);
   /* optional */

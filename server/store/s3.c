@@ -16,6 +16,7 @@
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,12 @@
 #define COPY_PART (1ull << 30)       /* UploadPartCopy size for copies over 5 GiB */
 #define SINGLE_COPY_MAX (5ull << 30) /* S3's limit for one CopyObject */
 #define PRESIGN_CACHE 8192           /* presigned redirect URLs kept per store */
+/* An upload is backlogged (its client should pause) when it holds this many unsent bytes: two
+ * parts, less room for the one more chunk the network may hand over before the pause. */
+#define BACKLOG_SLACK (1u << 20)
+
+/* Bytes spooled and not yet sent by every s3 store of the process (spool_max_total). */
+static atomic_uint_fast64_t spooled_total;
 
 struct s3_writer;
 
@@ -40,6 +47,8 @@ struct s3_store {
   s3_url_cache *urls; /* presigned redirect URLs (serve = redirect without cdn_url), else NULL */
   char spool_dir[PATH_MAX];
   uint64_t part_size;
+  uint64_t spool_max, spool_max_total; /* caps on spooled bytes not yet sent (config) */
+  uint64_t spooled;                    /* this store's, under lock */
   pthread_t workers[PART_WORKERS];
   int nworkers;
   pthread_mutex_t lock;
@@ -65,6 +74,7 @@ struct s3_writer {
   int fd;
   char spool_path[PATH_MAX + 64];
   uint64_t written; /* bytes spooled */
+  uint64_t counted; /* of those, not yet sent: in s3->spooled and spooled_total (under lock) */
   /* shared with the part workers, under s3->lock */
   int queued, in_flight, failed, abandoned;
   int fail_errno;
@@ -176,8 +186,7 @@ static int upload_part(struct s3_store *s3, struct s3_writer *w, size_t index, u
 #define MAX_FAILED_ABORTS 4096
 
 /* AbortMultipartUpload of upload_id under key. Returns 0 when S3 no longer has it. */
-static int abort_upload(struct s3_store *s3, const char *key, const char *upload_id,
-                        br_err *err) {
+static int abort_upload(struct s3_store *s3, const char *key, const char *upload_id, br_err *err) {
   char query[1700], idenc[1600];
   if (!br_sigv4_uri_encode(upload_id, 0, idenc, sizeof idenc))
     return br_fail(err, "upload id too long");
@@ -240,7 +249,19 @@ static void retry_failed_aborts(struct s3_store *s3) {
   }
 }
 
+/* Takes n of w's counted bytes off the spool totals (lock held). */
+static void uncount(struct s3_writer *w, uint64_t n) {
+  if (n > w->counted) n = w->counted;
+  w->counted -= n;
+  w->s3->spooled -= n;
+  atomic_fetch_sub(&spooled_total, n);
+}
+
+/* Frees w; call it without the store's lock. */
 static void writer_free(struct s3_writer *w) {
+  pthread_mutex_lock(&w->s3->lock);
+  uncount(w, w->counted);
+  pthread_mutex_unlock(&w->s3->lock);
   if (w->fd >= 0) close(w->fd);
   unlink(w->spool_path);
   pthread_cond_destroy(&w->done_cv);
@@ -265,8 +286,8 @@ static void send_ready_parts(struct s3_store *s3, struct s3_writer *w) {
     int rc = 0;
     if (!w->upload_id[0]) {
       choose_mp_key(w);
-      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id,
-                            &w->base.saved_errno, &err);
+      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &w->base.saved_errno,
+                            &err);
     }
     if (rc == 0)
       rc = upload_part(s3, w, index, (uint64_t)index * s3->part_size, s3->part_size, &err);
@@ -277,6 +298,8 @@ static void send_ready_parts(struct s3_store *s3, struct s3_writer *w) {
       snprintf(w->fail_msg, sizeof w->fail_msg, "%s", err.msg);
     } else {
       w->nparts++;
+      uncount(w, s3->part_size);
+      pthread_cond_broadcast(&w->done_cv); /* a paused writer may go on */
     }
   }
 }
@@ -369,6 +392,8 @@ static int s3_open(br_store *st, br_err *err) {
     return -1;
   }
   s3->part_size = c->part_size ? c->part_size : 16u << 20;
+  s3->spool_max = c->spool_max ? c->spool_max : 256u << 20;
+  s3->spool_max_total = c->spool_max_total ? c->spool_max_total : 1u << 30;
   s3->aborts = calloc(MAX_FAILED_ABORTS, sizeof *s3->aborts);
   int presigns = c->serve == BR_SERVE_REDIRECT && !(c->cdn_url && *c->cdn_url);
   if (presigns) s3->urls = s3_url_cache_new(PRESIGN_CACHE);
@@ -423,6 +448,19 @@ static br_store_writer *s3_write_begin(br_store *st, br_err *err) {
     br_fail(err, "store %s: %s is unreachable", st->cfg.name, s3->t.host);
     return NULL;
   }
+  pthread_mutex_lock(&s3->lock);
+  uint64_t spooled = s3->spooled, total = atomic_load(&spooled_total);
+  pthread_mutex_unlock(&s3->lock);
+  /* a new upload needs room for a chunk or two before its first part can go */
+  if (spooled + BACKLOG_SLACK >= s3->spool_max || total + BACKLOG_SLACK >= s3->spool_max_total) {
+    br_warn("store %s: upload refused: %" PRIu64 " bytes spooled for S3 (spool_max %" PRIu64
+            "), %" PRIu64 " in all (spool_max_total %" PRIu64 ")",
+            st->cfg.name, spooled, s3->spool_max, total, s3->spool_max_total);
+    errno = EBUSY;
+    br_fail(err, "store %s: the upload spool is full (S3 is slower than the uploads); retry later",
+            st->cfg.name);
+    return NULL;
+  }
   struct s3_writer *w = calloc(1, sizeof *w);
   if (!w || !(w->parts = calloc(MAX_PARTS, sizeof *w->parts))) {
     free(w);
@@ -456,6 +494,27 @@ static int s3_write(br_store_writer *bw, const void *buf, size_t len, br_err *er
   struct s3_store *s3 = w->s3;
   const char *p = buf;
   size_t left = len;
+  pthread_mutex_lock(&s3->lock);
+  int full =
+      s3->spooled + len > s3->spool_max || atomic_load(&spooled_total) + len > s3->spool_max_total;
+  if (full) {
+    br_warn("store %s: upload cut: the spool is full (%" PRIu64
+            " bytes of this store waiting for "
+            "S3)",
+            bw->store->cfg.name, s3->spooled);
+  } else {
+    w->counted += len; /* counted before the bytes land: the caps are never passed */
+    s3->spooled += len;
+    atomic_fetch_add(&spooled_total, len);
+  }
+  pthread_mutex_unlock(&s3->lock);
+  if (full) {
+    bw->saved_errno = EBUSY;
+    return br_fail(err,
+                   "store %s: the upload spool is full (S3 is slower than the uploads); "
+                   "retry later",
+                   bw->store->cfg.name);
+  }
   while (left) {
     ssize_t n = pwrite(w->fd, p, left, (off_t)w->written + (off_t)(len - left));
     if (n < 0 && errno == EINTR) continue;
@@ -478,6 +537,22 @@ static int s3_write(br_store_writer *bw, const void *buf, size_t len, br_err *er
   pthread_mutex_unlock(&s3->lock);
   return failed ? -1 : 0;
 }
+
+/* 1 when w holds about two unsent parts (and has not failed): its feeder should pause. With
+ * wait, blocks until that is no longer so instead (for callers off the network threads). */
+static int s3_write_backlogged(br_store_writer *bw, int wait) {
+  struct s3_writer *w = (struct s3_writer *)bw;
+  struct s3_store *s3 = w->s3;
+  uint64_t bound = 2 * s3->part_size - BACKLOG_SLACK;
+  pthread_mutex_lock(&s3->lock);
+  while (wait && !w->failed && w->counted >= bound && !s3->stopping)
+    pthread_cond_wait(&w->done_cv, &s3->lock);
+  int backlogged = !w->failed && w->counted >= bound;
+  pthread_mutex_unlock(&s3->lock);
+  return backlogged;
+}
+
+uint64_t br_store_spooled_bytes(void) { return atomic_load(&spooled_total); }
 
 /* Waits until no worker holds w (lock held). */
 static void wait_idle(struct s3_store *s3, struct s3_writer *w) {
@@ -582,8 +657,8 @@ static int s3_write_commit(br_store_writer *bw, const char *key, br_err *err) {
                    s3->t.name, MAX_PARTS, s3->part_size);
     if (rc == 0 && !w->upload_id[0]) {
       choose_mp_key(w);
-      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &bw->saved_errno,
-                            err);
+      rc =
+          create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &bw->saved_errno, err);
     }
     for (size_t i = w->nparts; rc == 0 && i < total; i++) {
       uint64_t off = (uint64_t)i * s3->part_size;
@@ -696,10 +771,14 @@ static int s3_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   return head_object(s3_of(st), key, size, err);
 }
 
-static int s3_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+/* The signed query parameter that makes S3 answer a presigned GET as a download. */
+#define ATTACHMENT_QUERY "response-content-disposition=attachment"
+
+static int s3_redirect_url(br_store *st, const char *key, int attachment, char *out, size_t outlen,
                            uint64_t *valid_ms, br_err *err) {
   const char *cdn = st->cfg.cdn_url;
   if (cdn && *cdn) {
+    if (attachment) return 1; /* S3 honours response-* parameters only on signed requests */
     char enc[3200];
     if (!br_sigv4_uri_encode(key, 1, enc, sizeof enc)) return br_fail(err, "key too long");
     size_t clen = strlen(cdn);
@@ -712,8 +791,8 @@ static int s3_redirect_url(br_store *st, const char *key, char *out, size_t outl
   uint64_t ttl_s = st->cfg.presign_ttl_ms / 1000;
   if (ttl_s < 1) ttl_s = 1;
   struct s3_store *s3 = s3_of(st);
-  return s3_url_cache_presign(s3->urls, &s3->t, key, br_now_ms(), ttl_s, out, outlen, valid_ms,
-                              err);
+  return s3_url_cache_presign(s3->urls, &s3->t, key, attachment ? ATTACHMENT_QUERY : "",
+                              br_now_ms(), ttl_s, out, outlen, valid_ms, err);
 }
 
 static int s3_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err) {
@@ -956,6 +1035,7 @@ const struct store_ops br_store_s3_ops = {
     .write = s3_write,
     .write_commit = s3_write_commit,
     .write_abort = s3_write_abort,
+    .write_backlogged = s3_write_backlogged,
     .open_read = s3_open_read,
     .stat = s3_stat,
     .redirect_url = s3_redirect_url,

@@ -113,18 +113,22 @@ int s3_target_locate(const s3_target *t, const char *key, char *host, size_t hos
 
 int s3_presign_get(s3_target *t, const char *key, uint64_t ttl_s, char *url, size_t urllen,
                    br_err *err) {
-  return s3_presign_get_at(t, key, time(NULL), ttl_s, url, urllen, err);
+  return s3_presign_get_at(t, key, "", time(NULL), ttl_s, url, urllen, err);
 }
 
-int s3_presign_get_at(s3_target *t, const char *key, time_t now_s, uint64_t ttl_s, char *url,
-                      size_t urllen, br_err *err) {
-  char host[320], path[3400], query[6000];
+int s3_presign_get_at(s3_target *t, const char *key, const char *query, time_t now_s,
+                      uint64_t ttl_s, char *url, size_t urllen, br_err *err) {
+  char host[320], path[3400], signed_query[6000];
   if (s3_target_locate(t, key, host, sizeof host, path, sizeof path) < 0)
     return br_fail(err, "store %s: key too long for a URL", t->name);
-  br_sigv4_request sr = {
-      .method = "GET", .host = host, .path = path, .query = "", .payload_hash = BR_SIGV4_UNSIGNED};
-  if (br_sigv4_presign(&t->signer, &sr, now_s, ttl_s, query, sizeof query, err) < 0) return -1;
-  int n = snprintf(url, urllen, "%s://%s%s?%s", t->scheme, host, path, query);
+  br_sigv4_request sr = {.method = "GET",
+                         .host = host,
+                         .path = path,
+                         .query = query ? query : "",
+                         .payload_hash = BR_SIGV4_UNSIGNED};
+  if (br_sigv4_presign(&t->signer, &sr, now_s, ttl_s, signed_query, sizeof signed_query, err) < 0)
+    return -1;
+  int n = snprintf(url, urllen, "%s://%s%s?%s", t->scheme, host, path, signed_query);
   if (n < 0 || (size_t)n >= urllen)
     return br_fail(err, "store %s: presigned URL too long", t->name);
   return 0;

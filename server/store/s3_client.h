@@ -45,9 +45,10 @@ int s3_target_locate(const s3_target *t, const char *key, char *host, size_t hos
 /* A presigned GET of key valid for ttl_s seconds from now, as a full URL. Returns 0 or -1. */
 int s3_presign_get(s3_target *t, const char *key, uint64_t ttl_s, char *url, size_t urllen,
                    br_err *err);
-/* The same, signed at now_s (its X-Amz-Date): valid until now_s + ttl_s. */
-int s3_presign_get_at(s3_target *t, const char *key, time_t now_s, uint64_t ttl_s, char *url,
-                      size_t urllen, br_err *err);
+/* The same with query (already encoded, "" for none, e.g. response-content-disposition=...)
+ * among the signed parameters, signed at now_s (its X-Amz-Date): valid until now_s + ttl_s. */
+int s3_presign_get_at(s3_target *t, const char *key, const char *query, time_t now_s,
+                      uint64_t ttl_s, char *url, size_t urllen, br_err *err);
 
 /* The body of a request: memory, or a byte range of a file descriptor (re-read on retries). */
 typedef struct s3_body {

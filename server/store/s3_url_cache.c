@@ -10,7 +10,8 @@
 
 #define WAYS 2
 
-/* One cached URL; text is "key\0url\0" (malloc'd, owned by the entry), NULL when empty. */
+/* One cached URL; text is "query\0key\0url\0" (malloc'd, owned by the entry; klen counts
+ * "query\0key", the cache's key), NULL when empty. */
 struct entry {
   uint64_t hash;
   uint64_t expires_ms; /* X-Amz-Date + X-Amz-Expires, in ms since the epoch */
@@ -126,22 +127,28 @@ static void store(struct set *s, uint64_t h, const char *key, size_t klen, const
   free(old);
 }
 
-int s3_url_cache_presign(s3_url_cache *c, s3_target *t, const char *key, uint64_t now_ms,
-                         uint64_t ttl_s, char *url, size_t urllen, uint64_t *valid_ms,
-                         br_err *err) {
+int s3_url_cache_presign(s3_url_cache *c, s3_target *t, const char *key, const char *query,
+                         uint64_t now_ms, uint64_t ttl_s, char *url, size_t urllen,
+                         uint64_t *valid_ms, br_err *err) {
   uint64_t ttl_ms = ttl_s * 1000;
-  size_t klen = strlen(key);
-  uint64_t h = hash_key(key, klen);
+  if (!query) query = "";
+  /* the cache's key is "query\0key": the whole signed query, not the object key alone */
+  size_t qlen = strlen(query), olen = strlen(key), klen = qlen + 1 + olen;
+  char ck[4096];
+  if (klen >= sizeof ck) return br_fail(err, "store %s: key too long for a URL", t->name);
+  memcpy(ck, query, qlen + 1);
+  memcpy(ck + qlen + 1, key, olen + 1);
+  uint64_t h = hash_key(ck, klen);
   struct set *s = c ? &c->sets[h & c->mask] : NULL;
-  uint64_t left = s ? lookup(s, h, key, klen, now_ms, ttl_ms - ttl_ms / 2, url, urllen) : 0;
+  uint64_t left = s ? lookup(s, h, ck, klen, now_ms, ttl_ms - ttl_ms / 2, url, urllen) : 0;
   if (left) {
     *valid_ms = left;
     return 0;
   }
   time_t now_s = (time_t)(now_ms / 1000);
-  if (s3_presign_get_at(t, key, now_s, ttl_s, url, urllen, err) < 0) return -1;
+  if (s3_presign_get_at(t, key, query, now_s, ttl_s, url, urllen, err) < 0) return -1;
   uint64_t signed_ms = (uint64_t)now_s * 1000;
   *valid_ms = signed_ms + ttl_ms - now_ms;
-  if (s) store(s, h, key, klen, url, signed_ms, signed_ms + ttl_ms);
+  if (s) store(s, h, ck, klen, url, signed_ms, signed_ms + ttl_ms);
   return 0;
 }

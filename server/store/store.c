@@ -6,6 +6,8 @@
 
 #include <openssl/evp.h>
 
+#include "blobref/header.h"
+#include "blobref/index.h"
 #include "store/internal.h"
 
 static const struct store_ops *const kinds[] = {&br_store_fs_ops, &br_store_s3_ops,
@@ -53,12 +55,22 @@ size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_L
   return n < 0 || (size_t)n >= outlen ? 0 : (size_t)n;
 }
 
+int br_store_default_key_digest(const br_store *st, const char *key,
+                                uint8_t digest[BR_SHA256_LEN]) {
+  size_t len = strlen(key);
+  char want[4096]; /* a longer prefix: no default key fits, none matches */
+  if (len < BR_HEX_LEN || br_blob_id_parse(key + len - BR_HEX_LEN, BR_HEX_LEN, digest) < 0)
+    return -1;
+  size_t n = br_store_default_key(st, digest, want, sizeof want);
+  return n == len && !memcmp(want, key, len) ? 0 : -1;
+}
+
 int br_store_key_valid(const char *key) {
-  if (!*key || key[0] == '/' || strlen(key) > 1024) return -1;
+  /* keys reach Location headers and logs: the header grammar's text rule, then path rules */
+  if (br_header_text_check(key, BR_MAX_KEY) || key[0] == '/') return -1;
   const char *seg = key;
   for (const char *p = key;; p++) {
-    if ((unsigned char)*p < 0x20 && *p) return -1;
-    if (*p == '\\' || *p == 0x7f) return -1;
+    if (*p == '\\') return -1;
     if (*p == '/' || !*p) {
       size_t len = (size_t)(p - seg);
       if (len == 0 || (len == 1 && seg[0] == '.') || (len == 2 && seg[0] == '.' && seg[1] == '.'))
@@ -86,6 +98,10 @@ int br_store_write_commit(br_store_writer *w, const char *key, br_err *err) {
     return br_fail(err, "invalid object key '%s'", key);
   }
   return w->store->ops->write_commit(w, key, err);
+}
+
+int br_store_write_backlogged(br_store_writer *w, int wait) {
+  return w->store->ops->write_backlogged ? w->store->ops->write_backlogged(w, wait) : 0;
 }
 
 void br_store_write_abort(br_store_writer *w) {
@@ -119,11 +135,11 @@ int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   return st->ops->stat(st, key, size, err);
 }
 
-int br_store_redirect_url(br_store *st, const char *key, char *out, size_t outlen,
+int br_store_redirect_url(br_store *st, const char *key, int attachment, char *out, size_t outlen,
                           uint64_t *valid_ms, br_err *err) {
   *valid_ms = UINT64_MAX;
   if (!st->ops->redirect_url) return 1;
-  return st->ops->redirect_url(st, key, out, outlen, valid_ms, err);
+  return st->ops->redirect_url(st, key, attachment, out, outlen, valid_ms, err);
 }
 
 int br_store_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err) {
@@ -197,6 +213,7 @@ int br_store_copy_blob(br_store *src, const char *src_key, br_store *dst, const 
     rc = r.source->pread(r.source, buf, n, off, err);
     if (rc == 0) EVP_DigestUpdate(ctx, buf, n);
     if (rc == 0) rc = br_store_write(w, buf, n, err);
+    if (rc == 0) br_store_write_backlogged(w, 1); /* S3: at most two parts spooled */
     off += n;
   }
   uint8_t got[BR_SHA256_LEN];

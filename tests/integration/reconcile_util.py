@@ -155,7 +155,8 @@ class IceTable:
             recs = []
             for status, f in self.manifests[m]:
                 info = self.files[f]
-                df = {"file_path": self.rec(f"data/{f}"), "file_format": "PARQUET",
+                df = {"file_path": self.rec(f"data/{f}"),
+                      "file_format": info.get("format", "PARQUET"),
                       "record_count": info["count"], "file_size_in_bytes": info["size"]}
                 if self.version >= 2:
                     df["content"] = info["content"]

@@ -517,7 +517,7 @@ def test_lookup_invalid_stdin_line(server):
     ["frobnicate"],
     ["--bogus", "stat", UNKNOWN],
     ["put"],
-    ["put", "a", "b"],
+    ["put", "-", "a"],  # several files take no standard input (put a b uploads both)
     ["put", "--nope", "x"],
     ["put", "--type", "", "x"],
     ["put", "--type", "a\r\nX-Evil: 1", "x"],

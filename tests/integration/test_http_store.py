@@ -119,12 +119,13 @@ def key_of(h):
 def http_site(tmp_path, blobs, drip=None, serve="proxy", public_url=None, server_keys=""):
     """Uploads blobs into an fs store `origin` (root tmp_path/site), then restarts the server with
     `origin` an http store over an Origin serving that folder, and fs store `up` for uploads.
-    Returns (server, origin)."""
+    A blob may be (bytes, content type). Returns (server, origin)."""
     site = tmp_path / "site"
     data_dir = tmp_path / "data"
     first = LazyServer(data_dir, config_text=f"[store origin]\nkind = fs\nroot = {site}\n").start()
     for b in blobs:
-        r = put(first, b)
+        data, ctype = b if isinstance(b, tuple) else (b, None)
+        r = put(first, data, headers={"Content-Type": ctype} if ctype else None)
         assert r.status_code == 201, r.text
     stop_checked(first)
     origin = Origin(site, drip=drip)
@@ -198,6 +199,21 @@ def test_http_redirect_public_url(site):
     r = get(srv, sha(SMALL), allow_redirects=False)
     assert r.status_code == 307
     assert r.headers["Location"] == "https://img.example/x/" + key_of(sha(SMALL))
+
+
+def test_http_redirect_proxies_active_types(site):
+    """An http origin sets its own headers, so it cannot promise a download: an active type (HTML
+    here) is proxied with blobrefd's confining headers instead of redirected (issue 18)."""
+    html = b"<html><script>document.title='ran'</script></html>"
+    srv, origin = site([SMALL, (html, "text/html")], serve="redirect")
+    assert get(srv, sha(SMALL), allow_redirects=False).status_code == 307
+    for headers in ({}, {"Range": "bytes=0-5"}):
+        r = get(srv, sha(html), headers=headers, allow_redirects=False)
+        assert r.status_code in (200, 206), (r.status_code, r.headers)
+        assert html.startswith(r.content)
+        assert r.headers["Content-Disposition"] == "attachment"
+        assert r.headers["X-Content-Type-Options"] == "nosniff"
+        assert r.headers["Content-Security-Policy"] == "default-src 'none'; sandbox"
 
 
 def test_http_origin_lost_the_file(site, tmp_path):

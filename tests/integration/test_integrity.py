@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -115,6 +116,43 @@ def test_move_onto_another_blobs_file_is_refused(tmp_path):
             g = requests.get(f"{srv.url}/v1/blobs/{h}", timeout=30)
             assert g.status_code == 200 and g.content == data
         assert fsck_clean(srv) == 2
+    finally:
+        assert srv.stop() == 0, srv.read_log()
+
+
+def test_import_onto_another_blobs_default_key_is_refused(tmp_path):
+    """POST /v1/import of X at the default (content-addressed) key of another blob Y, which is
+    not uploaded yet: the upload of Y would write its bytes there and replace X's. Refused per
+    item (key_in_use), nothing indexed; the other items of the call go ahead; Y uploads fine."""
+    srv = Server(tmp_path / "data", config_text="[server]\ncache_size = 0\n").start()
+    try:
+        x, y, z = (random.Random(i).randbytes(3000) for i in (5, 6, 7))
+        X, Y, Z = sha(x), sha(y), sha(z)
+        key = lambda h: f"sha256/{h[:2]}/{h[2:4]}/{h}"  # noqa: E731
+        root = srv.data_dir / "blobs"
+        for data, k in ((x, key(Y)), (z, "photos/z.bin")):
+            (root / k).parent.mkdir(parents=True, exist_ok=True)
+            (root / k).write_bytes(data)
+        body = {"blobs": [{"sha256": X, "size": len(x), "store": "local", "key": key(Y)},
+                          {"sha256": Z, "size": len(z), "store": "local", "key": "photos/z.bin"}]}
+        r = requests.post(f"{srv.url}/v1/import", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        res = r.json()["results"]
+        assert res[0]["result"] == "key_in_use" and "another blob" in res[0]["message"], res
+        assert res[1]["result"] == "created", res
+        assert "refused: the default key of another blob" in srv.read_log()
+        assert requests.get(f"{srv.url}/v1/blobs/{X}/meta", timeout=30).status_code == 404
+        r = requests.put(f"{srv.url}/v1/blobs/{Y}", data=y, timeout=30)
+        assert r.status_code == 201, r.text
+        for data, h in ((y, Y), (z, Z)):
+            g = requests.get(f"{srv.url}/v1/blobs/{h}", timeout=30)
+            assert g.status_code == 200 and g.content == data
+        # its own default key is a fine place for a blob to be imported at
+        w = random.Random(8).randbytes(100)
+        (root / key(sha(w))).parent.mkdir(parents=True, exist_ok=True)
+        (root / key(sha(w))).write_bytes(w)
+        assert import_one(srv, sha(w), len(w), key(sha(w)))["result"] == "created"
+        assert fsck_clean(srv) == 3
     finally:
         assert srv.stop() == 0, srv.read_log()
 
@@ -331,5 +369,34 @@ def test_killed_reader_never_blocks_the_writer(tmp_path, reader):
         assert not bad, f"{len(bad)} of 600 uploads failed, first: {bad[:3]}"
         assert "reader slot(s) left by dead processes" in srv.read_log()
         assert fsck_clean(srv, verify=False) == 640
+    finally:
+        assert srv.stop() == 0, srv.read_log()
+
+
+def stale_readers_metric(srv):
+    r = requests.get(f"{srv.url}/metrics", timeout=10)
+    assert r.status_code == 200, r.text
+    m = re.search(r"^blobref_index_stale_readers_total (\d+)$", r.text, re.M)
+    assert m, "no blobref_index_stale_readers_total in /metrics"
+    return int(m.group(1))
+
+
+def test_stale_readers_cleared_are_counted_in_metrics(tmp_path):
+    """/metrics counts the reader slots of dead processes that the writer cleared."""
+    srv = Server(tmp_path / "data").start()
+    try:
+        assert stale_readers_metric(srv) == 0
+        p = hold_read_txn(srv.data_dir / "index")
+        p.kill()
+        p.wait()
+        s = requests.Session()
+        # the writer checks every 64 write transactions (or 2 s): write until it has
+        for i in range(1000):
+            if stale_readers_metric(srv) >= 1:
+                break
+            d = f"stale reader metric {i}".encode()
+            assert s.put(f"{srv.url}/v1/blobs/{sha(d)}", data=d, timeout=30).status_code == 201
+        assert stale_readers_metric(srv) == 1
+        assert "cleared 1 reader slot(s) left by dead processes" in srv.read_log()
     finally:
         assert srv.stop() == 0, srv.read_log()

@@ -106,6 +106,23 @@ def test_put_bytes_path_and_files(server, tmp_path):
         c.put(12345)
 
 
+def test_put_path_type_from_extension(server, tmp_path):
+    """A path without content_type gets its extension's type (as `blobref put`); bytes and an
+    unknown extension stay application/octet-stream; an explicit type wins."""
+    c = blobref.Client(server.url)
+    cases = [("cat.jpg", b"jpeg bytes", None, "image/jpeg"),
+             ("song.MP3", b"mp3 bytes", None, "audio/mpeg"),
+             ("data.unknownext", b"opaque", None, "application/octet-stream"),
+             ("forced.png", b"forced type", "application/x-forced", "application/x-forced")]
+    for name, data, given, want in cases:
+        p = tmp_path / name
+        p.write_bytes(data)
+        h = c.put(p, content_type=given)
+        assert c.stat(h)["content_type"] == want, (name, c.stat(h))
+    h = c.put(b"raw bytes, no name")
+    assert c.stat(h)["content_type"] == "application/octet-stream"
+
+
 def test_100_continue_skips_the_body_of_a_known_blob(server, wire):
     c = blobref.Client(server.url, expect_timeout=10)   # a loaded test machine: wait long
     data = os.urandom(3 << 20)

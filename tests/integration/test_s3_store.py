@@ -351,6 +351,62 @@ def test_redirect_cdn_url(rgw, lake):
     assert 0 < max_age(r.headers["Cache-Control"]) <= 60
 
 
+def test_redirect_active_types_are_downloads(rgw, lake):
+    """A presigned redirect of an active type (HTML, SVG) signs
+    response-content-disposition=attachment, so S3 itself answers with Content-Disposition;
+    a raster image stays inline. The URL cache keeps the two kinds apart."""
+    srv, b = lake(serve="redirect", presign_ttl="10m")
+    html = b"<html><script>document.title='ran'</script></html>" + rnd(100, 30)
+    svg = b'<svg xmlns="http://www.w3.org/2000/svg"><script>1</script></svg>' + rnd(10, 31)
+    png = b"\x89PNG\r\n\x1a\n" + rnd(2000, 32)
+    for data, ctype in ((html, "text/html"), (svg, "image/svg+xml"), (png, "image/png")):
+        assert put(srv, data, headers={"Content-Type": ctype}).status_code == 201
+    for data, attachment in ((html, True), (svg, True), (png, False), (html, True)):
+        r = get(srv, sha(data), allow_redirects=False)
+        assert r.status_code == 307, r.text
+        loc = r.headers["Location"]
+        q = urllib.parse.parse_qs(urllib.parse.urlsplit(loc).query)
+        assert q.get("response-content-disposition") == (["attachment"] if attachment else None), loc
+        got = requests.get(loc, timeout=TIMEOUT)
+        assert got.status_code == 200 and got.content == data, got.text[:300]
+        if attachment:
+            assert got.headers.get("Content-Disposition") == "attachment", got.headers
+        else:
+            assert "Content-Disposition" not in got.headers, got.headers
+    # the same object read inline by boto3 has no disposition: it came from the URL alone
+    head = rgw.client().head_object(Bucket=b, Key=content_key(sha(html)))
+    assert "ContentDisposition" not in head, head
+
+
+def test_redirect_cdn_url_proxies_active_types(rgw, lake):
+    """cdn_url cannot carry a signed response-content-disposition: an active type is proxied
+    with blobrefd's own headers; a passive one still goes to the CDN."""
+    srv, b = lake(serve="redirect", cdn_url="http://cdn.example/base")
+    html, png = b"<html><script>1</script></html>", b"\x89PNG\r\n\x1a\n" + rnd(500, 33)
+    assert put(srv, html, headers={"Content-Type": "text/html"}).status_code == 201
+    assert put(srv, png, headers={"Content-Type": "image/png"}).status_code == 201
+    assert get(srv, sha(png), allow_redirects=False).status_code == 307
+    r = get(srv, sha(html), allow_redirects=False)
+    assert r.status_code == 200 and r.content == html, (r.status_code, r.headers)
+    assert r.headers["Content-Disposition"] == "attachment"
+    assert r.headers["X-Content-Type-Options"] == "nosniff"
+    assert r.headers["Content-Security-Policy"] == "default-src 'none'; sandbox"
+
+
+def test_proxied_reads_are_confined(rgw, lake):
+    """serve = proxy: the bytes come through blobrefd, with its headers, cached or streamed."""
+    srv, b = lake()
+    for data in (b"<svg xmlns='http://www.w3.org/2000/svg'/>" + rnd(100, 34),
+                 b"<html>" + rnd(200 * 1024, 35)):
+        assert put(srv, data, headers={"Content-Type": "image/svg+xml"}).status_code == 201
+        for headers in ({}, {"Range": "bytes=0-3"}, {"Range": "bytes=0-1,4-5"}):
+            r = get(srv, sha(data), headers=headers)
+            assert r.status_code in (200, 206), r.text
+            assert r.headers["Content-Disposition"] == "attachment", (headers, r.headers)
+            assert r.headers["X-Content-Type-Options"] == "nosniff"
+            assert r.headers["Content-Security-Policy"] == "default-src 'none'; sandbox"
+
+
 # ---------------------------------------------------------------------------------------------
 # Proxied reads
 

@@ -412,7 +412,15 @@ def test_quarantine_purges_the_edge_by_itself(tmp_path):
             time.sleep(0.05)
         assert codes[-1] == 410, codes
         print(f"edge answers after the quarantine: {codes}")
-        m = requests.get(srv.url + "/metrics", timeout=T).text
+        # counted once the purge is settled in the index, a commit after the edge's answer
+        deadline = time.time() + 5
+        while True:
+            m = requests.get(srv.url + "/metrics", timeout=T).text
+            done = ('blobref_cdn_purges_total{result="sent"} 1' in m
+                    and "blobref_cdn_purges_pending 0" in m)
+            if done or time.time() > deadline:
+                break
+            time.sleep(0.02)
         assert 'blobref_cdn_purges_total{result="sent"} 1' in m, m
         assert "blobref_cdn_purges_pending 0" in m, m
         assert requests.post(f"{srv.url}{path}/restore", timeout=T).status_code == 200

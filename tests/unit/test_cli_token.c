@@ -26,6 +26,9 @@ static void test_format(void) {
       {"x", "admin write read", NULL},
       {"x", "", NULL},
       {"x", ",", NULL},
+      {"m", "metrics",
+       TOKEN "\n\n; for the server's config (it keeps only the token's SHA-256)\n"
+             "[token m]\nsha256 = " DIGEST "\nscopes = metrics\n"},
       {"x", "reads", NULL},
       {"x", "read,none", NULL},
       {"x", "READ", NULL},

@@ -33,6 +33,8 @@ static const struct {
     {"[store a b]\n", "unknown section"},
     {"[store a/b]\nroot=/x\n", "names may hold"},
     {"[table t]\nform = base64\n", "must be hex, binary or url"},
+    {"[table t]\nformat = hudi\n",
+     "test.conf:2: [table t] format: 'hudi' must be iceberg or delta"},
     {"[table t]\nrewrite = nothing\n", "expected 'FROM => TO'"},
     {"[token t]\nsha256 = abc\n", "64-hex SHA-256"},
     {"[auth]\nanonymous = everything\n",
@@ -197,6 +199,17 @@ int main(void) {
             !strcmp(cfg.tables[0].rewrite_from[0], "s3://w/") &&
             !strcmp(cfg.tables[0].rewrite_to[0], "/srv/w/") && cfg.tables[0].form == BR_FORM_URL,
         "rewrite parsed");
+  CHECK(cfg.tables[0].format == BR_TABLE_AUTO, "format absent: auto");
+  br_config fcfg;
+  br_config_init(&fcfg);
+  CHECK(br_config_load_string(&fcfg,
+                              "[table d]\nlocation = /d\ncolumn = h\nformat = delta\n"
+                              "[table i]\nformat = iceberg\n[table a]\nlocation = /a\n",
+                              "t", &err) == 0 &&
+            fcfg.ntables == 3 && fcfg.tables[0].format == BR_TABLE_DELTA &&
+            fcfg.tables[1].format == BR_TABLE_ICEBERG && fcfg.tables[2].format == BR_TABLE_AUTO,
+        "format parsed: %s", err.msg);
+  br_config_free(&fcfg);
   CHECK(br_config_load_string(&cfg, cases[1].text, "t", &err) == 0 &&
             cfg.connection_timeout_ms == 2000,
         "inline comment stripped: %llu", (unsigned long long)cfg.connection_timeout_ms);
@@ -225,6 +238,8 @@ int main(void) {
   } scope_cases[] = {{"write", BR_SCOPE_WRITE},
                      {"read, write", BR_SCOPE_READ | BR_SCOPE_WRITE},
                      {"admin", BR_SCOPE_ADMIN},
+                     {"metrics", BR_SCOPE_METRICS},
+                     {"read, metrics", BR_SCOPE_READ | BR_SCOPE_METRICS},
                      {"none", 0}};
   for (size_t i = 0; i < sizeof scope_cases / sizeof scope_cases[0]; i++) {
     char text[256];

@@ -999,6 +999,119 @@ static void test_deleting(void) {
   remove_dir();
 }
 
+static br_index *open_purging(int queue_purges) {
+  br_index_options opt = {.map_size = 64 << 20, .batch_max = 8, .queue_purges = queue_purges};
+  br_err err;
+  br_index *idx = br_index_open(dir, &opt, &err);
+  CHECK(idx != NULL, "open %s: %s", dir, err.msg);
+  return idx;
+}
+
+/* The pending purges due at now_ms, as a bit per digest_of(3000 + i). */
+static unsigned purges_due_mask(br_index *idx, uint64_t now_ms, br_purge *out, int *n) {
+  uint8_t next[BR_SHA256_LEN];
+  int wrapped = 0;
+  br_err err;
+  *n = br_index_purges_due(idx, NULL, now_ms, out, 64, next, &wrapped, &err);
+  CHECK(*n >= 0 && wrapped, "purges_due: %d (%s)", *n, err.msg);
+  unsigned mask = 0;
+  for (int i = 0; i < *n; i++) {
+    uint8_t d[BR_SHA256_LEN];
+    for (unsigned j = 0; j < 16; j++) {
+      digest_of(3000 + j, d);
+      if (!memcmp(d, out[i].digest, BR_SHA256_LEN)) mask |= 1u << j;
+    }
+  }
+  return mask;
+}
+
+/* Each change that makes a CDN copy stale writes its purge in its own transaction; changes that
+ * do not apply write none; settling removes or reschedules only the queuing it read. */
+static void test_purges(void) {
+  fresh_dir("index-purges");
+  br_index *idx = open_purging(1);
+  br_err err;
+  enum { N = 8 };
+  uint8_t d[N][BR_SHA256_LEN];
+  for (unsigned i = 0; i < N; i++) {
+    br_record r = sample(1);
+    r.last_upload_ms = 10;
+    digest_of(3000 + i, d[i]);
+    own_keys(&r, d[i]);
+    if (i == 5) r.state = BR_STATE_QUARANTINED, r.state_ms = 50;
+    CHECK(br_index_record_upload(idx, d[i], &r, NULL, NULL, &err) == 0, "setup %u", i);
+  }
+  br_purge due[64];
+  int n;
+  CHECK(purges_due_mask(idx, UINT64_MAX, due, &n) == 0 && n == 0, "uploads queue no purge (%d)", n);
+  br_change ch[] = {change_of(d[0], BR_CHANGE_QUARANTINE), change_of(d[1], BR_CHANGE_HOLD),
+                    change_of(d[2], BR_CHANGE_RESTORE), change_of(d[3], BR_CHANGE_QUARANTINE),
+                    change_of(d[5], BR_CHANGE_REMOVE)};
+  ch[3].cutoff_ms = 5; /* uploaded after the cutoff: not quarantined */
+  ch[4].expect_state_ms = 50;
+  CHECK(br_index_apply_changes(idx, ch, 5, 1000, &err) == 0, "apply: %s", err.msg);
+  CHECK(ch[0].applied && ch[1].applied && !ch[2].applied && !ch[3].applied && ch[4].applied,
+        "applied as expected");
+  br_record got;
+  CHECK(state_of(idx, d[5], &got) == -1, "removed");
+  br_loc_change sw = {.kind = BR_LOC_SWITCH};
+  memcpy(sw.digest, d[6], BR_SHA256_LEN);
+  CHECK(state_of(idx, d[6], &got) == BR_STATE_LIVE, "d6 live");
+  sw.expect = got.locations[0];
+  sw.to = loc_at("other", "moved/6", 0);
+  br_loc_change same = {.kind = BR_LOC_SWITCH};
+  memcpy(same.digest, d[7], BR_SHA256_LEN);
+  CHECK(state_of(idx, d[7], &got) == BR_STATE_LIVE, "d7 live");
+  same.expect = got.locations[0];
+  same.to = got.locations[0]; /* a re-verification in place: nothing stale */
+  CHECK(br_index_apply_locations(idx, &sw, 1, 2000, &err) == 0 && sw.outcome == BR_LOC_APPLIED,
+        "switch: %s", err.msg);
+  CHECK(br_index_apply_locations(idx, &same, 1, 2000, &err) == 0 && same.outcome == BR_LOC_APPLIED,
+        "refresh");
+  unsigned want = 1u << 0 | 1u << 1 | 1u << 5 | 1u << 6;
+  unsigned mask = purges_due_mask(idx, 3000, due, &n);
+  CHECK(mask == want && n == 4, "purges of quarantine, hold, remove, switch (mask %#x, %d)", mask,
+        n);
+  br_index_stats st;
+  br_index_get_stats(idx, &st);
+  CHECK(st.purges_pending == 4, "4 pending (%llu)", (unsigned long long)st.purges_pending);
+  /* durable: a reopen finds them */
+  br_index_close(idx);
+  idx = open_purging(1);
+  mask = purges_due_mask(idx, 3000, due, &n);
+  CHECK(mask == want, "pending after a reopen (mask %#x)", mask);
+  /* settle: one acknowledged, one retried later; one queued again after it was read */
+  br_purge settle[3];
+  for (int i = 0; i < n; i++) {
+    if (!memcmp(due[i].digest, d[0], BR_SHA256_LEN)) settle[0] = due[i], settle[0].done = 1;
+    if (!memcmp(due[i].digest, d[1], BR_SHA256_LEN)) settle[1] = due[i];
+    if (!memcmp(due[i].digest, d[5], BR_SHA256_LEN)) settle[2] = due[i], settle[2].done = 1;
+  }
+  settle[1].attempts = 1;
+  settle[1].acked = 1;
+  settle[1].next_ms = 90000;
+  CHECK(br_index_queue_purges(idx, (const uint8_t(*)[BR_SHA256_LEN])d[5], 1, &err) == 0,
+        "queue again: %s", err.msg);
+  CHECK(br_index_settle_purges(idx, settle, 3, &err) == 0, "settle: %s", err.msg);
+  mask = purges_due_mask(idx, 3000, due, &n);
+  CHECK(mask == (1u << 5 | 1u << 6), "done gone, retried later, queued-again kept (%#x)", mask);
+  mask = purges_due_mask(idx, 90000, due, &n);
+  CHECK(mask == (1u << 1 | 1u << 5 | 1u << 6), "the retry is due at its time (%#x)", mask);
+  for (int i = 0; i < n; i++)
+    if (!memcmp(due[i].digest, d[1], BR_SHA256_LEN))
+      CHECK(due[i].attempts == 1 && due[i].acked == 1, "attempts %u acked %u", due[i].attempts,
+            due[i].acked);
+  br_index_close(idx);
+  /* without queue_purges a change writes none */
+  idx = open_purging(0);
+  br_change hold = change_of(d[4], BR_CHANGE_HOLD);
+  CHECK(br_index_apply_changes(idx, &hold, 1, 1000, &err) == 0 && hold.applied, "hold");
+  mask = purges_due_mask(idx, UINT64_MAX, due, &n);
+  CHECK(!(mask & 1u << 4), "no purge queued without queue_purges (%#x)", mask);
+  br_index_close(idx);
+  remove_dir();
+}
+
 int main(void) {
   test_encoding();
   test_lmdb();
@@ -1012,5 +1125,6 @@ int main(void) {
   test_key_owner();
   test_keys_upgrade();
   test_deleting();
+  test_purges();
   return unit_summary("index");
 }

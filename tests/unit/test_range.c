@@ -59,7 +59,108 @@ static const struct range_case cases[] = {
     {"", 100, BR_RANGE_IGNORE, 0, {{0}}},
 };
 
+/* br_range_plan: ranges as "first-last" pairs, the joins wanted as a string of 0/1. */
+struct plan_case {
+  size_t n;
+  uint64_t spans[10][2];
+  enum br_range_plan_kind want;
+  size_t nreads;
+  const char *joins;
+};
+
+static const struct plan_case plan_cases[] = {
+    {1, {{0, 99}}, BR_PLAN_READS, 1, "0"},
+    /* adjacent, near (gap 8191) and far (gap 8192) */
+    {2, {{0, 99}, {100, 199}}, BR_PLAN_READS, 1, "01"},
+    {2, {{0, 99}, {100 + 8191, 9000}}, BR_PLAN_READS, 1, "01"},
+    {2, {{0, 99}, {100 + 8192, 9000}}, BR_PLAN_READS, 2, "00"},
+    /* overlapping, repeated and descending ranges never share a read */
+    {2, {{0, 99}, {50, 150}}, BR_PLAN_READS, 2, "00"},
+    {2, {{0, 99}, {0, 99}}, BR_PLAN_READS, 2, "00"},
+    {3, {{200, 299}, {100, 199}, {0, 99}}, BR_PLAN_READS, 3, "000"},
+    /* clusters: near ones merged, far ones apart */
+    {5,
+     {{0, 9}, {20, 29}, {100000, 100009}, {100020, 100029}, {900000, 900000}},
+     BR_PLAN_READS,
+     3,
+     "01010"},
+    /* exactly max_reads (8) far reads, and one more: one span through the gaps */
+    {8,
+     {{0, 0},
+      {1 << 20, 1 << 20},
+      {2 << 20, 2 << 20},
+      {3 << 20, 3 << 20},
+      {4 << 20, 4 << 20},
+      {5 << 20, 5 << 20},
+      {6 << 20, 6 << 20},
+      {7 << 20, 7 << 20}},
+     BR_PLAN_READS,
+     8,
+     "00000000"},
+    {9,
+     {{0, 0},
+      {1 << 20, 1 << 20},
+      {2 << 20, 2 << 20},
+      {3 << 20, 3 << 20},
+      {4 << 20, 4 << 20},
+      {5 << 20, 5 << 20},
+      {6 << 20, 6 << 20},
+      {7 << 20, 7 << 20},
+      {8 << 20, 8 << 20}},
+     BR_PLAN_SPAN,
+     1,
+     "011111111"},
+    /* nine far reads not in ascending order: the whole representation */
+    {9,
+     {{8 << 20, 8 << 20},
+      {1 << 20, 1 << 20},
+      {2 << 20, 2 << 20},
+      {3 << 20, 3 << 20},
+      {4 << 20, 4 << 20},
+      {5 << 20, 5 << 20},
+      {6 << 20, 6 << 20},
+      {7 << 20, 7 << 20},
+      {0, 0}},
+     BR_PLAN_WHOLE,
+     1,
+     NULL},
+    /* nine overlapping ones (the same range nine times) */
+    {9,
+     {{5, 6}, {5, 6}, {5, 6}, {5, 6}, {5, 6}, {5, 6}, {5, 6}, {5, 6}, {5, 6}},
+     BR_PLAN_WHOLE,
+     1,
+     NULL},
+};
+
+static void test_plan(void) {
+  for (size_t c = 0; c < sizeof plan_cases / sizeof plan_cases[0]; c++) {
+    const struct plan_case *pc = &plan_cases[c];
+    br_byte_range r[10];
+    unsigned char joins[10];
+    for (size_t i = 0; i < pc->n; i++) r[i] = (br_byte_range){pc->spans[i][0], pc->spans[i][1]};
+    size_t nreads = 99;
+    enum br_range_plan_kind k =
+        br_range_plan(r, pc->n, BR_RANGE_READ_GAP, BR_RANGE_READS_MAX, joins, &nreads);
+    CHECK(k == pc->want && nreads == pc->nreads, "plan case %zu: kind %d reads %zu, want %d %zu", c,
+          (int)k, nreads, (int)pc->want, pc->nreads);
+    for (size_t i = 0; pc->joins && i < pc->n; i++)
+      CHECK(joins[i] == (unsigned char)(pc->joins[i] - '0'), "plan case %zu: joins[%zu] = %d", c, i,
+            joins[i]);
+  }
+  /* the brief's case: 64 ascending ranges 10 KiB apart are one read */
+  br_byte_range r[BR_RANGE_MAX];
+  unsigned char joins[BR_RANGE_MAX];
+  for (int i = 0; i < BR_RANGE_MAX; i++)
+    r[i] = (br_byte_range){(uint64_t)i * 10240, (uint64_t)i * 10240 + 99};
+  size_t nreads = 0;
+  CHECK(br_range_plan(r, BR_RANGE_MAX, BR_RANGE_READ_GAP, BR_RANGE_READS_MAX, joins, &nreads) ==
+                BR_PLAN_SPAN &&
+            nreads == 1,
+        "64 spread ranges: %zu reads", nreads);
+}
+
 int main(void) {
+  test_plan();
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     const struct range_case *c = &cases[i];
     br_byte_range out[BR_RANGE_MAX];

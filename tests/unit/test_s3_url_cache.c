@@ -66,7 +66,7 @@ static void test_window(void) {
   for (size_t i = 0; i < N; i++) {
     br_err err;
     uint64_t valid = 0;
-    int rc = s3_url_cache_presign(c, &target, steps[i].key, steps[i].at, TTL, urls[i],
+    int rc = s3_url_cache_presign(c, &target, steps[i].key, "", steps[i].at, TTL, urls[i],
                                   sizeof urls[i], &valid, &err);
     CHECK(rc == 0, "step %zu: %s", i, err.msg);
     CHECK(valid == steps[i].valid_ms, "step %zu: valid %llu, want %llu", i,
@@ -82,7 +82,7 @@ static void test_window(void) {
         CHECK(strcmp(urls[i], urls[j]) != 0, "step %zu: same URL as step %zu", i, j);
       /* a fresh URL is exactly what the signer gives for that second */
       char want[600];
-      CHECK(s3_presign_get_at(&target, steps[i].key, (time_t)(steps[i].at / 1000), TTL, want,
+      CHECK(s3_presign_get_at(&target, steps[i].key, "", (time_t)(steps[i].at / 1000), TTL, want,
                               sizeof want, &err) == 0 &&
                 !strcmp(want, urls[i]),
             "step %zu: %s, signer says %s", i, urls[i], want);
@@ -122,9 +122,9 @@ static void test_ttls(void) {
     char a[600], b[600], want[40];
     uint64_t va, vb;
     br_err err;
-    int rc = s3_url_cache_presign(c, &target, "k", T0, cases[i].ttl_s, a, sizeof a, &va, &err);
-    rc |= s3_url_cache_presign(c, &target, "k", T0 + cases[i].later_ms, cases[i].ttl_s, b, sizeof b,
-                               &vb, &err);
+    int rc = s3_url_cache_presign(c, &target, "k", "", T0, cases[i].ttl_s, a, sizeof a, &va, &err);
+    rc |= s3_url_cache_presign(c, &target, "k", "", T0 + cases[i].later_ms, cases[i].ttl_s, b,
+                               sizeof b, &vb, &err);
     snprintf(want, sizeof want, "X-Amz-Expires=%llu&", (unsigned long long)cases[i].ttl_s);
     CHECK(rc == 0 && strstr(a, want), "case %zu: %s", i, a);
     uint64_t hits, signs;
@@ -150,7 +150,7 @@ static void test_eviction(void) {
     for (int i = 0; i < 1000; i++) {
       snprintf(key, sizeof key, "sha256/%02x/k%d", i & 255, i);
       snprintf(path, sizeof path, "/blobs/%s?", key);
-      ok &= s3_url_cache_presign(c, &target, key, T0 + (uint64_t)round, TTL, url, sizeof url,
+      ok &= s3_url_cache_presign(c, &target, key, "", T0 + (uint64_t)round, TTL, url, sizeof url,
                                  &valid, &err) == 0 &&
             strstr(url, path) != NULL;
     }
@@ -162,16 +162,16 @@ static void test_eviction(void) {
         (unsigned long long)signs);
   /* a key just signed is there */
   uint64_t h0 = hits;
-  s3_url_cache_presign(c, &target, key, T0 + 2, TTL, url, sizeof url, &valid, &err);
+  s3_url_cache_presign(c, &target, key, "", T0 + 2, TTL, url, sizeof url, &valid, &err);
   s3_url_cache_stats(c, &hits, &signs);
   CHECK(hits == h0 + 1, "last key not cached");
   /* a buffer too small for the cached URL: signed again, and refused */
   char tiny[40];
-  CHECK(s3_url_cache_presign(c, &target, key, T0 + 2, TTL, tiny, sizeof tiny, &valid, &err) < 0,
+  CHECK(s3_url_cache_presign(c, &target, key, "", T0 + 2, TTL, tiny, sizeof tiny, &valid, &err) < 0,
         "tiny buffer accepted");
   s3_url_cache_free(c);
   /* no cache: always signed, still right */
-  CHECK(s3_url_cache_presign(NULL, &target, "k", T0, TTL, url, sizeof url, &valid, &err) == 0 &&
+  CHECK(s3_url_cache_presign(NULL, &target, "k", "", T0, TTL, url, sizeof url, &valid, &err) == 0 &&
             valid == 9500 && strstr(url, "/blobs/k?"),
         "no cache: %s", url);
 }
@@ -191,7 +191,7 @@ static void *hammer(void *arg) {
     snprintf(key, sizeof key, "sha256/k%d", k);
     snprintf(path, sizeof path, "/blobs/%s?", key);
     uint64_t now = T0 + (uint64_t)(i / 100) * 1000; /* time runs: refreshes happen too */
-    if (s3_url_cache_presign(w->c, &target, key, now, TTL, url, sizeof url, &valid, &err) < 0 ||
+    if (s3_url_cache_presign(w->c, &target, key, "", now, TTL, url, sizeof url, &valid, &err) < 0 ||
         !strstr(url, path) || valid * 2 < TTL * 1000 || valid > TTL * 1000)
       w->bad++;
   }
@@ -215,8 +215,37 @@ static void test_threads(void) {
   s3_url_cache_free(c);
 }
 
+/* The cache is keyed by key and signed query: an attachment URL never answers for an inline one
+ * (nor the reverse), and each is reused for its own kind. */
+static void test_query_keyed(void) {
+  s3_url_cache *c = s3_url_cache_new(64);
+  const char *att = "response-content-disposition=attachment";
+  char inl[600], dl[600], inl2[600], dl2[600];
+  uint64_t valid;
+  br_err err;
+  int rc = s3_url_cache_presign(c, &target, "k", "", T0, TTL, inl, sizeof inl, &valid, &err);
+  rc |= s3_url_cache_presign(c, &target, "k", att, T0 + 1, TTL, dl, sizeof dl, &valid, &err);
+  rc |= s3_url_cache_presign(c, &target, "k", "", T0 + 2, TTL, inl2, sizeof inl2, &valid, &err);
+  rc |= s3_url_cache_presign(c, &target, "k", att, T0 + 3, TTL, dl2, sizeof dl2, &valid, &err);
+  CHECK(rc == 0, "presign: %s", err.msg);
+  CHECK(!strstr(inl, "response-content-disposition"), "inline URL %s asks for a download", inl);
+  CHECK(strstr(dl, "response-content-disposition=attachment&") != NULL, "attachment URL %s", dl);
+  CHECK(!strcmp(inl, inl2) && !strcmp(dl, dl2), "each kind reused: %s / %s", inl2, dl2);
+  char want[600];
+  CHECK(s3_presign_get_at(&target, "k", att, (time_t)(T0 / 1000), TTL, want, sizeof want, &err) ==
+                0 &&
+            !strcmp(want, dl),
+        "attachment URL %s, signer says %s", dl, want);
+  uint64_t hits, signs;
+  s3_url_cache_stats(c, &hits, &signs);
+  CHECK(hits == 2 && signs == 2, "hits %llu signs %llu", (unsigned long long)hits,
+        (unsigned long long)signs);
+  s3_url_cache_free(c);
+}
+
 int main(void) {
   make_target();
+  test_query_keyed();
   test_window();
   test_ttls();
   test_eviction();

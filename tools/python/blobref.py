@@ -21,6 +21,7 @@ import hashlib
 import http.client
 import io
 import json
+import mimetypes
 import os
 import re
 import select
@@ -308,11 +309,15 @@ class Client:
         blob's SHA-256 (hex). The hash is computed locally first; the upload is
         `PUT /v1/blobs/{hash}` with `Expect: 100-continue`, so when the server already has the
         blob it answers before the body and nothing is sent. The result of the last put is in
-        `self.last_put` (`{"sha256","size","dedup","url"}`)."""
+        `self.last_put` (`{"sha256","size","dedup","url"}`). Without `content_type`, a path's
+        type is guessed from its extension (`mimetypes`), anything else is sent as
+        `application/octet-stream`."""
         if isinstance(data, (bytes, bytearray, memoryview)):
             data = bytes(data)
             return self._put_stream(sha256_hex(data), len(data), io.BytesIO(data), content_type)
         if isinstance(data, (str, os.PathLike)):
+            if content_type is None:  # from the file name's extension, as `blobref put` does
+                content_type = mimetypes.guess_type(os.fspath(data), strict=False)[0]
             with open(data, "rb") as f:
                 return self.put(f, content_type)
         if not hasattr(data, "read"):
