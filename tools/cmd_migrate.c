@@ -3,7 +3,8 @@
  * endpoint, streamed otherwise, with the stores opened from the server's config), then
  * PUT /v1/blobs/{hash}/location, which verifies the copy and switches; the old copy drains and the
  * server deletes it after drain_grace. Resumable: a blob already at TO is skipped, a copy already
- * at TO with the right size is not made again (the server verifies it before the switch). */
+ * at TO with the right size is not made again (the server hashes it before the switch). A
+ * streamed copy is hashed as it is read and nothing is written if it is not the blob's. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -24,7 +25,8 @@ static const char migrate_usage[] =
     "                       [--concurrency N] [--rate MB/s] [--limit N] [--dry-run]\n"
     "  -c CONFIG        the server's config file (the stores are opened from it to copy bytes)\n"
     "  --from, --to     store names; blobs whose primary location is in FROM move to TO\n"
-    "  --verify         how the server checks the copy before switching (default sha256)\n"
+    "  --verify         sha256 (default) or size: the copy's SHA-256 is always checked (streamed\n"
+    "                   copies as they are read, and by the server before it switches)\n"
     "  --concurrency N  blobs in flight (default 4)\n"
     "  --rate MB/s      at most this many megabytes per second copied (default: no limit)\n"
     "  --limit N        move at most N blobs in this run\n"
@@ -185,13 +187,14 @@ static void move_one(struct migrate *m, struct item *it) {
   }
   for (int attempt = 0; attempt < 2; attempt++) {
     uint64_t have = 0;
-    /* a copy left by an earlier, interrupted run is not made again: the server verifies it */
+    /* a copy left by an earlier, interrupted run is not made again: the server hashes it before
+     * the switch (whatever --verify says) and refuses other bytes, and then it is copied again */
     if (attempt == 0 && br_store_stat(m->to, dst_key, &have, &err) == 0 && have == it->size) {
       copied_before = 1;
     } else {
       rate_wait(m, it->size);
       double t = now_s();
-      if (br_store_copy(m->from, it->key, m->to, dst_key, &err) < 0) goto done;
+      if (br_store_copy_blob(m->from, it->key, m->to, dst_key, digest, &err) < 0) goto done;
       copy_s += now_s() - t;
       copied_before = 0;
     }

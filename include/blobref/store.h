@@ -17,7 +17,8 @@ typedef struct br_store_writer br_store_writer;
 typedef struct br_store_reader {
   int fd;
   uint64_t size;
-  br_source *source; /* always set: random access to the object's bytes */
+  br_source *source;   /* always set: random access to the object's bytes */
+  uint64_t changed_ms; /* fs: the later of the file's mtime and ctime (ms); 0 when unknown */
 } br_store_reader;
 
 /* The message of an fs store that refuses a key because a component of its path is a symbolic
@@ -81,6 +82,10 @@ void br_store_reader_close(br_store_reader *r);
 /* Transfers ownership of the reader's fd to the caller (e.g. to libmicrohttpd for sendfile). */
 int br_store_reader_take_fd(br_store_reader *r);
 
+/* Reads key whole: its SHA-256 in out and its size. Returns 0, 1 if absent, -1 with err. */
+int br_store_hash(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uint64_t *size,
+                  br_err *err);
+
 /* Size of key, or 1 if absent, -1 on error (an fs store refuses the same keys as for reading). */
 int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err);
 
@@ -129,5 +134,10 @@ int br_store_list(br_store *st, const char *prefix, br_store_list_fn fn, void *u
  * do it server-side; otherwise the bytes are streamed through. */
 int br_store_copy(br_store *src, const char *src_key, br_store *dst, const char *dst_key,
                   br_err *err);
+/* br_store_copy of a blob whose SHA-256 is want: a streamed copy hashes what it reads and, if
+ * that is not want, commits nothing and fails ("digest mismatch: ..."). A server-side copy cannot
+ * be hashed on the way: the caller verifies the target (PUT .../location always does). */
+int br_store_copy_blob(br_store *src, const char *src_key, br_store *dst, const char *dst_key,
+                       const uint8_t want[BR_SHA256_LEN], br_err *err);
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "core/blobcache.h"
 #include "http/handlers.h"
 
 static const char *header(struct request *req, const char *name) {
@@ -195,6 +196,13 @@ enum MHD_Result upload_finish(struct request *req) {
   return MHD_YES;
 }
 
+/* Does the small-blob cache hold the request's blob (checked against its hash when it went in)? */
+static int blob_cached(struct request *req) {
+  cached_blob *hit = blobcache_get(req->srv->cache, req->digest);
+  if (hit) blobcache_release(hit);
+  return hit != NULL;
+}
+
 enum MHD_Result blob_get(struct request *req) {
   br_record rec;
   br_err err;
@@ -209,7 +217,10 @@ enum MHD_Result blob_get(struct request *req) {
   if (!store)
     return reply_error(req, E_STORE_UNAVAILABLE, "the blob's store %s is not configured",
                        loc ? loc->store : "(none)");
-  if (br_store_serve_mode(store) == BR_SERVE_REDIRECT && !req->proxy) {
+  /* redirects are for GET: a HEAD is answered from the index (a presigned URL is GET-only), and
+   * a small blob the cache holds is served from it while the store is unreachable */
+  if (br_store_serve_mode(store) == BR_SERVE_REDIRECT && !req->proxy && !req->is_head &&
+      !(br_store_unavailable(store) && blob_cached(req))) {
     char url[4096];
     uint64_t valid_ms;
     /* an active type goes where the answer is a download, or is proxied with our headers */

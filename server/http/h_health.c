@@ -211,6 +211,11 @@ enum MHD_Result metrics_get(struct request *req) {
           "\n"
           "blobref_cache_requests_total{result=\"miss\"} %" PRIu64
           "\n"
+          "# HELP blobref_read_digest_mismatch_total Reads from a store whose bytes were not the "
+          "blob (proxied: cut before the end; fetched for the cache: 503).\n"
+          "# TYPE blobref_read_digest_mismatch_total counter\nblobref_read_digest_mismatch_total "
+          "%" PRIu64
+          "\n"
           "# HELP blobref_connections_open Client connections open now.\n"
           "# TYPE blobref_connections_open gauge\nblobref_connections_open %u\n"
           "# HELP blobref_json_inflight_bytes Bytes of JSON request bodies buffered now.\n"
@@ -225,9 +230,10 @@ enum MHD_Result metrics_get(struct request *req) {
           "\n"
           "blobref_slow_clients_cut_total{phase=\"body\"} %" PRIu64 "\n",
           atomic_load(&http->uploads_created), atomic_load(&http->uploads_dedup),
-          atomic_load(&http->cache_hits), atomic_load(&http->cache_misses), conns,
-          atomic_load(&http->json_inflight), atomic_load(&http->json_refused),
-          atomic_load(&http->slow_cut[0]), atomic_load(&http->slow_cut[1]));
+          atomic_load(&http->cache_hits), atomic_load(&http->cache_misses),
+          atomic_load(&http->read_digest_mismatch), conns, atomic_load(&http->json_inflight),
+          atomic_load(&http->json_refused), atomic_load(&http->slow_cut[0]),
+          atomic_load(&http->slow_cut[1]));
   appendf(&t,
           "# HELP blobref_spool_bytes Upload bytes spooled for S3 and not yet sent.\n"
           "# TYPE blobref_spool_bytes gauge\nblobref_spool_bytes %" PRIu64 "\n",

@@ -1,4 +1,5 @@
-/* POST /v1/import: index existing objects in place, each checked in its store first. */
+/* POST /v1/import: index existing objects in place, each checked (size and SHA-256) in its store
+ * first. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,9 +10,10 @@
 #include "store/internal.h"
 
 /* {"blobs":[{"sha256","size","store","key","content_type"}...]} -> {"results":[{"sha256","key",
- * "result":"created"|"exists"|"duplicate"|"error","message"?}]}. Each key is stat'ed in its
- * store (on a finisher thread) and must have the given size; the records are inserted in one
- * batch of conditional inserts (an existing record is never changed). */
+ * "result":"created"|"exists"|"duplicate"|"error","message"?}]}. Each key of a blob the index does
+ * not know is read and hashed in its store (on a finisher thread) and must have the given size
+ * and SHA-256 (an indexed one is only stat'ed: it is never inserted again); the records are
+ * inserted in one batch of conditional inserts (an existing record is never changed). */
 
 #define IMPORT_MAX 1000
 
@@ -48,20 +50,37 @@ static void import_run(struct request *req) {
     br_store *st = br_server_store(srv, l->store);
     uint64_t size = 0;
     br_err err;
-    int rc = br_store_stat(st, l->key, &size, &err);
-    if (rc != 0 || size != it->rec.size) {
+    /* a blob the index has already is never inserted again (exists / duplicate): no need to
+     * read it; anything new is hashed, so a claimed sha256 its bytes do not have is refused */
+    uint8_t got[BR_SHA256_LEN];
+    uint64_t hashed_from = br_now_ms(); /* a later write moves the file's ctime past it */
+    br_record known;
+    int rc = br_index_get(srv->index, it->digest, &known, &err);
+    if (rc == 0) {
+      rc = br_store_stat(st, l->key, &size, &err);
+      memcpy(got, it->digest, BR_SHA256_LEN);
+    } else {
+      rc = br_store_hash(st, l->key, got, &size, &err);
+    }
+    if (rc != 0 || size != it->rec.size || memcmp(got, it->digest, BR_SHA256_LEN)) {
       snprintf(it->result, sizeof it->result, "error");
+      char ghex[BR_HEX_LEN + 1];
+      br_hex_encode(got, ghex);
       if (rc > 0)
         snprintf(it->message, sizeof it->message, "%s:%s: no such object", l->store, l->key);
       else if (rc < 0)
         snprintf(it->message, sizeof it->message, "%s", err.msg);
-      else
+      else if (size != it->rec.size)
         snprintf(it->message, sizeof it->message, "%s:%s has %" PRIu64 " bytes, not %" PRIu64,
                  l->store, l->key, size, it->rec.size);
+      else
+        snprintf(it->message, sizeof it->message, "digest_mismatch: %s:%s has SHA-256 %s", l->store,
+                 l->key, ghex);
+      if (rc == 0) br_warn("import: %s", it->message);
       continue;
     }
     it->rec.created_ms = it->rec.last_upload_ms = it->rec.state_ms = now;
-    l->verified_at_ms = now;
+    l->verified_at_ms = hashed_from;
     ch[m].kind = BR_LOC_INSERT;
     ch[m].rec = &it->rec;
     memcpy(ch[m].digest, it->digest, BR_SHA256_LEN);

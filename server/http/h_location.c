@@ -1,5 +1,5 @@
 /* PUT /v1/blobs/{hash}/location: moving a blob between stores without a failed read (PRODUCT.md
- * invariant 7). The new copy is verified (size, or SHA-256 by re-reading it) on a finisher
+ * invariant 7). The new copy is verified (its size and SHA-256, by re-reading it) on a finisher
  * thread and the primary switched in the index writer's transaction, conditional on the expected
  * current primary; the old location becomes `draining` (since the switch, kept in the record)
  * and the drain thread (core/drain.c) deletes it after drain_grace, durably across restarts. */
@@ -13,38 +13,12 @@
 #include "http/handlers.h"
 #include "store/internal.h"
 
-/* ---- reading a whole object back, hashing it ---------------------------------------------- */
-
-/* SHA-256 and size of key in st. Returns 0, 1 if absent, -1 + err. */
-static int hash_object(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uint64_t *size,
-                       br_err *err) {
-  br_store_reader r;
-  int rc = br_store_open_read(st, key, &r, err);
-  if (rc) return rc;
-  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-  enum { CHUNK = 1 << 20 };
-  char *buf = malloc(CHUNK);
-  rc = ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) ? 0 : br_fail(err, "out of memory");
-  for (uint64_t off = 0; rc == 0 && off < r.size;) {
-    size_t n = r.size - off < CHUNK ? (size_t)(r.size - off) : CHUNK;
-    rc = r.source->pread(r.source, buf, n, off, err);
-    if (rc == 0) EVP_DigestUpdate(ctx, buf, n);
-    off += n;
-  }
-  if (rc == 0) EVP_DigestFinal_ex(ctx, out, NULL);
-  *size = r.size;
-  free(buf);
-  EVP_MD_CTX_free(ctx);
-  br_store_reader_close(&r);
-  return rc;
-}
-
 /* ---- PUT /v1/blobs/{hash}/location ------------------------------------------------------------
  */
 
 struct move_job {
   br_location expect, to;
-  int verify_sha; /* 1: re-read and hash; 0: size only */
+  int verify_sha; /* what the client asked for: 1 sha256, 0 size (both hash the copy now) */
   /* results */
   int ok;                  /* switched */
   enum br_api_error error; /* else why not */
@@ -112,23 +86,21 @@ static void move_run(struct request *req) {
   }
   uint64_t t0 = br_now_ms();
   uint64_t size = 0;
-  if (mj->verify_sha) {
-    uint8_t got[BR_SHA256_LEN];
-    rc = hash_object(dst, mj->to.key, got, &size, &err);
-    if (rc == 0 && (size != rec.size || memcmp(got, req->digest, BR_SHA256_LEN))) {
-      char ghex[BR_HEX_LEN + 1];
-      br_hex_encode(got, ghex);
-      move_fail(mj, E_VERIFY_FAILED, "%s:%s has %" PRIu64 " bytes with SHA-256 %s, not %s",
-                mj->to.store, mj->to.key, size, ghex, hex);
-      goto out;
-    }
-  } else {
-    rc = br_store_stat(dst, mj->to.key, &size, &err);
-    if (rc == 0 && size != rec.size) {
-      move_fail(mj, E_VERIFY_FAILED, "%s:%s has %" PRIu64 " bytes, the blob %" PRIu64, mj->to.store,
-                mj->to.key, size, rec.size);
-      goto out;
-    }
+  /* `to` is always read back and hashed: a size check alone let a store that flipped bits on
+   * the way become the primary (verify "size" adds nothing to it any more) */
+  uint8_t got[BR_SHA256_LEN];
+  rc = br_store_hash(dst, mj->to.key, got, &size, &err);
+  if (rc == 0 && size != rec.size) {
+    move_fail(mj, E_VERIFY_FAILED, "%s:%s has %" PRIu64 " bytes, the blob %" PRIu64, mj->to.store,
+              mj->to.key, size, rec.size);
+    goto out;
+  }
+  if (rc == 0 && memcmp(got, req->digest, BR_SHA256_LEN)) {
+    char ghex[BR_HEX_LEN + 1];
+    br_hex_encode(got, ghex);
+    move_fail(mj, E_VERIFY_FAILED, "%s:%s has %" PRIu64 " bytes with SHA-256 %s, not %s",
+              mj->to.store, mj->to.key, size, ghex, hex);
+    goto out;
   }
   if (rc > 0) {
     move_fail(mj, E_VERIFY_FAILED, "%s:%s: no such object", mj->to.store, mj->to.key);
@@ -155,7 +127,7 @@ static void move_run(struct request *req) {
   uint64_t t1 = br_now_ms();
   mj->verify_ms = t1 - t0;
   br_loc_change ch = {.kind = BR_LOC_SWITCH, .expect = mj->expect, .to = mj->to};
-  ch.to.verified_at_ms = t1;
+  ch.to.verified_at_ms = t0; /* the hash began then: a later write shows in the file's ctime */
   memcpy(ch.digest, req->digest, BR_SHA256_LEN);
   rc = br_index_apply_locations(srv->index, &ch, 1, t1, &err);
   mj->switch_ms = br_now_ms() - t1;
@@ -183,9 +155,12 @@ static void move_run(struct request *req) {
   }
 out:
   if (locked) br_server_lock_blob(srv, req->digest, 0);
+  if (!mj->ok && mj->error == E_VERIFY_FAILED)
+    br_warn("blob %s: move %s:%s -> %s:%s refused, verify_failed (digest mismatch): %s", hex,
+            mj->expect.store, mj->expect.key, mj->to.store, mj->to.key, mj->message);
   if (mj->ok) {
-    br_info("blob %s: moved %s:%s -> %s:%s (verified by %s)", hex, mj->expect.store, mj->expect.key,
-            mj->to.store, mj->to.key, mj->verify_sha ? "sha256" : "size");
+    br_info("blob %s: moved %s:%s -> %s:%s (verified by sha256%s)", hex, mj->expect.store,
+            mj->expect.key, mj->to.store, mj->to.key, mj->verify_sha ? "" : ", asked for size");
     if (strcmp(mj->expect.store, mj->to.store) || strcmp(mj->expect.key, mj->to.key))
       br_server_blob_gone(srv, req->digest); /* cached redirects and CDN copies point elsewhere */
   }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include <curl/curl.h>
+#include <openssl/evp.h>
 
 #include "http/proxy.h"
 
@@ -55,6 +56,11 @@ struct proxy_job {
   enum { OP_NONE, OP_START, OP_RESUME, OP_CANCEL } op;
   struct proxy_job *next_live; /* engine's list of jobs it owns */
   struct proxy_engine *engine;
+  /* whole-blob reads: the stream is hashed and its last bytes held back unless it is the blob */
+  EVP_MD_CTX *verify;
+  uint8_t want[BR_SHA256_LEN];
+  atomic_uint_fast64_t *mismatches; /* br_http's counter */
+  char store_name[BR_MAX_STORE_NAME + 1];
 };
 
 struct proxy_engine {
@@ -70,6 +76,7 @@ struct proxy_engine {
 static void job_free(struct proxy_job *j) {
   if (j->easy) curl_easy_cleanup(j->easy);
   curl_slist_free_all(j->headers);
+  EVP_MD_CTX_free(j->verify);
   pthread_mutex_destroy(&j->lock);
   free(j->segs);
   free(j->lits);
@@ -160,6 +167,27 @@ static size_t on_origin_header(char *line, size_t size, size_t nmemb, void *ud) 
   return n;
 }
 
+/* Hashes the next n bytes of a whole-blob stream; when they are its last, says whether the blob
+ * hashes to what it should (0: they must not go out, the client sees a short body). Job lock held.
+ */
+static int verified_chunk(struct proxy_job *j, const char *data, size_t n) {
+  EVP_DigestUpdate(j->verify, data, n);
+  if (j->seg_got + n < j->segs[j->seg].len) return 1;
+  uint8_t got[BR_SHA256_LEN];
+  EVP_DigestFinal_ex(j->verify, got, NULL);
+  EVP_MD_CTX_free(j->verify);
+  j->verify = NULL;
+  if (!memcmp(got, j->want, BR_SHA256_LEN)) return 1;
+  char hex[BR_HEX_LEN + 1];
+  br_hex_encode(j->want, hex);
+  atomic_fetch_add(j->mismatches, 1);
+  br_error(
+      "blob %s: the proxied bytes do not match their hash (store %s): the reply was cut "
+      "before its end",
+      hex, j->store_name);
+  return 0;
+}
+
 /* Walks n bytes of the transfer from the job's position without changing anything: the bytes
  * they put into the ring (the segments' bytes, and the literals between segments read by the
  * same transfer). -1 when they run past the last segment the transfer was asked for. */
@@ -227,6 +255,9 @@ static size_t on_origin_body(char *data, size_t size, size_t nmemb, void *ud) {
   } else if (ring_room(j) < (size_t)need) {
     j->paused = 1;
     rc = CURL_WRITEFUNC_PAUSE;
+  } else if (j->verify && !verified_chunk(j, data, n)) {
+    fail(j, "the bytes do not match the blob's SHA-256");
+    rc = 0;
   } else {
     route_put(j, data, n);
     wake(j);
@@ -449,7 +480,7 @@ void proxy_engine_stop(br_http *http) {
  */
 
 int proxy_start(struct request *req, const char *url, const struct proxy_part *parts, size_t n,
-                int collect, uint64_t stall_ms, br_err *err) {
+                int collect, uint64_t stall_ms, const char *whole_blob_of, br_err *err) {
   struct proxy_engine *e = req->http->proxy;
   if (!e) return br_fail(err, "proxying is not running");
   struct proxy_job *j = calloc(1, sizeof *j);
@@ -488,6 +519,16 @@ int proxy_start(struct request *req, const char *url, const struct proxy_part *p
       j->segs[j->nsegs] = seg;
       prev_remote = &j->segs[j->nsegs++];
     }
+  }
+  if (whole_blob_of && n == 1 && !parts[0].literal_len && parts[0].first == 0) {
+    j->verify = EVP_MD_CTX_new();
+    if (!j->verify || !EVP_DigestInit_ex(j->verify, EVP_sha256(), NULL)) {
+      job_free(j);
+      return br_fail(err, "out of memory");
+    }
+    memcpy(j->want, req->digest, BR_SHA256_LEN);
+    j->mismatches = &req->http->read_digest_mismatch;
+    snprintf(j->store_name, sizeof j->store_name, "%s", whole_blob_of);
   }
   j->conn = req->conn;
   j->collect = collect;

@@ -602,7 +602,8 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
       }
       parts[np++] = (struct proxy_part){framing + offs[n], lens[n], 0, 0, 0};
     }
-    int rc = proxy_start(req, url, parts, np, cacheable, br_store_stall_ms(store), &err);
+    const char *whole = !cacheable && status == MHD_HTTP_OK ? br_store_name(store) : NULL;
+    int rc = proxy_start(req, url, parts, np, cacheable, br_store_stall_ms(store), whole, &err);
     free(framing);
     if (rc < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
     return MHD_YES; /* suspended: the origin's answer brings us back here */
@@ -627,6 +628,7 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
       char hex[BR_HEX_LEN + 1];
       br_hex_encode(req->digest, hex);
       br_error("blob %s: the bytes in store %s do not match their hash", hex, br_store_name(store));
+      atomic_fetch_add(&req->http->read_digest_mismatch, 1);
       return reply_error(req, E_STORE_UNAVAILABLE, "the stored bytes do not match their hash");
     }
     cached_blob *cb = blobcache_put(cache, req->digest, bytes, len);
@@ -653,6 +655,25 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
   struct MHD_Response *resp = proxy_response(req, body);
   if (!resp) return reply_error(req, E_INTERNAL, "cannot create the response");
   return finish_blob_reply(req, rec, resp, status, ranges, n, etag, repr);
+}
+
+/* Did the file behind an in-place key (indexed where it was, not at the store's content key)
+ * change (mtime or ctime) after the location's bytes were last hashed (verified_at)? Content
+ * keys are written only by the server (temp file + rename of hashed bytes; a concurrent upload
+ * of the same blob renames identical bytes over it). Stores that cannot tell (changed_ms 0) and
+ * locations never verified: no. */
+static int changed_since_verified(const br_record *rec, br_store *store, const char *key,
+                                  const uint8_t digest[BR_SHA256_LEN], const br_store_reader *r) {
+  char content_key[BR_MAX_KEY + 81];
+  if (br_store_default_key(store, digest, content_key, sizeof content_key) &&
+      !strcmp(content_key, key))
+    return 0;
+  for (int i = 0; i < rec->nlocations; i++) {
+    const br_location *l = &rec->locations[i];
+    if (!strcmp(l->store, br_store_name(store)) && !strcmp(l->key, key))
+      return r->changed_ms && l->verified_at_ms && r->changed_ms > l->verified_at_ms;
+  }
+  return 0;
 }
 
 enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *store,
@@ -716,9 +737,16 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     int fu = br_store_fetch_url(store, key, url, sizeof url, &err);
     if (fu < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
     via_url = fu == 0;
-    if (via_url && br_store_unavailable(store))
+    if (via_url && br_store_unavailable(store)) {
+      /* a small blob already in the cache was checked against its hash: no need of the store */
+      cached_blob *hit = n <= 1 ? blobcache_get(req->srv->cache, req->digest) : NULL;
+      if (hit) {
+        cache_outcome(req, 1);
+        return reply_cached(req, rec, hit, status, ranges, n, etag, repr);
+      }
       return reply_error(req, E_STORE_UNAVAILABLE, "store %s cannot be reached right now",
                          br_store_name(store));
+    }
   }
   if (via_url) return reply_proxied(req, rec, store, url, status, ranges, n, etag, repr);
   if (n <= 1) {
@@ -744,6 +772,15 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
              br_store_name(store), r.size, rec->size);
     br_store_reader_close(&r);
     return reply_error(req, E_STORE_UNAVAILABLE, "the stored size differs from the index");
+  }
+  if (changed_since_verified(rec, store, key, req->digest, &r)) {
+    br_error(
+        "blob %s: %s:%s changed after its bytes were hashed: not served until re-verified "
+        "(PUT /v1/blobs/%s/location onto itself)",
+        hex, br_store_name(store), key, hex);
+    br_store_reader_close(&r);
+    return reply_error(req, E_STORE_UNAVAILABLE,
+                       "the stored file changed after it was verified: not served as its hash");
   }
   if (status == MHD_HTTP_OK)
     resp = range_response(&r, 0, rec->size);

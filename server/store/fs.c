@@ -545,6 +545,11 @@ static int fs_open_read(br_store *st, const char *key, br_store_reader *out, br_
   }
   out->fd = fd;
   out->size = (uint64_t)sb.st_size;
+  /* a write, a truncate, a rename into place or a touch moves one of them: the reader compares
+   * it with the time the bytes were last hashed (the location's verified_at) */
+  uint64_t mtime_ms = (uint64_t)sb.st_mtim.tv_sec * 1000 + (uint64_t)sb.st_mtim.tv_nsec / 1000000;
+  uint64_t ctime_ms = (uint64_t)sb.st_ctim.tv_sec * 1000 + (uint64_t)sb.st_ctim.tv_nsec / 1000000;
+  out->changed_ms = mtime_ms > ctime_ms ? mtime_ms : ctime_ms;
   out->source = br_source_from_fd(fd, out->size, key, err);
   if (!out->source) {
     close(fd);

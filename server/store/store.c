@@ -4,6 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #include "blobref/header.h"
 #include "blobref/index.h"
 #include "store/internal.h"
@@ -183,6 +185,11 @@ int br_store_list(br_store *st, const char *prefix, br_store_list_fn fn, void *u
 
 int br_store_copy(br_store *src, const char *src_key, br_store *dst, const char *dst_key,
                   br_err *err) {
+  return br_store_copy_blob(src, src_key, dst, dst_key, NULL, err);
+}
+
+int br_store_copy_blob(br_store *src, const char *src_key, br_store *dst, const char *dst_key,
+                       const uint8_t want[BR_SHA256_LEN], br_err *err) {
   if (br_store_key_valid(src_key) < 0 || br_store_key_valid(dst_key) < 0)
     return br_fail(err, "invalid object key");
   if (dst->ops->copy_from && src->ops == dst->ops) {
@@ -199,19 +206,55 @@ int br_store_copy(br_store *src, const char *src_key, br_store *dst, const char 
   }
   enum { CHUNK = 1 << 20 };
   char *buf = malloc(CHUNK);
-  rc = buf ? 0 : br_fail(err, "out of memory");
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  rc = buf && ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) ? 0 : br_fail(err, "out of memory");
   for (uint64_t off = 0; rc == 0 && off < r.size;) {
     size_t n = r.size - off < CHUNK ? (size_t)(r.size - off) : CHUNK;
     rc = r.source->pread(r.source, buf, n, off, err);
+    if (rc == 0) EVP_DigestUpdate(ctx, buf, n);
     if (rc == 0) rc = br_store_write(w, buf, n, err);
     if (rc == 0) br_store_write_backlogged(w, 1); /* S3: at most two parts spooled */
     off += n;
   }
+  uint8_t got[BR_SHA256_LEN];
+  if (rc == 0) EVP_DigestFinal_ex(ctx, got, NULL);
+  if (rc == 0 && want && memcmp(got, want, BR_SHA256_LEN)) {
+    char ghex[BR_HEX_LEN + 1], whex[BR_HEX_LEN + 1];
+    br_hex_encode(got, ghex);
+    br_hex_encode(want, whex);
+    rc = br_fail(err, "digest mismatch: %s:%s read as SHA-256 %s, not %s (nothing written)",
+                 src->cfg.name, src_key, ghex, whex);
+  }
   free(buf);
+  EVP_MD_CTX_free(ctx);
   br_store_reader_close(&r);
   if (rc < 0) {
     br_store_write_abort(w);
     return -1;
   }
+  if (want) br_store_write_set_digest(w, want);
   return br_store_write_commit(w, dst_key, err);
+}
+
+int br_store_hash(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uint64_t *size,
+                  br_err *err) {
+  br_store_reader r;
+  int rc = br_store_open_read(st, key, &r, err);
+  if (rc) return rc;
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  enum { CHUNK = 1 << 20 };
+  char *buf = malloc(CHUNK);
+  rc = ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) ? 0 : br_fail(err, "out of memory");
+  for (uint64_t off = 0; rc == 0 && off < r.size;) {
+    size_t n = r.size - off < CHUNK ? (size_t)(r.size - off) : CHUNK;
+    rc = r.source->pread(r.source, buf, n, off, err);
+    if (rc == 0) EVP_DigestUpdate(ctx, buf, n);
+    off += n;
+  }
+  if (rc == 0) EVP_DigestFinal_ex(ctx, out, NULL);
+  *size = r.size;
+  free(buf);
+  EVP_MD_CTX_free(ctx);
+  br_store_reader_close(&r);
+  return rc;
 }

@@ -96,7 +96,8 @@ def test_inplace_reimport_of_a_rewritten_file(tmp_path):
 
 def test_move_onto_another_blobs_file_is_refused(tmp_path):
     """PUT /v1/blobs/{X}/location with verify=size onto Y's file (same size) used to point X at
-    Y's bytes (and a later drain or delete of one took the other's): 409 key_in_use."""
+    Y's bytes (and a later drain or delete of one took the other's). The copy is hashed whatever
+    `verify` says, so it is a 422 verify_failed before the index's 409 key_in_use is reached."""
     srv = Server(tmp_path / "data", config_text="[server]\ncache_size = 0\n").start()
     try:
         x, y = random.Random(3).randbytes(4096), random.Random(4).randbytes(4096)
@@ -108,7 +109,7 @@ def test_move_onto_another_blobs_file_is_refused(tmp_path):
         body = {"expect": {"store": "local", "key": key(X)}, "to": {"store": "local", "key": key(Y)},
                 "verify": "size"}
         r = requests.put(f"{srv.url}/v1/blobs/{X}/location", json=body, timeout=30)
-        assert r.status_code == 409 and r.json()["error"]["code"] == "key_in_use", r.text
+        assert r.status_code == 422 and r.json()["error"]["code"] == "verify_failed", r.text
         m = requests.get(f"{srv.url}/v1/blobs/{X}/meta", timeout=30).json()
         assert [loc["key"] for loc in m["locations"]] == [key(X)], m
         for data, h in ((x, X), (y, Y)):

@@ -251,6 +251,15 @@ int main(void) {
   CHECK(br_store_copy(st, key, st2, key, &err) == 0, "copy: %s", err.msg);
   CHECK(br_store_stat(st2, key, &size, &err) == 0 && size == 5, "copied");
   CHECK(br_store_copy(st, "sha256/00/00/none", st2, "x", &err) < 0, "copy of an absent key");
+  /* a copy of a blob is hashed on the way: other bytes than its hash commit nothing */
+  CHECK(br_store_copy_blob(st, key, st2, "other/y", digest, &err) < 0 &&
+            strstr(err.msg, "digest mismatch") && br_store_stat(st2, "other/y", &size, &err) == 1,
+        "copy of bytes that are not the blob's refused: %s", err.msg);
+  uint8_t hello[BR_SHA256_LEN];
+  br_hex_decode("2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824", 64, hello);
+  CHECK(br_store_copy_blob(st, key, st2, "other/y", hello, &err) == 0 &&
+            br_store_stat(st2, "other/y", &size, &err) == 0 && size == 5,
+        "copy of the blob's bytes: %s", err.msg);
 
   CHECK(br_store_delete(st, key, &err) == 0 && br_store_stat(st, key, &size, &err) == 1, "delete");
   CHECK(br_store_delete(st, key, &err) == 0, "deleting an absent key is fine");
