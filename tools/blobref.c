@@ -12,33 +12,43 @@ static const struct command {
   const char *name;
   int (*run)(const cli_globals *g, int argc, char **argv);
   const char *usage;
+  const char *own; /* global option names this command takes as its own after its name */
 } commands[] = {
-    {"put", cmd_put, "put [--type CONTENT-TYPE] [-r] [--jobs N] FILE|DIR...|-  upload blobs"},
-    {"get", cmd_get, "get [--range SPEC] [-o FILE] HASH               download a blob"},
-    {"stat", cmd_stat, "stat HASH                                        show a blob's record"},
-    {"lookup", cmd_lookup, "lookup [HASH...|-]                               which blobs exist"},
-    {"ls", cmd_ls, "ls [--state live|quarantined] [--limit N]         list the index"},
+    {"put", cmd_put, "put [--type CONTENT-TYPE] [-r] [--jobs N] FILE|DIR...|-  upload blobs", NULL},
+    {"get", cmd_get, "get [--range SPEC] [-o FILE] HASH               download a blob", NULL},
+    {"stat", cmd_stat, "stat HASH                                        show a blob's record",
+     NULL},
+    {"lookup", cmd_lookup, "lookup [HASH...|-]                               which blobs exist",
+     NULL},
+    {"ls", cmd_ls, "ls [--state live|quarantined] [--limit N]         list the index", NULL},
     {"refs", cmd_refs,
-     "refs TABLE --column NAME [--form hex|binary|url] [--rewrite FROM=TO]... [--count|--files]"},
+     "refs TABLE --column NAME [--form hex|binary|url] [--rewrite FROM=TO]... [--count|--files]",
+     "--token"}, /* the REST catalog's token */
     {"reconcile", cmd_reconcile,
      "reconcile [--dry-run] [--force] [--full] [--wait]  start a reconcile run (admin)\n"
-     "  reconcile runs | reconcile show ID               the runs' reports"},
+     "  reconcile runs | reconcile show ID               the runs' reports",
+     NULL},
     {"hold", cmd_hold,
-     "hold HASH [--reason TEXT]                        quarantine a blob by hand (admin)"},
+     "hold HASH [--reason TEXT]                        quarantine a blob by hand (admin)", NULL},
     {"restore", cmd_restore,
-     "restore HASH                                     un-quarantine a blob (admin)"},
+     "restore HASH                                     un-quarantine a blob (admin)", NULL},
     {"extract-parquet", cmd_extract_parquet,
-     "extract-parquet IN OUT --column NAME [--as NEW] [--form hex|binary]   binaries -> SHA-256"},
+     "extract-parquet IN OUT --column NAME [--as NEW] [--form hex|binary]   binaries -> SHA-256",
+     NULL},
     {"column", cmd_column,
-     "column FILE --name COL                           a Parquet/ORC string or binary column"},
+     "column FILE --name COL                           a Parquet/ORC string or binary column",
+     NULL},
     {"export", cmd_export,
-     "export -o FILE.parquet [--state live|quarantined]   the index as Parquet"},
+     "export -o FILE.parquet [--state live|quarantined]   the index as Parquet", NULL},
     {"migrate", cmd_migrate,
-     "migrate -c CONFIG --from STORE --to STORE [--verify sha256|size] ...  move blobs (admin)"},
+     "migrate -c CONFIG --from STORE --to STORE [--verify sha256|size] ...  move blobs (admin)",
+     NULL},
     {"import", cmd_import,
-     "import SOURCE -c CONFIG --store NAME [--in-place|--copy] ...  index existing files (admin)"},
+     "import SOURCE -c CONFIG --store NAME [--in-place|--copy] ...  index existing files (admin)",
+     NULL},
     {"token", cmd_token,
-     "token new --scopes read,write,admin [--name NAME]    a bearer token and its [token] section"},
+     "token new --scopes read,write,admin [--name NAME]    a bearer token and its [token] section",
+     NULL},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
@@ -85,6 +95,25 @@ static const char *closest_command(const char *typed) {
       prefixes++, prefix_of = commands[i].name;
   }
   return best ? best : prefixes == 1 ? prefix_of : NULL;
+}
+
+/* Is argv word a (--name or --name=value) the option name, listed in own ("--a --b")? */
+static int is_own_option(const char *own, const char *a) {
+  size_t n = strcspn(a, "=");
+  for (const char *p = own; p && *p;) {
+    size_t len = strcspn(p, " ");
+    if (len == n && !strncmp(p, a, n)) return 1;
+    p += len;
+    p += strspn(p, " ");
+  }
+  return 0;
+}
+
+/* The entry of command name, or NULL. */
+static const struct command *find_command(const char *name) {
+  for (size_t c = 0; c < NCOMMANDS; c++)
+    if (!strcmp(name, commands[c].name)) return &commands[c];
+  return NULL;
 }
 
 /* Takes a global option at argv[*i] ("--server URL", "--server=URL", "--token", "--json"),
@@ -136,8 +165,8 @@ static int dispatch(const cli_globals *g, int nrest, char **rest) {
             name);
     return CLI_EXIT_USAGE;
   }
-  for (size_t c = 0; c < NCOMMANDS; c++)
-    if (!strcmp(name, commands[c].name)) return commands[c].run(g, nrest, rest);
+  const struct command *c = find_command(name);
+  if (c) return c->run(g, nrest, rest);
   const char *guess = closest_command(name);
   if (guess)
     fprintf(stderr, "blobref: unknown command '%s'; did you mean '%s'?\n", name, guess);
@@ -156,15 +185,22 @@ int main(int argc, char **argv) {
     return CLI_EXIT_FAILURE;
   }
   int nrest = 0, dashdash = 0;
+  const struct command *cmd = NULL; /* once its name is seen */
   for (int i = 1; i < argc; i++) {
     if (!dashdash && !strcmp(argv[i], "--")) dashdash = 1;
-    int t = dashdash ? 0 : take_global(&g, argc, argv, &i);
+    int own = cmd && is_own_option(cmd->own, argv[i]);
+    int t = dashdash || own ? 0 : take_global(&g, argc, argv, &i);
     if (t < 0) {
       fprintf(stderr, "blobref: %s needs a value\n", argv[i]);
       free(rest);
       return CLI_EXIT_USAGE;
     }
-    if (t == 0) rest[nrest++] = argv[i];
+    if (t == 0) {
+      if (own && i + 1 < argc && !strchr(argv[i], '=')) /* its value is the command's too */
+        rest[nrest++] = argv[i++];
+      rest[nrest++] = argv[i];
+      if (nrest == 1) cmd = find_command(argv[i]);
+    }
   }
   int rc = dispatch(&g, nrest, rest);
   free(rest);
