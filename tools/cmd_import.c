@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -87,20 +86,10 @@ static void report(struct importer *im, const char *what, const char *path, cons
   pthread_mutex_unlock(&im->lock);
 }
 
+/* The type import records: the extension's (as `blobref put` sends), else octet-stream. */
 static const char *content_type_of(const char *path) {
-  static const struct {
-    const char *ext, *type;
-  } types[] = {{"jpg", "image/jpeg"},        {"jpeg", "image/jpeg"},     {"png", "image/png"},
-               {"gif", "image/gif"},         {"webp", "image/webp"},     {"tif", "image/tiff"},
-               {"tiff", "image/tiff"},       {"mp3", "audio/mpeg"},      {"wav", "audio/wav"},
-               {"flac", "audio/flac"},       {"pdf", "application/pdf"}, {"txt", "text/plain"},
-               {"json", "application/json"}, {"mp4", "video/mp4"}};
-  const char *dot = strrchr(path, '.');
-  const char *slash = strrchr(path, '/');
-  if (!dot || (slash && dot < slash)) return "application/octet-stream";
-  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-    if (!strcasecmp(dot + 1, types[i].ext)) return types[i].type;
-  return "application/octet-stream";
+  const char *type = br_cli_type_for_name(path);
+  return type ? type : "application/octet-stream";
 }
 
 /* ---- the walker ---------------------------------------------------------------------------- */
