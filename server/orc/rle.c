@@ -133,6 +133,33 @@ static int read_bits(bitreader *b, int w, uint64_t *v) {
   return 0;
 }
 
+/* Reads n values of w bits from a byte-aligned reader into out: whole bytes into a 64-bit
+ * accumulator (read_bits' bit-by-bit loop was most of a dictionary column's decode time). Widths
+ * over 56 bits go through read_bits. Leaves the reader after the last value's bits. */
+static int unpack_bits(bitreader *b, int w, size_t n, uint64_t *out) {
+  if ((n * (size_t)w + 7) / 8 > (size_t)(b->end - b->p)) return -1;
+  if (w > 56 || b->bit) {
+    for (size_t i = 0; i < n; i++)
+      if (read_bits(b, w, &out[i]) != 0) return -1;
+    return 0;
+  }
+  const uint8_t *p = b->p;
+  uint64_t acc = 0, mask = (1ull << w) - 1;
+  int nbits = 0;
+  for (size_t i = 0; i < n; i++) {
+    while (nbits < w) {
+      acc = acc << 8 | *p++;
+      nbits += 8;
+    }
+    nbits -= w;
+    out[i] = (acc >> nbits) & mask;
+    acc &= (1ull << nbits) - 1;
+  }
+  b->p = nbits ? p - 1 : p;
+  b->bit = nbits ? 8 - (unsigned)nbits : 0;
+  return 0;
+}
+
 /* Skips to the next byte boundary (each run's packed values are padded to whole bytes). */
 static void align_bits(bitreader *b) {
   if (b->bit) {
@@ -174,11 +201,11 @@ static int rle_v2(int is_signed, const uint8_t *p, size_t len, uint64_t *out, si
     if (enc == 1) { /* DIRECT: run values of w bits */
       int w = decode_width(wcode);
       bitreader b = {p, end, 0};
-      for (size_t i = 0; i < run; i++) {
-        uint64_t v;
-        if (read_bits(&b, w, &v) != 0) return br_fail(err, "orc: RLE v2 direct run truncated");
-        out[pos++] = is_signed ? unzigzag(v) : v;
-      }
+      if (unpack_bits(&b, w, run, out + pos) != 0)
+        return br_fail(err, "orc: RLE v2 direct run truncated");
+      if (is_signed)
+        for (size_t i = pos; i < pos + run; i++) out[i] = unzigzag(out[i]);
+      pos += run;
       align_bits(&b);
       p = b.p;
     } else if (enc == 2) { /* PATCHED_BASE */
@@ -196,11 +223,9 @@ static int rle_v2(int is_signed, const uint8_t *p, size_t len, uint64_t *out, si
       if (pgw + pw > 64) return br_fail(err, "orc: RLE v2 patch wider than 64 bits");
       bitreader b = {p, end, 0};
       size_t first = pos;
-      for (size_t i = 0; i < run; i++) {
-        uint64_t v;
-        if (read_bits(&b, w, &v) != 0) return br_fail(err, "orc: RLE v2 patched run truncated");
-        out[pos++] = v;
-      }
+      if (unpack_bits(&b, w, run, out + pos) != 0)
+        return br_fail(err, "orc: RLE v2 patched run truncated");
+      pos += run;
       align_bits(&b);
       int cfb = closest_fixed_bits(pgw + pw);
       size_t at = first;
