@@ -58,12 +58,18 @@ int br_orc_bool_decode(const uint8_t *p, size_t len, uint8_t *out, size_t n, br_
 
 /* ---- RLE v1 ---- */
 
-static int rle_v1(int is_signed, const uint8_t *p, size_t len, uint64_t *out, size_t n,
-                  br_err *err) {
-  const uint8_t *end = p + len;
-  size_t pos = 0;
-  while (pos < n) {
-    if (p >= end) return br_fail(err, "orc: RLE v1 stream ends after %zu of %zu values", pos, n);
+/* The run decoders write values start .. into out[0 ..], whole runs while fewer than want - start,
+ * none past n (the stream's count: a run past it is an error); *pp is advanced, *endpos set. out
+ * needs room for want - start + BR_ORC_RLE_MAX_RUN - 1 values (or n - start). */
+static int rle_v1(int is_signed, const uint8_t **pp, const uint8_t *end, uint64_t *out,
+                  size_t start, size_t want, size_t n, size_t *endpos, br_err *err) {
+  const uint8_t *p = *pp;
+  size_t pos = 0; /* from start: out[pos] is value start + pos */
+  want -= start;
+  n -= start;
+  while (pos < want) {
+    if (p >= end) return br_fail(err, "orc: RLE v1 stream ends after %zu of %zu values", start + pos,
+                        start + n);
     uint8_t c = *p++;
     if (c < 0x80) { /* run: c + 3 values, a signed byte delta, the base as a varint */
       size_t run = (size_t)c + 3;
@@ -84,6 +90,8 @@ static int rle_v1(int is_signed, const uint8_t *p, size_t len, uint64_t *out, si
       }
     }
   }
+  *pp = p;
+  *endpos = start + pos;
   return 0;
 }
 
@@ -176,12 +184,15 @@ static int read_be(const uint8_t **p, const uint8_t *end, int nbytes, uint64_t *
   return 0;
 }
 
-static int rle_v2(int is_signed, const uint8_t *p, size_t len, uint64_t *out, size_t n,
-                  br_err *err) {
-  const uint8_t *end = p + len;
-  size_t pos = 0;
-  while (pos < n) {
-    if (p >= end) return br_fail(err, "orc: RLE v2 stream ends after %zu of %zu values", pos, n);
+static int rle_v2(int is_signed, const uint8_t **pp, const uint8_t *end, uint64_t *out,
+                  size_t start, size_t want, size_t n, size_t *endpos, br_err *err) {
+  const uint8_t *p = *pp;
+  size_t pos = 0; /* from start: out[pos] is value start + pos */
+  want -= start;
+  n -= start;
+  while (pos < want) {
+    if (p >= end) return br_fail(err, "orc: RLE v2 stream ends after %zu of %zu values", start + pos,
+                        start + n);
     uint8_t h = *p++;
     int enc = h >> 6;
     if (enc == 0) { /* SHORT_REPEAT: width in bytes, 3..10 copies */
@@ -265,12 +276,40 @@ static int rle_v2(int is_signed, const uint8_t *p, size_t len, uint64_t *out, si
       p = b.p;
     }
   }
+  *pp = p;
+  *endpos = start + pos;
   return 0;
 }
 
 int br_orc_rle_decode(int version, int is_signed, const uint8_t *p, size_t len, uint64_t *out,
                       size_t n, br_err *err) {
-  if (version == 1) return rle_v1(is_signed, p, len, out, n, err);
-  if (version == 2) return rle_v2(is_signed, p, len, out, n, err);
+  size_t got;
+  if (version == 1) return rle_v1(is_signed, &p, p + len, out, 0, n, n, &got, err);
+  if (version == 2) return rle_v2(is_signed, &p, p + len, out, 0, n, n, &got, err);
   return br_fail(err, "orc: unknown RLE version %d", version);
+}
+
+void br_orc_rle_init(br_orc_rle *r, int version, int is_signed, const uint8_t *p, size_t len,
+                     size_t n) {
+  r->version = version;
+  r->is_signed = is_signed;
+  r->p = p;
+  r->end = p + len;
+  r->pos = 0;
+  r->n = n;
+}
+
+int br_orc_rle_next(br_orc_rle *r, uint64_t *out, size_t want, size_t *got, br_err *err) {
+  size_t start = r->pos, stop = want > r->n - start ? r->n : start + want, endpos;
+  int rc;
+  if (r->version == 1)
+    rc = rle_v1(r->is_signed, &r->p, r->end, out, start, stop, r->n, &endpos, err);
+  else if (r->version == 2)
+    rc = rle_v2(r->is_signed, &r->p, r->end, out, start, stop, r->n, &endpos, err);
+  else
+    return br_fail(err, "orc: unknown RLE version %d", r->version);
+  if (rc != 0) return rc;
+  r->pos = endpos;
+  *got = endpos - start;
+  return 0;
 }
