@@ -68,8 +68,9 @@ static int rle_v1(int is_signed, const uint8_t **pp, const uint8_t *end, uint64_
   want -= start;
   n -= start;
   while (pos < want) {
-    if (p >= end) return br_fail(err, "orc: RLE v1 stream ends after %zu of %zu values", start + pos,
-                        start + n);
+    if (p >= end)
+      return br_fail(err, "orc: RLE v1 stream ends after %zu of %zu values", start + pos,
+                     start + n);
     uint8_t c = *p++;
     if (c < 0x80) { /* run: c + 3 values, a signed byte delta, the base as a varint */
       size_t run = (size_t)c + 3;
@@ -191,8 +192,9 @@ static int rle_v2(int is_signed, const uint8_t **pp, const uint8_t *end, uint64_
   want -= start;
   n -= start;
   while (pos < want) {
-    if (p >= end) return br_fail(err, "orc: RLE v2 stream ends after %zu of %zu values", start + pos,
-                        start + n);
+    if (p >= end)
+      return br_fail(err, "orc: RLE v2 stream ends after %zu of %zu values", start + pos,
+                     start + n);
     uint8_t h = *p++;
     int enc = h >> 6;
     if (enc == 0) { /* SHORT_REPEAT: width in bytes, 3..10 copies */
