@@ -208,8 +208,8 @@ for v in range(CK + COMMITS):
         (T / "checkpoint-adds.jsonl").write_text(
             "".join(json.dumps({"add": {"path": q}}) + "\n" for q in sorted(live)))
 
-# The peer: the same replay in Python (json lines), the same output: every retained version's
-# live files as VERSION<TAB>PATH (the checkpoint's adds come from checkpoint-adds.jsonl).
+# The peer: the same replay in Python (json lines), the same output byte for byte: every retained
+# version's live files as VERSION<TAB>PATH, sorted (the checkpoint's adds from checkpoint-adds.jsonl).
 replay = T / "replay.py"
 replay.write_text('''import json, os, sys
 root, adds = sys.argv[1], sys.argv[2]
@@ -221,9 +221,9 @@ live = {}
 with open(adds) as f:
     for line in f:
         live[json.loads(line)["add"]["path"]] = 1
-out = sys.stdout
+out = []
 def emit(v):
-    out.write("".join(f"{v}\\t{root}/{p}\\n" for p in live))
+    out.extend(f"{v}\\t{root}/{p}\\n" for p in live)
 emit(ck)
 for n in names:
     with open(os.path.join(log, n)) as f:
@@ -234,11 +234,13 @@ for n in names:
             elif "remove" in a:
                 live.pop(a["remove"]["path"], None)
     emit(int(n[:20]))
+out.sort()  # blobref sorts its lines (bytewise) too
+sys.stdout.write("".join(out))
 ''')
 peer = [sys.executable, str(replay), str(tab), str(T / "checkpoint-adds.jsonl")]
 got = subprocess.run([BLOBREF, "refs", str(tab), "--files"], capture_output=True, check=True)
 want = subprocess.run(peer, capture_output=True, check=True)
-if sorted(got.stdout.splitlines()) != sorted(want.stdout.splitlines()):
+if got.stdout != want.stdout:
     sys.exit("refs --files and the Python replay differ")
 nlines = len(got.stdout.splitlines())
 tb, tpy, ratio = pair([BLOBREF, "refs", str(tab), "--files"], peer)
