@@ -64,6 +64,19 @@ int br_orc_read_column_at(br_orc_file *f, size_t i, br_orc_value_fn fn, void *ud
  * that goes past n values or data that ends early is an error. 0, or -1 + err. */
 int br_orc_rle_decode(int version, int is_signed, const uint8_t *p, size_t len, uint64_t *out,
                       size_t n, br_err *err);
+/* The same decode in pieces, so that a stripe's values need not all be in memory at once:
+ * init for a stream of n integers, then each next decodes whole runs until at least want values
+ * (or the rest of the n) are in out, *got of them; out has room for want + BR_ORC_RLE_MAX_RUN - 1.
+ * A run is at most 512 values (RLE v2; 130 in v1). 0, or -1 + err as br_orc_rle_decode. */
+#define BR_ORC_RLE_MAX_RUN 512
+typedef struct br_orc_rle {
+  int version, is_signed;
+  const uint8_t *p, *end;
+  size_t pos, n; /* values decoded so far, of n */
+} br_orc_rle;
+void br_orc_rle_init(br_orc_rle *r, int version, int is_signed, const uint8_t *p, size_t len,
+                     size_t n);
+int br_orc_rle_next(br_orc_rle *r, uint64_t *out, size_t want, size_t *got, br_err *err);
 /* Decodes n bytes of a byte-RLE stream into out[n]. 0, or -1 + err. */
 int br_orc_byte_rle_decode(const uint8_t *p, size_t len, uint8_t *out, size_t n, br_err *err);
 /* Decodes n booleans (byte RLE, most significant bit first) into out[n] as 0/1. */

@@ -516,6 +516,11 @@ static int load_stream(br_orc_file *f, size_t si, const stripe_col *c, int k, si
 }
 
 /* Calls fn for every row of stripe si of column col (a type id). */
+/* Dictionary indexes and lengths are decoded IDX_CHUNK (and at most one run more) at a time: a
+ * stripe of millions of rows had them all in one fresh array (8 bytes a value, most of the
+ * decode's time in page faults). */
+#define IDX_CHUNK 4096
+
 static int read_stripe(br_orc_file *f, size_t si, uint32_t col, br_orc_value_fn fn, void *ud,
                        br_err *err) {
   const orc_stripe *st = &f->stripes[si];
@@ -571,7 +576,7 @@ static int read_stripe(br_orc_file *f, size_t si, uint32_t col, br_orc_value_fn 
     }
     lens = malloc((c.dict_size + 1) * sizeof *lens);
     offs = malloc((c.dict_size + 1) * sizeof *offs);
-    idx = malloc((nvals + 1) * sizeof *idx);
+    idx = malloc((IDX_CHUNK + BR_ORC_RLE_MAX_RUN) * sizeof *idx);
     if (!lens || !offs || !idx) {
       br_fail(err, "out of memory");
       goto done;
@@ -590,12 +595,17 @@ static int read_stripe(br_orc_file *f, size_t si, uint32_t col, br_orc_value_fn 
       offs[i] = at;
       at += lens[i];
     }
-    if (br_orc_rle_decode(version, 0, data, dlen, idx, nvals, err) != 0) goto done;
-    for (size_t i = 0, v = 0; i < rows; i++) {
+    br_orc_rle ir;
+    br_orc_rle_init(&ir, version, 0, data, dlen, nvals);
+    for (size_t i = 0, v = 0, have = 0; i < rows; i++) {
       int cb;
       if (!present[i]) {
         cb = fn(ud, NULL, 0, 1);
       } else {
+        if (v == have) { /* the next piece of the indexes */
+          if (br_orc_rle_next(&ir, idx, IDX_CHUNK, &have, err) != 0) goto done;
+          v = 0;
+        }
         uint64_t k = idx[v++];
         if (k >= c.dict_size) {
           br_fail(err, "orc: stripe %zu: dictionary index %llu of %llu entries", si,
@@ -610,18 +620,23 @@ static int read_stripe(br_orc_file *f, size_t si, uint32_t col, br_orc_value_fn 
       }
     }
   } else {
-    lens = malloc((nvals + 1) * sizeof *lens);
+    lens = malloc((IDX_CHUNK + BR_ORC_RLE_MAX_RUN) * sizeof *lens);
     if (!lens) {
       br_fail(err, "out of memory");
       goto done;
     }
-    if (br_orc_rle_decode(version, 0, f->buf[S_LENGTH], llen, lens, nvals, err) != 0) goto done;
+    br_orc_rle lr;
+    br_orc_rle_init(&lr, version, 0, f->buf[S_LENGTH], llen, nvals);
     uint64_t at = 0;
-    for (size_t i = 0, v = 0; i < rows; i++) {
+    for (size_t i = 0, v = 0, have = 0; i < rows; i++) {
       int cb;
       if (!present[i]) {
         cb = fn(ud, NULL, 0, 1);
       } else {
+        if (v == have) { /* the next piece of the lengths */
+          if (br_orc_rle_next(&lr, lens, IDX_CHUNK, &have, err) != 0) goto done;
+          v = 0;
+        }
         uint64_t n = lens[v++];
         if (n > dlen - at) {
           br_fail(err, "orc: stripe %zu: value %zu (length %lld) runs past the column's data", si,

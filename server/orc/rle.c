@@ -58,12 +58,19 @@ int br_orc_bool_decode(const uint8_t *p, size_t len, uint8_t *out, size_t n, br_
 
 /* ---- RLE v1 ---- */
 
-static int rle_v1(int is_signed, const uint8_t *p, size_t len, uint64_t *out, size_t n,
-                  br_err *err) {
-  const uint8_t *end = p + len;
-  size_t pos = 0;
-  while (pos < n) {
-    if (p >= end) return br_fail(err, "orc: RLE v1 stream ends after %zu of %zu values", pos, n);
+/* The run decoders write values start .. into out[0 ..], whole runs while fewer than want - start,
+ * none past n (the stream's count: a run past it is an error); *pp is advanced, *endpos set. out
+ * needs room for want - start + BR_ORC_RLE_MAX_RUN - 1 values (or n - start). */
+static int rle_v1(int is_signed, const uint8_t **pp, const uint8_t *end, uint64_t *out,
+                  size_t start, size_t want, size_t n, size_t *endpos, br_err *err) {
+  const uint8_t *p = *pp;
+  size_t pos = 0; /* from start: out[pos] is value start + pos */
+  want -= start;
+  n -= start;
+  while (pos < want) {
+    if (p >= end)
+      return br_fail(err, "orc: RLE v1 stream ends after %zu of %zu values", start + pos,
+                     start + n);
     uint8_t c = *p++;
     if (c < 0x80) { /* run: c + 3 values, a signed byte delta, the base as a varint */
       size_t run = (size_t)c + 3;
@@ -84,6 +91,8 @@ static int rle_v1(int is_signed, const uint8_t *p, size_t len, uint64_t *out, si
       }
     }
   }
+  *pp = p;
+  *endpos = start + pos;
   return 0;
 }
 
@@ -133,6 +142,33 @@ static int read_bits(bitreader *b, int w, uint64_t *v) {
   return 0;
 }
 
+/* Reads n values of w bits from a byte-aligned reader into out: whole bytes into a 64-bit
+ * accumulator (read_bits' bit-by-bit loop was most of a dictionary column's decode time). Widths
+ * over 56 bits go through read_bits. Leaves the reader after the last value's bits. */
+static int unpack_bits(bitreader *b, int w, size_t n, uint64_t *out) {
+  if ((n * (size_t)w + 7) / 8 > (size_t)(b->end - b->p)) return -1;
+  if (w > 56 || b->bit) {
+    for (size_t i = 0; i < n; i++)
+      if (read_bits(b, w, &out[i]) != 0) return -1;
+    return 0;
+  }
+  const uint8_t *p = b->p;
+  uint64_t acc = 0, mask = (1ull << w) - 1;
+  int nbits = 0;
+  for (size_t i = 0; i < n; i++) {
+    while (nbits < w) {
+      acc = acc << 8 | *p++;
+      nbits += 8;
+    }
+    nbits -= w;
+    out[i] = (acc >> nbits) & mask;
+    acc &= (1ull << nbits) - 1;
+  }
+  b->p = nbits ? p - 1 : p;
+  b->bit = nbits ? 8 - (unsigned)nbits : 0;
+  return 0;
+}
+
 /* Skips to the next byte boundary (each run's packed values are padded to whole bytes). */
 static void align_bits(bitreader *b) {
   if (b->bit) {
@@ -149,12 +185,16 @@ static int read_be(const uint8_t **p, const uint8_t *end, int nbytes, uint64_t *
   return 0;
 }
 
-static int rle_v2(int is_signed, const uint8_t *p, size_t len, uint64_t *out, size_t n,
-                  br_err *err) {
-  const uint8_t *end = p + len;
-  size_t pos = 0;
-  while (pos < n) {
-    if (p >= end) return br_fail(err, "orc: RLE v2 stream ends after %zu of %zu values", pos, n);
+static int rle_v2(int is_signed, const uint8_t **pp, const uint8_t *end, uint64_t *out,
+                  size_t start, size_t want, size_t n, size_t *endpos, br_err *err) {
+  const uint8_t *p = *pp;
+  size_t pos = 0; /* from start: out[pos] is value start + pos */
+  want -= start;
+  n -= start;
+  while (pos < want) {
+    if (p >= end)
+      return br_fail(err, "orc: RLE v2 stream ends after %zu of %zu values", start + pos,
+                     start + n);
     uint8_t h = *p++;
     int enc = h >> 6;
     if (enc == 0) { /* SHORT_REPEAT: width in bytes, 3..10 copies */
@@ -174,11 +214,11 @@ static int rle_v2(int is_signed, const uint8_t *p, size_t len, uint64_t *out, si
     if (enc == 1) { /* DIRECT: run values of w bits */
       int w = decode_width(wcode);
       bitreader b = {p, end, 0};
-      for (size_t i = 0; i < run; i++) {
-        uint64_t v;
-        if (read_bits(&b, w, &v) != 0) return br_fail(err, "orc: RLE v2 direct run truncated");
-        out[pos++] = is_signed ? unzigzag(v) : v;
-      }
+      if (unpack_bits(&b, w, run, out + pos) != 0)
+        return br_fail(err, "orc: RLE v2 direct run truncated");
+      if (is_signed)
+        for (size_t i = pos; i < pos + run; i++) out[i] = unzigzag(out[i]);
+      pos += run;
       align_bits(&b);
       p = b.p;
     } else if (enc == 2) { /* PATCHED_BASE */
@@ -196,11 +236,9 @@ static int rle_v2(int is_signed, const uint8_t *p, size_t len, uint64_t *out, si
       if (pgw + pw > 64) return br_fail(err, "orc: RLE v2 patch wider than 64 bits");
       bitreader b = {p, end, 0};
       size_t first = pos;
-      for (size_t i = 0; i < run; i++) {
-        uint64_t v;
-        if (read_bits(&b, w, &v) != 0) return br_fail(err, "orc: RLE v2 patched run truncated");
-        out[pos++] = v;
-      }
+      if (unpack_bits(&b, w, run, out + pos) != 0)
+        return br_fail(err, "orc: RLE v2 patched run truncated");
+      pos += run;
       align_bits(&b);
       int cfb = closest_fixed_bits(pgw + pw);
       size_t at = first;
@@ -240,12 +278,40 @@ static int rle_v2(int is_signed, const uint8_t *p, size_t len, uint64_t *out, si
       p = b.p;
     }
   }
+  *pp = p;
+  *endpos = start + pos;
   return 0;
 }
 
 int br_orc_rle_decode(int version, int is_signed, const uint8_t *p, size_t len, uint64_t *out,
                       size_t n, br_err *err) {
-  if (version == 1) return rle_v1(is_signed, p, len, out, n, err);
-  if (version == 2) return rle_v2(is_signed, p, len, out, n, err);
+  size_t got;
+  if (version == 1) return rle_v1(is_signed, &p, p + len, out, 0, n, n, &got, err);
+  if (version == 2) return rle_v2(is_signed, &p, p + len, out, 0, n, n, &got, err);
   return br_fail(err, "orc: unknown RLE version %d", version);
+}
+
+void br_orc_rle_init(br_orc_rle *r, int version, int is_signed, const uint8_t *p, size_t len,
+                     size_t n) {
+  r->version = version;
+  r->is_signed = is_signed;
+  r->p = p;
+  r->end = p + len;
+  r->pos = 0;
+  r->n = n;
+}
+
+int br_orc_rle_next(br_orc_rle *r, uint64_t *out, size_t want, size_t *got, br_err *err) {
+  size_t start = r->pos, stop = want > r->n - start ? r->n : start + want, endpos;
+  int rc;
+  if (r->version == 1)
+    rc = rle_v1(r->is_signed, &r->p, r->end, out, start, stop, r->n, &endpos, err);
+  else if (r->version == 2)
+    rc = rle_v2(r->is_signed, &r->p, r->end, out, start, stop, r->n, &endpos, err);
+  else
+    return br_fail(err, "orc: unknown RLE version %d", r->version);
+  if (rc != 0) return rc;
+  r->pos = endpos;
+  *got = endpos - start;
+  return 0;
 }

@@ -118,6 +118,34 @@ static void test_rle_tables(void) {
     CHECK(bad == t->n, "%s: value %zu is %lld, want %lld", t->name, bad,
           bad < t->n ? (long long)out[bad] : 0, bad < t->n ? (long long)t->want[bad] : 0);
   }
+  /* the same streams in pieces (br_orc_rle_next, one value wanted at a time): same values, and
+   * an error for the same inputs */
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const rle_case *t = &cases[c];
+    uint64_t all[MAXV], piece[BR_ORC_RLE_MAX_RUN];
+    br_err err = {""};
+    br_orc_rle r;
+    br_orc_rle_init(&r, t->version, t->is_signed, t->in, t->in_len, t->n);
+    size_t total = 0, got = 0;
+    int rc = 0;
+    while (total < t->n && rc == 0) {
+      rc = br_orc_rle_next(&r, piece, 1, &got, &err);
+      if (rc == 0 && (got == 0 || got > BR_ORC_RLE_MAX_RUN || total + got > t->n)) rc = -2;
+      if (rc == 0) memcpy(all + total, piece, got * sizeof *piece);
+      total += rc == 0 ? got : 0;
+    }
+    if (!t->ok) {
+      CHECK(rc == -1 && err.msg[0], "%s in pieces: want an error, got rc=%d", t->name, rc);
+      continue;
+    }
+    CHECK(rc == 0 && total == t->n, "%s in pieces: rc=%d, %zu values: %s", t->name, rc, total,
+          err.msg);
+    if (rc != 0) continue;
+    size_t bad = t->n;
+    for (size_t i = 0; i < t->n && bad == t->n; i++)
+      if ((int64_t)all[i] != t->want[i]) bad = i;
+    CHECK(bad == t->n, "%s in pieces: value %zu differs", t->name, bad);
+  }
 }
 
 static void test_varint(void) {
