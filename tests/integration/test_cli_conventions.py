@@ -386,3 +386,24 @@ def test_ls_hold_restore_and_reconcile_runs(tmp_path):
         assert p.returncode == 2, p.stderr
     finally:
         srv.stop()
+
+
+# ---- docs that stay true -----------------------------------------------------------------------
+
+def test_readme_points_inside_the_repository_and_its_contents_resolve():
+    readme = (ROOT / "README.md").read_text()
+    outside = [m.group(0) for m in re.finditer(r"\.\./shared/[\w./-]*", readme)
+               if not m.group(0).startswith("../shared/testdata")]
+    assert not outside, f"README points outside the clone: {outside}"
+    slugs = set()
+    for h in re.findall(r"^#{2,3} (.+)$", readme, re.M):
+        slug = re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-")
+        slugs.add(slug)
+    anchors = re.findall(r"\]\(#([\w-]+)\)", readme)
+    assert len(anchors) >= 10, anchors
+    assert not [a for a in anchors if a not in slugs], [a for a in anchors if a not in slugs]
+    for rel in re.findall(r"`((?:tests|tools|conf|server|include)/[\w./-]+\.(?:sh|md|c|h|py|conf))`",
+                          readme):
+        if re.search(r"[A-Z]{3,}", rel):  # a placeholder such as server/store/KIND.c
+            continue
+        assert (ROOT / rel).exists(), f"README names {rel}, which does not exist"
