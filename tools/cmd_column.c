@@ -1,6 +1,7 @@
 /* `blobref column FILE --name COL`: one top-level string or binary column of a Parquet or ORC
  * file, one JSON value per line in file order. */
 #include <getopt.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,26 +22,57 @@ static const char column_help[] =
 
 typedef struct print_ctx {
   FILE *out;
-  int binary; /* 1: print as hex */
+  int binary;        /* 1: print as hex */
+  uint64_t not_utf8; /* values holding bytes that are not UTF-8 (printed as U+FFFD) */
 } print_ctx;
 
-/* Writes data as a JSON string: quotes, backslashes and control bytes escaped, other bytes as
- * they are (UTF-8 passes through). */
-static void put_json_string(FILE *out, const uint8_t *data, size_t len) {
+/* The length of the well-formed UTF-8 sequence at data[0] (RFC 3629: no overlong forms, no
+ * surrogates, nothing above U+10FFFF), or 0 when the bytes there are not one. */
+static size_t utf8_sequence(const uint8_t *data, size_t len) {
+  uint8_t c = data[0];
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xc2 && c <= 0xdf   ? 2
+             : c >= 0xe0 && c <= 0xef ? 3
+             : c >= 0xf0 && c <= 0xf4 ? 4
+                                      : 0;
+  if (n == 0 || len < n) return 0;
+  for (size_t i = 1; i < n; i++)
+    if ((data[i] & 0xc0) != 0x80) return 0;
+  if (c == 0xe0 && data[1] < 0xa0) return 0; /* overlong */
+  if (c == 0xed && data[1] > 0x9f) return 0; /* a surrogate */
+  if (c == 0xf0 && data[1] < 0x90) return 0; /* overlong */
+  if (c == 0xf4 && data[1] > 0x8f) return 0; /* above U+10FFFF */
+  return n;
+}
+
+/* Writes data as a JSON string: quotes, backslashes and control bytes escaped, UTF-8 as it is,
+ * and each byte that is not part of well-formed UTF-8 as U+FFFD (JSON text is UTF-8). Returns
+ * the number of bytes so replaced. */
+static size_t put_json_string(FILE *out, const uint8_t *data, size_t len) {
   static const char hex[] = "0123456789abcdef";
+  size_t replaced = 0;
   fputc('"', out);
-  for (size_t i = 0; i < len; i++) {
+  for (size_t i = 0; i < len;) {
     uint8_t c = data[i];
-    if (c == '"' || c == '\\') {
+    size_t n = utf8_sequence(data + i, len - i);
+    if (n == 0) {
+      fputs("\\ufffd", out);
+      replaced++;
+      i++;
+    } else if (c == '"' || c == '\\') {
       fputc('\\', out);
       fputc(c, out);
+      i++;
     } else if (c < 0x20) {
       fprintf(out, "\\u00%c%c", hex[c >> 4], hex[c & 15]);
+      i++;
     } else {
-      fputc(c, out);
+      fwrite(data + i, 1, n, out);
+      i += n;
     }
   }
   fputc('"', out);
+  return replaced;
 }
 
 static int print_value(void *ud, const uint8_t *data, size_t len, int is_null) {
@@ -56,14 +88,25 @@ static int print_value(void *ud, const uint8_t *data, size_t len, int is_null) {
     }
     fputs("\"\n", p->out);
   } else {
-    put_json_string(p->out, data, len);
+    if (put_json_string(p->out, data, len)) p->not_utf8++;
     fputc('\n', p->out);
   }
   return ferror(p->out) ? 1 : 0;
 }
 
+/* One warning on stderr when some values were not UTF-8 (the output stays one JSON value per
+ * line; the command does not fail). */
+static void warn_not_utf8(const print_ctx *p, const char *name) {
+  if (p->not_utf8)
+    fprintf(stderr,
+            "blobref column: %" PRIu64
+            " value%s of '%s' held bytes that are not UTF-8, printed "
+            "as U+FFFD\n",
+            p->not_utf8, p->not_utf8 == 1 ? "" : "s", name);
+}
+
 static int print_parquet(br_source *src, const char *name, br_err *err) {
-  print_ctx p = {stdout, 0};
+  print_ctx p = {stdout, 0, 0};
   int rc = -1;
   br_parquet_file *f = br_parquet_open(src, err);
   if (!f) return -1;
@@ -83,13 +126,14 @@ static int print_parquet(br_source *src, const char *name, br_err *err) {
                 info.converted_type == PQ_CT_JSON));
   rc = br_parquet_read_column_at(f, (size_t)ci, print_value, &p, err);
   if (rc > 0) rc = br_fail(err, "cannot write to stdout");
+  warn_not_utf8(&p, name);
 done:
   br_parquet_close(f);
   return rc;
 }
 
 static int print_orc(br_source *src, const char *name, br_err *err) {
-  print_ctx p = {stdout, 0};
+  print_ctx p = {stdout, 0, 0};
   int rc = -1, kind;
   const char *cname;
   br_orc_file *f = br_orc_open(src, err);
@@ -102,6 +146,7 @@ static int print_orc(br_source *src, const char *name, br_err *err) {
   p.binary = kind == BR_ORC_BINARY;
   rc = br_orc_read_column_at(f, (size_t)ci, print_value, &p, err);
   if (rc > 0) rc = br_fail(err, "cannot write to stdout");
+  warn_not_utf8(&p, name);
 done:
   br_orc_close(f);
   return rc;

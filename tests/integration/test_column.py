@@ -42,3 +42,22 @@ def test_refusals(tmp_path):
     p = subprocess.run([str(BIN_DIR / "blobref"), "column", str(junk)], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 2 and "--name COL is required" in p.stderr
+
+
+def test_bytes_that_are_not_utf8_become_u_fffd_and_a_warning(tmp_path):
+    """A string column may hold any bytes (ORC and Parquet do not check them); the output stays
+    one valid JSON value per line: each byte outside well-formed UTF-8 is U+FFFD, one warning."""
+    from orc_write import orc_file
+    values = [b"plain", "caf\u00e9 \u2603 \U0001F600".encode(), b"bad \xff byte",
+              b"\xc0\xaf overlong", b"\xed\xa0\x80 surrogate", b"cut \xe2\x82", None]
+    f = tmp_path / "mixed.orc"
+    f.write_bytes(orc_file("s", values))
+    p = subprocess.run([str(BIN_DIR / "blobref"), "column", str(f), "--name", "s"],
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.decode("utf-8").splitlines()  # strict: the output is UTF-8
+    assert [json.loads(line) for line in lines] == [
+        "plain", "caf\u00e9 \u2603 \U0001F600", "bad \ufffd byte", "\ufffd\ufffd overlong",
+        "\ufffd\ufffd\ufffd surrogate", "cut \ufffd\ufffd", None]
+    assert p.stderr.decode() == ("blobref column: 4 values of 's' held bytes that are not "
+                                 "UTF-8, printed as U+FFFD\n"), p.stderr
