@@ -411,18 +411,28 @@ int br_index_foreach_after(br_index *idx, const uint8_t *after, br_index_each_fn
   return out;
 }
 
+/* A read transaction (reader_begin) with a cursor on dbi. Returns the transaction, or NULL with
+ * err; the caller closes the cursor (mdb_cursor_close), then calls reader_end. */
+static MDB_txn *reader_cursor(br_index *idx, MDB_dbi dbi, MDB_cursor **cur, br_err *err) {
+  MDB_txn *txn = reader_begin(idx, err);
+  if (!txn) return NULL;
+  int rc = mdb_cursor_open(txn, dbi, cur);
+  if (rc) {
+    reader_end(idx, txn);
+    lmdb_fail(err, "open cursor", rc);
+    return NULL;
+  }
+  return txn;
+}
+
 int br_index_list_after(br_index *idx, const uint8_t *after, size_t limit, int state,
                         br_index_each_fn fn, void *ud, uint8_t next[BR_SHA256_LEN], int *has_next,
                         br_err *err) {
   *has_next = 0;
-  MDB_txn *txn = reader_begin(idx, err);
-  if (!txn) return -1;
   MDB_cursor *cur = NULL;
-  int rc = mdb_cursor_open(txn, idx->dbi, &cur);
-  if (rc) {
-    reader_end(idx, txn);
-    return lmdb_fail(err, "open cursor", rc);
-  }
+  MDB_txn *txn = reader_cursor(idx, idx->dbi, &cur, err);
+  if (!txn) return -1;
+  int rc;
   MDB_val k, v;
   int out = 0;
   size_t listed = 0, scanned = 0;
@@ -1124,14 +1134,10 @@ int br_index_purges_due(br_index *idx, const uint8_t *after, uint64_t now_ms, br
                         size_t max, uint8_t next[BR_SHA256_LEN], int *wrapped, br_err *err) {
   *wrapped = 1;
   if (!idx->has_purges) return 0;
-  MDB_txn *txn = reader_begin(idx, err);
-  if (!txn) return -1;
   MDB_cursor *cur = NULL;
-  int rc = mdb_cursor_open(txn, idx->purges, &cur);
-  if (rc) {
-    reader_end(idx, txn);
-    return lmdb_fail(err, "open cursor", rc);
-  }
+  MDB_txn *txn = reader_cursor(idx, idx->purges, &cur, err);
+  if (!txn) return -1;
+  int rc;
   MDB_val k, v;
   size_t n = 0, scanned = 0;
   for (rc = cursor_seek_after(cur, after, &k, &v); rc == 0 && n < max;
