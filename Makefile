@@ -2,7 +2,7 @@
 # sanitizer variant and runs every test; `make fuzz` builds and briefly runs the libFuzzer targets.
 
 PKGS := libmicrohttpd lmdb libcrypto libcurl jansson inih avro-c zlib snappy libzstd liblz4 \
-        libbrotlidec libbrotlienc gnutls
+        libbrotlidec libbrotlienc gnutls libpq libmagic
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

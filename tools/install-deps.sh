@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages blobref needs to build, test and benchmark; silent when all are present.
-# usage: tools/install-deps.sh [build|test|bench]   (each level includes the ones before it)
+# usage: tools/install-deps.sh [build|test|bench|failover]   (bench and failover include test)
 set -euo pipefail
 level=${1:-build}
 build_pkgs=(gcc make pkg-config libmicrohttpd-dev liblmdb-dev libssl-dev libcurl4-openssl-dev
   libjansson-dev libinih-dev libavro-dev zlib1g-dev libsnappy-dev libzstd-dev liblz4-dev libbrotli-dev
   libgnutls28-dev    # HTTPS certificates handed to libmicrohttpd's GnuTLS per handshake
+  libpq-dev          # [index] kind = postgres: the cluster index over libpq
+  libmagic-dev       # content types detected from a blob's first bytes
   nodejs npm)        # npm ci in ui/: uPlot, compiled into blobrefd for the console (/ui/)
 test_pkgs=(clang libclang-rt-14-dev curl lmdb-utils strace python3-requests python3-pytest
   prometheus systemd                          # promtool check metrics; systemd-analyze verify
@@ -13,14 +15,18 @@ test_pkgs=(clang libclang-rt-14-dev curl lmdb-utils strace python3-requests pyth
   varnish                                     # a real CDN in front of blobrefd: conf/varnish/blobref.vcl
   python3-pil python3-nbclient python3-nbformat python3-ipykernel   # the Python client and its notebook
   chromium python3-websocket   # the console in a real headless browser: tests/integration/test_ui.py
-  man-db groff-base)                  # man --warnings on conf/man/*
+  man-db groff-base                   # man --warnings on conf/man/*
+  postgresql-15 haproxy python3-psycopg2      # cluster mode: tests/cluster/ (primary, standby, HAProxy)
+  python3-fsspec python3-pytest-xdist)        # blobref:// for fsspec; the suite on both cores
+failover_pkgs=(patroni etcd-server etcd-client)   # make test-failover: Patroni over three etcd members
 bench_pkgs=(nginx-light wrk docker-registry)
 want=("${build_pkgs[@]}")
 case "$level" in
   build) ;;
   test) want+=("${test_pkgs[@]}") ;;
   bench) want+=("${test_pkgs[@]}" "${bench_pkgs[@]}") ;;
-  *) echo "usage: $0 [build|test|bench]" >&2; exit 2 ;;
+  failover) want+=("${test_pkgs[@]}" "${failover_pkgs[@]}") ;;
+  *) echo "usage: $0 [build|test|bench|failover]" >&2; exit 2 ;;
 esac
 missing=()
 for p in "${want[@]}"; do

@@ -3,6 +3,6 @@
 #ifndef BLOBREF_VERSION_H
 #define BLOBREF_VERSION_H
 
-#define BLOBREF_VERSION "0.2.0"
+#define BLOBREF_VERSION "0.3.0"
 
 #endif
