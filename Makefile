@@ -117,14 +117,22 @@ run:
 	@$(MAKE) --no-print-directory all
 	./bin/blobrefd
 
-# Everything: dependencies, sanitizer build, unit tests, fuzz smoke runs, integration tests.
+# Everything: dependencies, sanitizer build, unit tests, fuzz smoke runs, integration tests (on
+# BLOBREF_TEST_JOBS pytest workers, 2). Prints each phase's seconds at the end, failed or not.
 test:
-	@tools/install-deps.sh test
-	@$(MAKE) --no-print-directory MODE=san all unit-bins
-	@$(MAKE) --no-print-directory all
-	tests/run-unit.sh $(BUILD_ROOT)/san/tests
-	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$${FUZZ_SECONDS:-15}
-	tests/run-integration.sh $(BUILD_ROOT)/san/bin
+	@times=$$(mktemp); trap 'echo "make test: phase times"; cat "$$times"; rm -f "$$times"' EXIT; \
+	phase() { name=$$1; shift; t0=$$(date +%s); rc=0; "$$@" || rc=$$?; \
+	  printf '  %-12s %5ss%s\n' "$$name" $$(( $$(date +%s) - t0 )) \
+	    "$$([ $$rc = 0 ] || echo "  FAILED (exit $$rc)")" >>"$$times"; return $$rc; }; \
+	phase install-deps tools/install-deps.sh test && \
+	phase build-san $(MAKE) --no-print-directory MODE=san all unit-bins && \
+	phase build $(MAKE) --no-print-directory all && \
+	phase unit tests/run-unit.sh $(BUILD_ROOT)/san/tests && \
+	phase build-fuzz $(MAKE) --no-print-directory MODE=fuzz fuzz-bins && \
+	phase fuzz tests/run-fuzz.sh $(BUILD_ROOT)/fuzz/bin $${FUZZ_SECONDS:-15} && \
+	phase integration tests/run-integration.sh $(BUILD_ROOT)/san/bin; \
+	rc=$$?; t=0; for s in $$(awk '{print $$2}' "$$times" | tr -d s); do t=$$((t + s)); done; \
+	printf '  %-12s %5ss\n' total $$t >>"$$times"; exit $$rc
 
 # libFuzzer targets (clang); each runs FUZZ_SECONDS on its seed corpus in tests/fuzz/corpus/NAME.
 FUZZ_SECONDS ?= 30

@@ -26,6 +26,10 @@ def free_port():
         return s.getsockname()[1]
 
 
+class _PortTaken(Exception):
+    """blobrefd could not bind its port: another process took it after free_port() released it."""
+
+
 class Server:
     """A blobrefd process on a free loopback port with its own data directory."""
 
@@ -40,6 +44,19 @@ class Server:
         self.log_path = self.data_dir / "blobrefd.log"
 
     def start(self, timeout=20):
+        """Starts blobrefd and returns self once /readyz answers 200. free_port() only releases a
+        port it saw free: when another test process binds it first, blobrefd exits "cannot listen
+        ... Address already in use" and is started again on another free port (self.port and
+        self.url change), up to 5 times."""
+        for _ in range(5):
+            try:
+                return self._start_once(timeout)
+            except _PortTaken:
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        return self._start_once(timeout)
+
+    def _start_once(self, timeout):
         args = [str(BIN_DIR / "blobrefd"), "--listen", f"127.0.0.1:{self.port}",
                 "--data", str(self.data_dir)]
         if self.config_text is not None:
@@ -50,10 +67,16 @@ class Server:
         env = dict(os.environ, ASAN_OPTIONS="abort_on_error=0:detect_leaks=1",
                    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
         self.log = open(self.log_path, "ab")
+        log_start = len(self.read_log())  # the log is appended to across restarts
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
+                if f"cannot listen on 127.0.0.1:{self.port}: Address already in use" in \
+                        self.read_log()[log_start:]:
+                    self.proc = None
+                    self.log.close()
+                    raise _PortTaken()
                 raise RuntimeError(f"blobrefd exited {self.proc.returncode}:\n{self.read_log()}")
             try:
                 if requests.get(self.url + "/readyz", timeout=1).status_code == 200:

@@ -46,6 +46,22 @@ class Varnish:
         return text[:backend.start()] + b + text[backend.end():]
 
     def start(self, timeout=60):
+        """Starts varnishd; when another test process bound its free port first, again on another
+        free port (self.port and self.url change), up to 5 times."""
+        for _ in range(5):
+            log_start = len(self.read_log()) if (self.dir / "varnishd.log").exists() else 0
+            try:
+                return self._start_once(timeout)
+            except RuntimeError:
+                if self.proc is None or "Address already in use" not in self.read_log()[log_start:]:
+                    raise
+                self.proc = None
+                self.log.close()
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        return self._start_once(timeout)
+
+    def _start_once(self, timeout):
         vcl = self.dir / "blobref.vcl"
         vcl.write_text(self.vcl_text())
         self.log = open(self.dir / "varnishd.log", "ab")

@@ -8,7 +8,10 @@
 #        tests/s3/stop-rgw.sh DIR              stop everything
 #
 # S3 listens on 127.0.0.1:PORT, the monitor on PORT+1 (msgr v2) and PORT+2 (v1). With no PORT the
-# first free triple from 17480 up is taken; an explicit PORT that is busy is an error.
+# first free triple from 17480 up is taken; an explicit PORT that is busy is an error. Concurrent
+# starts (pytest-xdist workers, other checkouts) hold a lock, RGW_PORT_LOCK
+# (/tmp/blobref-start-rgw.lock), from choosing the ports until radosgw answers: a triple seen free
+# is not taken by another start before its daemons bind it.
 # Env: RGW_ACCESS_KEY/RGW_SECRET_KEY (TESTAK/TESTSK) for user "tester", RGW_ACCESS_KEY2/
 # RGW_SECRET_KEY2 (TESTAK2/TESTSK2) for "tester2", who owns nothing of tester's; clients sign
 # for region us-east-1; RGW_START_TIMEOUT seconds (90) before giving up; RGW_MEMSTORE_BYTES
@@ -31,6 +34,10 @@ for t in ceph-mon ceph-osd radosgw radosgw-admin ceph monmaptool curl python3; d
 done
 
 say() { echo "start-rgw: $*" >&2; }
+# fd 9 holds the lock until this script exits; every daemon is started with 9>&- so none keeps it
+exec 9>>"${RGW_PORT_LOCK:-/tmp/blobref-start-rgw.lock}"
+flock -w "$timeout_s" 9 || { say "another start-rgw.sh held the port lock for ${timeout_s}s"; exit 1; }
+deadline=$(( $(date +%s) + timeout_s ))  # the time waited for the lock does not count
 left() { local l=$(( deadline - $(date +%s) )); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
 fail() {
   say "FAILED: $*"
@@ -75,7 +82,7 @@ signed_get() {
 }
 start_rgw() {
   local port; port=$(cat "$D/port")
-  radosgw -c "$C" -n client.rgw.a -f </dev/null >>"$D/log/rgw.out" 2>&1 &
+  radosgw -c "$C" -n client.rgw.a -f </dev/null 9>&- >>"$D/log/rgw.out" 2>&1 &
   local pid=$!
   echo "rgw $pid" >>"$D/pids"
   # ready = answers a signed request as tester (so the user and its key are loaded too)
@@ -192,7 +199,7 @@ CONF
 monmaptool --create --addv a "[v2:127.0.0.1:$MONV2,v1:127.0.0.1:$MONV1]" --fsid "$FSID" \
   "$D/monmap" >"$D/log/mkfs.out" 2>&1 || fail "monmaptool"
 ceph-mon -c "$C" --mkfs -i a --monmap "$D/monmap" >>"$D/log/mkfs.out" 2>&1 || fail "ceph-mon --mkfs"
-ceph-mon -c "$C" -i a -f </dev/null >"$D/log/mon.out" 2>&1 &
+ceph-mon -c "$C" -i a -f </dev/null 9>&- >"$D/log/mon.out" 2>&1 &
 echo "mon $!" >"$D/pids"
 wait_for "ceph-mon" timeout 5 ceph -c "$C" --connect-timeout 4 mon stat
 say "mon up after $(python3 -c "import time; print(f'{time.time() - $t0:.1f}')") s"
@@ -202,7 +209,7 @@ ID=$(timeout "$(left)" ceph -c "$C" osd new "$OSD_UUID" 2>>"$D/log/mkfs.out") ||
 mkdir -p "$D/osd/ceph-$ID"
 timeout "$(left)" ceph-osd -c "$C" -i "$ID" --mkfs --osd-uuid "$OSD_UUID" >>"$D/log/mkfs.out" 2>&1 \
   || fail "ceph-osd --mkfs"
-ceph-osd -c "$C" -i "$ID" -f </dev/null >"$D/log/osd.out" 2>&1 &
+ceph-osd -c "$C" -i "$ID" -f </dev/null 9>&- >"$D/log/osd.out" 2>&1 &
 echo "osd $!" >>"$D/pids"
 osd_up() { ceph -c "$C" --connect-timeout 4 osd stat 2>/dev/null | grep -q " 1 up"; }
 wait_for "ceph-osd" osd_up
