@@ -378,3 +378,45 @@ def test_bad_direct_uploads_value_stops_startup(rgw, tmp_path):
     with pytest.raises(RuntimeError, match=r"blobref.conf:\d+: \[store lake\] direct_uploads "
                                            r"must be off, auto or on"):
         srv.start()
+
+
+def python_client():
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "tools" / "python"))
+    import blobref
+    return blobref
+
+
+def test_python_put_many_uploads_directly(rgw, direct, tmp_path):
+    blobref = python_client()
+    srv, b = direct()
+    files = []
+    for i in range(12):
+        p = tmp_path / f"f{i}.bin"
+        p.write_bytes(os.urandom(1000 + i))
+        files.append(p)
+    have = files[0].read_bytes()
+    assert requests.put(f"{srv.url}/v1/blobs/{sha(have)}", data=have,
+                        timeout=TIMEOUT).status_code == 201
+    received = metric(srv, "blobref_received_bytes_total")
+    c = blobref.Client(srv.url)
+    res = c.put_many(files, workers=4, batch_size=5)
+    assert res["present"] == 1 and res["uploaded"] == 11 and res["via_server"] == 0
+    assert res["bytes"] == sum(p.stat().st_size for p in files[1:])
+    assert res["hashes"] == [sha(p.read_bytes()) for p in files]
+    assert metric(srv, "blobref_received_bytes_total") == received  # nothing through blobrefd
+    for p in files:
+        assert c.get(sha(p.read_bytes())) == p.read_bytes()
+    again = c.put_many(files, workers=4)
+    assert again["present"] == 12 and again["uploaded"] == 0 and again["bytes"] == 0
+
+
+def test_python_put_many_falls_back_to_the_server(server, tmp_path):
+    blobref = python_client()
+    p = tmp_path / "a.txt"
+    p.write_bytes(b"through the server")
+    res = blobref.Client(server.url).put_many([p])
+    assert res["via_server"] == 1 and res["uploaded"] == 0 and res["bytes"] == p.stat().st_size
+    r = requests.get(f"{server.url}/v1/blobs/{sha(p.read_bytes())}", timeout=TIMEOUT)
+    assert r.content == p.read_bytes() and r.headers["Content-Type"].startswith("text/plain")
