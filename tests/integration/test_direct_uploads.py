@@ -420,3 +420,43 @@ def test_python_put_many_falls_back_to_the_server(server, tmp_path):
     assert res["via_server"] == 1 and res["uploaded"] == 0 and res["bytes"] == p.stat().st_size
     r = requests.get(f"{server.url}/v1/blobs/{sha(p.read_bytes())}", timeout=TIMEOUT)
     assert r.content == p.read_bytes() and r.headers["Content-Type"].startswith("text/plain")
+
+
+def cli(srv, *args):
+    import subprocess
+    from conftest import BIN_DIR
+    return subprocess.run([str(BIN_DIR / "blobref"), "--server", srv.url] + [str(a) for a in args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_put_direct(rgw, direct, tmp_path):
+    srv, b = direct()
+    d = tmp_path / "tree"
+    (d / "sub").mkdir(parents=True)
+    files = [d / "a.bin", d / "sub" / "b.txt", d / "sub" / "c.bin"]
+    for i, p in enumerate(files):
+        p.write_bytes(os.urandom(2000 + i))
+    have = files[0].read_bytes()
+    assert requests.put(f"{srv.url}/v1/blobs/{sha(have)}", data=have,
+                        timeout=TIMEOUT).status_code == 201
+    received = metric(srv, "blobref_received_bytes_total")
+    p = cli(srv, "put", "-r", d, "--direct", "--jobs", "2")
+    assert p.returncode == 0, p.stderr
+    lines = sorted(p.stdout.splitlines())
+    assert lines == sorted(f"{sha(f.read_bytes())}  {f}" for f in files)
+    assert "3 files: 2 uploaded, 1 already present, 0 failed" in p.stderr
+    assert f"{2001 + 2002} sent" in p.stderr
+    assert metric(srv, "blobref_received_bytes_total") == received
+    r = requests.get(f"{srv.url}/v1/blobs/{sha(files[1].read_bytes())}", timeout=TIMEOUT)
+    assert r.content == files[1].read_bytes() and r.headers["Content-Type"].startswith("text/plain")
+
+
+def test_cli_put_direct_falls_back_to_the_server(server, tmp_path):
+    f = tmp_path / "x.bin"
+    f.write_bytes(b"via blobrefd")
+    p = cli(server, "put", "--direct", f)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[0] == sha(b"via blobrefd")
+    assert "1 uploaded" in p.stderr
+    assert requests.get(f"{server.url}/v1/blobs/{sha(b'via blobrefd')}",
+                        timeout=TIMEOUT).content == b"via blobrefd"
