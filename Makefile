@@ -58,7 +58,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD_ROOT)/fuzz/bin/%)
 
 # Keep the objects of unit and fuzz binaries (make would delete them as intermediates).
 .SECONDARY:
-.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile bench-tables clean format install
+.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile bench-tables bench-direct clean format install
 all: $(BIN)/blobrefd $(BIN)/blobref
 
 deps:
@@ -159,6 +159,10 @@ bench-reconcile:
 	BENCH_CFLAGS="$(PKG_CFLAGS)" BENCH_LDLIBS="$(LDLIBS)" tests/bench/reconcile-bench.sh $(LIB)
 
 # ORC against Parquet string-column decode, Delta listing of 1,000 commits (about 2 minutes).
+bench-direct:
+	@$(MAKE) --no-print-directory all
+	tests/bench/direct-bench.sh bin
+
 bench-tables:
 	@tools/install-deps.sh test
 	@$(MAKE) --no-print-directory all

@@ -102,7 +102,7 @@ static int parse_json_reply(const br_http_buf *body, json_t **root, br_err *err)
 
 static const char put_help[] =
     "usage: blobref put [--type CONTENT-TYPE] [--sha256 HEX] [-v] FILE|-\n"
-    "       blobref put [--type CONTENT-TYPE] [-r] [--jobs N] FILE|DIR...\n"
+    "       blobref put [--type CONTENT-TYPE] [-r] [--jobs N] [--direct] FILE|DIR...\n"
     "\n"
     "Uploads FILE (or standard input for '-') and prints its SHA-256 in hex.\n"
     "A regular file is hashed locally first and sent with PUT /v1/blobs/HASH and\n"
@@ -118,6 +118,9 @@ static const char put_help[] =
     "  -r, --recursive      upload the regular files under each DIR (symbolic links\n"
     "                       are not followed)\n"
     "  --jobs N             uploads at a time with several files (1-64, default 4)\n"
+    "  --direct             ask POST /v1/uploads first and PUT each new file straight\n"
+    "                       to the store where offered (else through the server), then\n"
+    "                       register them with POST /v1/uploads/commit\n"
     "  -v, --verbose        print 'HEX size=N dedup=yes|no sent=N' instead of HEX\n"
     "  -h, --help           this help\n"
     "\n"
@@ -411,16 +414,243 @@ static int put_many(const cli_globals *g, const put_opts *o, const put_list *lis
   return b.failed || list->failed ? 1 : 0;
 }
 
+/* ---- put --direct: negotiate, PUT straight to the store, commit -------------------------- */
+
+#define DIRECT_BATCH 1000 /* blobs per negotiation and commit */
+
+typedef struct direct_item {
+  const char *path;
+  char hex[BR_HEX_LEN + 1];
+  uint64_t size;
+  const char *type;
+  json_t *action; /* borrowed from the negotiation reply */
+  int ok;         /* the bytes are in the store (or were sent through blobrefd) */
+  int via_server;
+  uint64_t sent;
+} direct_item;
+
+typedef struct direct_run {
+  const cli_globals *g;
+  const put_opts *o;
+  direct_item *items;
+  size_t n;
+  atomic_size_t next;
+  pthread_mutex_t lock;
+  size_t uploaded, present, failed;
+} direct_run;
+
+/* PUTs the file of it to the presigned URL of its action with the signed headers. A 412 (the
+ * object is there already: If-None-Match) counts as landed. Returns 0 or -1 with err. */
+static int direct_put(direct_item *it, br_err *err) {
+  const char *url = json_string_value(json_object_get(it->action, "url"));
+  json_t *headers = json_object_get(it->action, "headers");
+  FILE *in = fopen(it->path, "rb");
+  CURL *c = curl_easy_init();
+  struct curl_slist *hl = curl_slist_append(NULL, "Expect:");
+  int rc = -1;
+  long status = 0;
+  if (!url || !json_is_object(headers)) {
+    br_fail(err, "negotiation answer lacks url/headers");
+    goto done;
+  }
+  if (!in || !c || !hl) {
+    br_fail(err, "cannot open: %s", in ? "out of memory" : strerror(errno));
+    goto done;
+  }
+  const char *name;
+  json_t *v;
+  json_object_foreach(headers, name, v) {
+    char line[256];
+    snprintf(line, sizeof line, "%s: %s", name, json_string_value(v) ? json_string_value(v) : "");
+    hl = curl_slist_append(hl, line);
+  }
+  br_http_buf body = {.max = 4096};
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
+  curl_easy_setopt(c, CURLOPT_READDATA, in);
+  curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, (curl_off_t)it->size);
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, br_http_buf_write);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  CURLcode cc = curl_easy_perform(c);
+  if (cc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  if (cc != CURLE_OK) {
+    br_fail(err, "PUT to the store: %s", curl_easy_strerror(cc));
+  } else if (is_2xx(status) || status == 412) {
+    curl_off_t sent = 0;
+    curl_easy_getinfo(c, CURLINFO_SIZE_UPLOAD_T, &sent);
+    it->sent = status == 412 ? 0 : (uint64_t)sent;
+    rc = 0;
+  } else {
+    br_fail(err, "PUT to the store: HTTP %ld %.200s", status, body.data ? body.data : "");
+  }
+  br_http_buf_free(&body);
+done:
+  curl_slist_free_all(hl);
+  if (c) curl_easy_cleanup(c);
+  if (in) fclose(in);
+  return rc;
+}
+
+static void *direct_worker(void *arg) {
+  direct_run *r = arg;
+  for (;;) {
+    size_t i = atomic_fetch_add(&r->next, 1);
+    if (i >= r->n) return NULL;
+    direct_item *it = &r->items[i];
+    const char *status = json_string_value(json_object_get(it->action, "status"));
+    br_err err = {{0}};
+    if (status && !strcmp(status, "present")) {
+      it->ok = 1;
+    } else if (status && !strcmp(status, "upload")) {
+      it->ok = direct_put(it, &err) == 0;
+      if (!it->ok) {
+        char what[300];
+        snprintf(what, sizeof what, "put %.250s", it->path);
+        print_error(what, err.msg);
+      }
+    } else { /* via_server, or a plan this client does not follow */
+      put_result res;
+      it->via_server = 1;
+      it->ok = put_one(r->g, r->o, it->path, &res) == 0 && res.ok;
+      it->sent = res.sent > 0 ? (uint64_t)res.sent : 0;
+      pthread_mutex_lock(&r->lock);
+      if (it->ok) *(res.dedup ? &r->present : &r->uploaded) += 1;
+      pthread_mutex_unlock(&r->lock);
+    }
+  }
+}
+
+/* One batch: hash, negotiate, upload jobs at a time, commit, print "HEX  PATH" per blob. */
+static int direct_batch(direct_run *r, int jobs, uint64_t *bytes, uint64_t *sent) {
+  br_err err = {{0}};
+  long status = 0;
+  json_t *req = json_array(), *reply = NULL, *creply = NULL, *cblobs = json_array();
+  int rc = -1;
+  for (size_t i = 0; i < r->n; i++) {
+    direct_item *it = &r->items[i];
+    FILE *in = fopen(it->path, "rb");
+    if (!in || sha256_file(in, it->hex, &it->size, &err) != 0) {
+      if (!in) br_fail(&err, "cannot open %s: %s", it->path, strerror(errno));
+      if (in) fclose(in);
+      goto fail;
+    }
+    fclose(in);
+    it->type = r->o->type ? r->o->type : br_cli_type_for_name(it->path);
+    if (!it->type) it->type = "application/octet-stream";
+    json_array_append_new(req, json_pack("{s:s,s:I,s:s}", "sha256", it->hex, "size",
+                                         (json_int_t)it->size, "content_type", it->type));
+  }
+  json_t *body = json_pack("{s:O}", "blobs", req);
+  int jr =
+      br_http_json(r->g->server, r->g->token, "POST", "/v1/uploads", body, &status, &reply, &err);
+  json_decref(body);
+  if (jr != 0) goto fail;
+  json_t *acts = json_object_get(reply, "blobs");
+  if (json_array_size(acts) != r->n) {
+    br_fail(&err, "POST /v1/uploads: %zu answers for %zu blobs", json_array_size(acts), r->n);
+    goto fail;
+  }
+  for (size_t i = 0; i < r->n; i++) r->items[i].action = json_array_get(acts, i);
+  atomic_init(&r->next, 0);
+  pthread_t threads[PUT_JOBS_MAX];
+  int started = 0;
+  if ((size_t)jobs > r->n) jobs = (int)r->n;
+  for (; started < jobs; started++)
+    if (pthread_create(&threads[started], NULL, direct_worker, r) != 0) break;
+  if (started == 0) direct_worker(r);
+  for (int t = 0; t < started; t++) pthread_join(threads[t], NULL);
+  for (size_t i = 0; i < r->n; i++) {
+    direct_item *it = &r->items[i];
+    *sent += it->sent;
+    if (!it->ok) r->failed++;
+    if (it->ok) *bytes += it->size;
+    if (it->ok && !it->via_server)
+      json_array_append_new(cblobs, json_pack("{s:s,s:I,s:s}", "sha256", it->hex, "size",
+                                              (json_int_t)it->size, "content_type", it->type));
+  }
+  rc = 0;
+  if (json_array_size(cblobs)) {
+    body = json_pack("{s:O}", "blobs", cblobs);
+    jr = br_http_json(r->g->server, r->g->token, "POST", "/v1/uploads/commit", body, &status,
+                      &creply, &err);
+    json_decref(body);
+    if (jr != 0) goto fail;
+    json_t *res = json_object_get(creply, "blobs");
+    size_t k = 0;
+    for (size_t i = 0; i < r->n; i++) {
+      direct_item *it = &r->items[i];
+      if (!it->ok || it->via_server) continue;
+      json_t *one = json_array_get(res, k++);
+      const char *st = json_string_value(json_object_get(one, "status"));
+      if (st && !strcmp(st, "created")) {
+        r->uploaded++;
+      } else if (st && !strcmp(st, "present")) {
+        r->present++;
+      } else {
+        char what[300];
+        snprintf(what, sizeof what, "put %.250s", it->path);
+        const char *m = json_string_value(json_object_get(one, "message"));
+        print_error(what, m ? m : st ? st : "no commit answer");
+        r->failed++;
+        *bytes -= it->size;
+        continue;
+      }
+      printf("%s  %s\n", it->hex, it->path);
+    }
+  }
+  goto done;
+fail:
+  print_error("put --direct", err.msg);
+  r->failed += r->n;
+done:
+  fflush(stdout);
+  json_decref(req);
+  json_decref(cblobs);
+  json_decref(reply);
+  json_decref(creply);
+  return rc;
+}
+
+/* put --direct of every path of list, DIRECT_BATCH at a time; prints the summary. */
+static int put_many_direct(const cli_globals *g, const put_opts *o, const put_list *list,
+                           int jobs) {
+  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+    fprintf(stderr, "blobref: put: libcurl did not start\n");
+    return 1;
+  }
+  direct_item *items = calloc(DIRECT_BATCH, sizeof *items);
+  if (!items) {
+    fprintf(stderr, "blobref: put: out of memory\n");
+    return 1;
+  }
+  direct_run r = {.g = g, .o = o, .items = items};
+  pthread_mutex_init(&r.lock, NULL);
+  uint64_t bytes = 0, sent = 0;
+  for (size_t first = 0; first < list->n; first += DIRECT_BATCH) {
+    r.n = list->n - first < DIRECT_BATCH ? list->n - first : DIRECT_BATCH;
+    memset(items, 0, DIRECT_BATCH * sizeof *items);
+    for (size_t i = 0; i < r.n; i++) items[i].path = list->paths[first + i];
+    direct_batch(&r, jobs, &bytes, &sent);
+  }
+  pthread_mutex_destroy(&r.lock);
+  free(items);
+  fprintf(stderr,
+          "blobref put: %zu file%s: %zu uploaded, %zu already present, %zu failed; %" PRIu64
+          " bytes, %" PRIu64 " sent\n",
+          list->n, list->n == 1 ? "" : "s", r.uploaded, r.present, r.failed, bytes, sent);
+  return r.failed || list->failed ? 1 : 0;
+}
+
 int cmd_put(const cli_globals *g, int argc, char **argv) {
-  static const struct option longopts[] = {{"type", required_argument, NULL, 't'},
-                                           {"sha256", required_argument, NULL, 's'},
-                                           {"recursive", no_argument, NULL, 'r'},
-                                           {"jobs", required_argument, NULL, 'j'},
-                                           {"verbose", no_argument, NULL, 'v'},
-                                           {"help", no_argument, NULL, 'h'},
-                                           {NULL, 0, NULL, 0}};
+  static const struct option longopts[] = {
+      {"type", required_argument, NULL, 't'}, {"sha256", required_argument, NULL, 's'},
+      {"recursive", no_argument, NULL, 'r'},  {"jobs", required_argument, NULL, 'j'},
+      {"verbose", no_argument, NULL, 'v'},    {"direct", no_argument, NULL, 'd'},
+      {"help", no_argument, NULL, 'h'},       {NULL, 0, NULL, 0}};
   put_opts o = {0};
-  int opt, recursive = 0, jobs = 4;
+  int opt, recursive = 0, jobs = 4, direct = 0;
   char *end;
 
   getopt_reset();
@@ -450,6 +680,9 @@ int cmd_put(const cli_globals *g, int argc, char **argv) {
       case 'v':
         o.verbose = 1;
         break;
+      case 'd':
+        direct = 1;
+        break;
       case 'h':
         fputs(put_help, stdout);
         return 0;
@@ -459,7 +692,7 @@ int cmd_put(const cli_globals *g, int argc, char **argv) {
   }
   int nargs = argc - optind;
   if (nargs < 1) return br_cli_usage_error("put", "expected a FILE, '-', or FILE|DIR...");
-  if (nargs == 1 && !recursive) {
+  if (nargs == 1 && !recursive && !direct) {
     put_result r;
     return put_one(g, &o, argv[optind], &r);
   }
@@ -479,7 +712,10 @@ int cmd_put(const cli_globals *g, int argc, char **argv) {
     }
   }
   o.labelled = 1;
-  rc = list.n ? put_many(g, &o, &list, jobs) : (fprintf(stderr, "blobref put: no files\n"), 1);
+  if (!list.n)
+    rc = (fprintf(stderr, "blobref put: no files\n"), 1);
+  else
+    rc = direct ? put_many_direct(g, &o, &list, jobs) : put_many(g, &o, &list, jobs);
   goto done;
 oom:
   fprintf(stderr, "blobref: put: out of memory (or more than %u files)\n", PUT_FILES_MAX);

@@ -40,6 +40,7 @@ typedef struct br_store_config {
   char *cdn_url;   /* s3: base URL that replaces the endpoint in redirects ("" = presign) */
   char *spool_dir; /* s3: local directory where upload bodies wait for their part upload */
   uint64_t part_size;
+  char *direct_uploads;     /* s3: "off" | "auto" | "on": clients PUT blobs to the bucket */
   uint64_t spool_max;       /* s3: spooled bytes not yet sent, all uploads of this store */
   uint64_t spool_max_total; /* s3: the same over every s3 store ([server] spool_max_total) */
   /* s3 and http */

@@ -119,6 +119,7 @@ static const struct key_spec store_keys[] = {
     {"cdn_url", KEY_STRING, STO(cdn_url), "", 0, 0, 0, 0},
     {"spool_dir", KEY_STRING, STO(spool_dir), "", 0, 0, 0, 0},
     {"part_size", KEY_SIZE, STO(part_size), "16MiB", 5 << 20, 5ull << 30, 0, 0},
+    {"direct_uploads", KEY_STRING, STO(direct_uploads), "off", 0, 0, 0, 0},
     {"spool_max", KEY_SIZE, STO(spool_max), "256MiB", 10 << 20, 1ull << 50, 0, 0},
     {"url", KEY_STRING, STO(url), "", 0, 0, 0, 0},
     {"connect_timeout", KEY_DURATION, STO(connect_timeout_ms), "2s", 100, 600000, 0, 0},
@@ -738,6 +739,10 @@ int br_config_finish(br_config *cfg, br_err *err) {
       return br_fail(err, "%s:%d: [store %s] kind = http needs url", where, s->line, s->name);
     if (!strcmp(s->kind, "s3") && s->spool_max < 2 * s->part_size)
       return br_fail(err, "%s:%d: [store %s] spool_max must hold two parts (2 x part_size)", where,
+                     s->line, s->name);
+    if (strcmp(s->direct_uploads, "off") && strcmp(s->direct_uploads, "auto") &&
+        strcmp(s->direct_uploads, "on"))
+      return br_fail(err, "%s:%d: [store %s] direct_uploads must be off, auto or on", where,
                      s->line, s->name);
     s->spool_max_total = cfg->spool_max_total;
     if (!strcmp(s->kind, "s3") && !*s->spool_dir) {

@@ -235,6 +235,22 @@ enum MHD_Result metrics_get(struct request *req) {
           atomic_load(&http->json_refused), atomic_load(&http->slow_cut[0]),
           atomic_load(&http->slow_cut[1]));
   appendf(&t,
+          "# HELP blobref_direct_rehash_bytes_total Bytes of direct uploads read back and hashed "
+          "on commit (stores that do not check the signed checksum).\n"
+          "# TYPE blobref_direct_rehash_bytes_total counter\nblobref_direct_rehash_bytes_total "
+          "%" PRIu64
+          "\n"
+          "# HELP blobref_direct_rehash_seconds_total Time spent re-hashing them.\n"
+          "# TYPE blobref_direct_rehash_seconds_total counter\n"
+          "blobref_direct_rehash_seconds_total %.9f\n"
+          "# HELP blobref_store_direct_uploads Direct uploads per store: 0 none, 1 checked by the "
+          "store (trusted), 2 re-hashed on commit.\n# TYPE blobref_store_direct_uploads gauge\n",
+          atomic_load(&http->direct_rehash_bytes),
+          (double)atomic_load(&http->direct_rehash_ns) / 1e9);
+  for (int i = 0; i < srv->nstores; i++)
+    appendf(&t, "blobref_store_direct_uploads{store=\"%s\"} %d\n", br_store_name(srv->stores[i]),
+            (int)br_store_direct_mode(srv->stores[i]));
+  appendf(&t,
           "# HELP blobref_spool_bytes Upload bytes spooled for S3 and not yet sent.\n"
           "# TYPE blobref_spool_bytes gauge\nblobref_spool_bytes %" PRIu64 "\n",
           br_store_spooled_bytes());

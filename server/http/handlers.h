@@ -26,6 +26,9 @@ enum MHD_Result lookup_finish(struct request *req);
  * digests. Returns 0, or -1 with the error and its message. */
 int lookup_parse(const char *body, size_t len, uint64_t max_hashes, uint8_t **digests, size_t *n,
                  enum br_api_error *e, char *msg, size_t msglen);
+/* h_uploads.c: POST /v1/uploads (presigned direct uploads) and POST /v1/uploads/commit. */
+enum MHD_Result uploads_post(struct request *req);
+enum MHD_Result uploads_commit_post(struct request *req);
 /* h_admin.c: DELETE /v1/blobs/{hash} (quarantine) and POST /v1/blobs/{hash}/restore. */
 enum MHD_Result blob_hold(struct request *req);
 enum MHD_Result blob_release(struct request *req);

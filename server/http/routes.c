@@ -17,6 +17,8 @@ const struct route br_routes[] = {
     {"GET", "/v1/reconcile/runs", BR_SCOPE_READ, NULL, NULL, reconcile_runs_get},
     {"GET", "/v1/reconcile/runs/{id}", BR_SCOPE_READ, NULL, NULL, reconcile_run_get},
     {"POST", "/v1/lookup", BR_SCOPE_READ, NULL, json_body, lookup_finish},
+    {"POST", "/v1/uploads", BR_SCOPE_WRITE, NULL, json_body, uploads_post},
+    {"POST", "/v1/uploads/commit", BR_SCOPE_WRITE, NULL, json_body, uploads_commit_post},
     {"GET", "/healthz", 0, NULL, NULL, health_get},
     {"GET", "/readyz", 0, NULL, NULL, ready_get},
     {"GET", "/metrics", 0, NULL, NULL, metrics_get},

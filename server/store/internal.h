@@ -28,6 +28,12 @@ struct store_ops {
   /* server-side copy from src (same kind); returns 1 when it cannot (other endpoint) */
   int (*copy_from)(br_store *dst, const char *dst_key, br_store *src, const char *src_key,
                    br_err *err);
+  /* direct uploads (optional: none offered) */
+  enum br_direct_mode (*direct_mode)(const br_store *st);
+  int (*presign_put)(br_store *st, const char *key, const uint8_t digest[BR_SHA256_LEN],
+                     br_direct_put *out, br_err *err);
+  int (*head_checksum)(br_store *st, const char *key, uint64_t *size, uint8_t sha[BR_SHA256_LEN],
+                       int *has_sha, br_err *err);
 };
 
 struct br_store {

@@ -61,6 +61,7 @@ struct s3_store {
     char upload_id[512];
   } * aborts;
   size_t naborts;
+  enum br_direct_mode direct; /* direct uploads (direct_uploads and the startup probe) */
 };
 
 struct part {
@@ -371,6 +372,8 @@ static void clean_spool(struct s3_store *s3) {
   closedir(d);
 }
 
+static enum br_direct_mode direct_mode_at_open(br_store *st, struct s3_store *s3);
+
 static int s3_open(br_store *st, br_err *err) {
   struct s3_store *s3 = calloc(1, sizeof *s3);
   if (!s3) return br_fail(err, "out of memory");
@@ -419,6 +422,7 @@ static int s3_open(br_store *st, br_err *err) {
     return -1;
   }
   clean_spool(s3);
+  s3->direct = direct_mode_at_open(st, s3);
   for (; s3->nworkers < PART_WORKERS; s3->nworkers++)
     if (pthread_create(&s3->workers[s3->nworkers], NULL, part_worker, s3)) break;
   return 0;
@@ -1027,6 +1031,157 @@ static int s3_check(br_store *st, br_err *err) {
 
 static int s3_unavailable(br_store *st) { return s3_target_down(&s3_of(st)->t); }
 
+/* ---- direct uploads: presigned PUTs under content keys, and what the backend checks ----------
+ */
+
+#define PROBE_BODY "blobref direct-upload probe"
+
+/* The signed headers of a direct PUT of digest: the checksum (base64), the content SHA-256 (hex)
+ * and If-None-Match: * (an existing object is never replaced). wrong_checksum / wrong_content
+ * sign another digest's value instead (the startup probe). */
+static void direct_headers(const uint8_t digest[BR_SHA256_LEN], const uint8_t *wrong_checksum,
+                           const uint8_t *wrong_content, br_direct_put *out) {
+  const uint8_t *c = wrong_checksum ? wrong_checksum : digest;
+  const uint8_t *h = wrong_content ? wrong_content : digest;
+  out->nheaders = 3;
+  snprintf(out->headers[0].name, sizeof out->headers[0].name, "x-amz-checksum-sha256");
+  EVP_EncodeBlock((unsigned char *)out->headers[0].value, c, BR_SHA256_LEN);
+  snprintf(out->headers[1].name, sizeof out->headers[1].name, "x-amz-content-sha256");
+  br_hex_encode(h, out->headers[1].value);
+  snprintf(out->headers[2].name, sizeof out->headers[2].name, "If-None-Match");
+  snprintf(out->headers[2].value, sizeof out->headers[2].value, "*");
+}
+
+static int presign_direct(struct s3_store *s3, const char *key, uint64_t ttl_s, br_direct_put *out,
+                          br_err *err) {
+  br_sigv4_header h[BR_DIRECT_HEADERS];
+  for (size_t i = 0; i < out->nheaders; i++)
+    h[i] = (br_sigv4_header){out->headers[i].name, out->headers[i].value};
+  time_t now = time(NULL);
+  out->expires_ms = ((uint64_t)now + ttl_s) * 1000;
+  /* the canonical payload is the signed x-amz-content-sha256 (hex), as S3 and radosgw compute
+   * it when the request carries that header */
+  return s3_presign_at(&s3->t, "PUT", key, h, out->nheaders, out->headers[1].value, now, ttl_s,
+                       out->url, sizeof out->url, err);
+}
+
+static size_t discard_body(char *p, size_t size, size_t n, void *ud) {
+  (void)p;
+  (void)ud;
+  return size * n;
+}
+
+/* PUTs PROBE_BODY to key through a presigned URL whose checksum (wrong_content = 0) or content
+ * SHA-256 (wrong_content = 1) header names other bytes. Returns 1 when the store refused it (a
+ * 400), 0 when it took it, -1 when there was no usable answer. */
+static int probe_put(struct s3_store *s3, const char *key, int wrong_content, br_err *err) {
+  uint8_t digest[BR_SHA256_LEN], wrong[BR_SHA256_LEN];
+  EVP_Digest(PROBE_BODY, strlen(PROBE_BODY), digest, NULL, EVP_sha256(), NULL);
+  EVP_Digest("other bytes", 11, wrong, NULL, EVP_sha256(), NULL);
+  br_direct_put put;
+  direct_headers(digest, wrong_content ? NULL : wrong, wrong_content ? wrong : NULL, &put);
+  if (presign_direct(s3, key, 60, &put, err) < 0) return -1;
+  CURL *c = curl_easy_init();
+  struct curl_slist *hl = curl_slist_append(NULL, "Content-Type:");
+  for (size_t i = 0; i < put.nheaders; i++) {
+    char line[160];
+    snprintf(line, sizeof line, "%s: %s", put.headers[i].name, put.headers[i].value);
+    hl = curl_slist_append(hl, line);
+  }
+  int rc = -1;
+  long status = 0;
+  if (c && hl) {
+    curl_easy_setopt(c, CURLOPT_URL, put.url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, "PUT");
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, PROBE_BODY);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(PROBE_BODY));
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard_body);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, s3->t.connect_timeout_ms);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 4 * s3->t.connect_timeout_ms);
+    CURLcode cc = curl_easy_perform(c);
+    if (cc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    if (cc != CURLE_OK)
+      br_fail(err, "store %s: direct-upload probe: %s", s3->t.name, curl_easy_strerror(cc));
+    else if (status >= 200 && status < 300)
+      rc = 0;
+    else if (status == 400)
+      rc = 1;
+    else
+      br_fail(err, "store %s: direct-upload probe: HTTP %ld", s3->t.name, status);
+  } else {
+    br_fail(err, "out of memory");
+  }
+  curl_slist_free_all(hl);
+  if (c) curl_easy_cleanup(c);
+  br_err derr;
+  if (rc == 0 && delete_object(s3, key, &derr) < 0) br_warn("%s (probe object left)", derr.msg);
+  return rc;
+}
+
+/* direct_uploads: off offers none; on offers presigned PUTs and re-hashes every object on commit;
+ * auto probes the store once (a PUT whose signed checksum is wrong) and trusts it to check the
+ * bytes when it refuses that PUT, else re-hashes. Both headers are probed and logged. */
+static enum br_direct_mode direct_mode_at_open(br_store *st, struct s3_store *s3) {
+  const char *want = st->cfg.direct_uploads ? st->cfg.direct_uploads : "off";
+  if (!strcmp(want, "off") || st->cfg.read_only) return BR_DIRECT_NONE;
+  if (!strcmp(want, "on")) return BR_DIRECT_REHASH;
+  char key[1200];
+  snprintf(key, sizeof key, "%s.direct-probe/%ld-%" PRIu64, st->cfg.prefix ? st->cfg.prefix : "",
+           (long)getpid(), br_now_ms());
+  br_err e1, e2;
+  int checksum = probe_put(s3, key, 0, &e1);
+  int content = probe_put(s3, key, 1, &e2);
+  const char *word[] = {"not enforced", "enforced", "unknown"};
+  br_info("store %s: direct uploads: x-amz-checksum-sha256 %s, x-amz-content-sha256 %s; %s",
+          s3->t.name, word[checksum < 0 ? 2 : checksum], word[content < 0 ? 2 : content],
+          checksum == 1 ? "objects are checked by a HEAD on commit"
+                        : "objects are re-hashed on commit");
+  if (checksum < 0) br_warn("%s", e1.msg);
+  return checksum == 1 ? BR_DIRECT_TRUSTED : BR_DIRECT_REHASH;
+}
+
+static enum br_direct_mode s3_direct_mode(const br_store *st) {
+  return ((const struct s3_store *)st->impl)->direct;
+}
+
+static int s3_presign_put(br_store *st, const char *key, const uint8_t digest[BR_SHA256_LEN],
+                          br_direct_put *out, br_err *err) {
+  uint64_t ttl_s = st->cfg.presign_ttl_ms / 1000;
+  if (ttl_s < 1) ttl_s = 1;
+  direct_headers(digest, NULL, NULL, out);
+  return presign_direct(s3_of(st), key, ttl_s, out, err);
+}
+
+/* HEAD with x-amz-checksum-mode: ENABLED: the size and, for a single-part object stored with
+ * a SHA-256 checksum, that checksum (a multipart one is a composite "...-N": not the blob's). */
+static int s3_head_checksum(br_store *st, const char *key, uint64_t *size,
+                            uint8_t sha[BR_SHA256_LEN], int *has_sha, br_err *err) {
+  struct s3_store *s3 = s3_of(st);
+  s3_request rq = {.method = "HEAD", .key = key, .query = ""};
+  rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-checksum-mode", "ENABLED"};
+  s3_response rs;
+  *has_sha = 0;
+  int rc = s3_perform(&s3->t, &rq, &rs, err);
+  if (rc == 0) {
+    if (rs.status == 404)
+      rc = 1;
+    else if (rs.status != 200 || rs.content_length == UINT64_MAX)
+      rc = s3_fail_status(err, &s3->t, "HeadObject", &rs);
+    else
+      *size = rs.content_length;
+  }
+  uint8_t raw[48];
+  if (rc == 0 && strlen(rs.checksum_sha256) == 44 && !strchr(rs.checksum_sha256, '-') &&
+      EVP_DecodeBlock(raw, (const unsigned char *)rs.checksum_sha256, 44) == 33) {
+    memcpy(sha, raw, BR_SHA256_LEN); /* 44 base64 characters decode to 32 bytes and a pad */
+    *has_sha = 1;
+  }
+  s3_response_free(&rs);
+  return rc;
+}
+
 const struct store_ops br_store_s3_ops = {
     .kind = "s3",
     .open = s3_open,
@@ -1046,4 +1201,7 @@ const struct store_ops br_store_s3_ops = {
     .check = s3_check,
     .unavailable = s3_unavailable,
     .copy_from = s3_copy_from,
+    .direct_mode = s3_direct_mode,
+    .presign_put = s3_presign_put,
+    .head_checksum = s3_head_checksum,
 };

@@ -134,6 +134,27 @@ int s3_presign_get_at(s3_target *t, const char *key, const char *query, time_t n
   return 0;
 }
 
+int s3_presign_at(s3_target *t, const char *method, const char *key, const br_sigv4_header *headers,
+                  size_t nheaders, const char *payload_hash, time_t now_s, uint64_t ttl_s,
+                  char *url, size_t urllen, br_err *err) {
+  char host[320], path[3400], signed_query[6000];
+  if (s3_target_locate(t, key, host, sizeof host, path, sizeof path) < 0)
+    return br_fail(err, "store %s: key too long for a URL", t->name);
+  br_sigv4_request sr = {.method = method,
+                         .host = host,
+                         .path = path,
+                         .query = "",
+                         .headers = headers,
+                         .nheaders = nheaders,
+                         .payload_hash = payload_hash};
+  if (br_sigv4_presign(&t->signer, &sr, now_s, ttl_s, signed_query, sizeof signed_query, err) < 0)
+    return -1;
+  int n = snprintf(url, urllen, "%s://%s%s?%s", t->scheme, host, path, signed_query);
+  if (n < 0 || (size_t)n >= urllen)
+    return br_fail(err, "store %s: presigned URL too long", t->name);
+  return 0;
+}
+
 /* ---- XML ------------------------------------------------------------------------------------ */
 
 static size_t xml_decode(const char *s, size_t len, char *out, size_t outlen) {
@@ -298,6 +319,7 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud) {
     r->content_length = UINT64_MAX;
     r->total_size = UINT64_MAX;
     r->etag[0] = '\0';
+    r->checksum_sha256[0] = '\0';
     return n;
   }
   char *colon = strchr(buf, ':');
@@ -313,6 +335,8 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud) {
     if (slash && slash[1] != '*') r->total_size = strtoull(slash + 1, NULL, 10);
   } else if (!strcasecmp(buf, "etag")) {
     snprintf(r->etag, sizeof r->etag, "%s", v);
+  } else if (!strcasecmp(buf, "x-amz-checksum-sha256")) {
+    snprintf(r->checksum_sha256, sizeof r->checksum_sha256, "%s", v);
   }
   return n;
 }

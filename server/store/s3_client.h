@@ -50,6 +50,13 @@ int s3_presign_get(s3_target *t, const char *key, uint64_t ttl_s, char *url, siz
 int s3_presign_get_at(s3_target *t, const char *key, const char *query, time_t now_s,
                       uint64_t ttl_s, char *url, size_t urllen, br_err *err);
 
+/* A presigned request of any method with extra signed headers (which the client must send as
+ * they are) and payload_hash as the canonical payload (BR_SIGV4_UNSIGNED, or the hex SHA-256 the
+ * client sends as x-amz-content-sha256). Returns 0 or -1 with err. */
+int s3_presign_at(s3_target *t, const char *method, const char *key, const br_sigv4_header *headers,
+                  size_t nheaders, const char *payload_hash, time_t now_s, uint64_t ttl_s,
+                  char *url, size_t urllen, br_err *err);
+
 /* The body of a request: memory, or a byte range of a file descriptor (re-read on retries). */
 typedef struct s3_body {
   const void *mem;
@@ -82,6 +89,7 @@ typedef struct s3_response {
   uint64_t content_length; /* Content-Length of the answer, UINT64_MAX when absent */
   uint64_t total_size;     /* object size from Content-Range ".../N", else content_length */
   char etag[80];
+  char checksum_sha256[64]; /* x-amz-checksum-sha256 of the answer (HEAD with checksum mode) */
   char code[64];     /* S3's error code from the XML error body, e.g. "NoSuchKey" */
   char message[256]; /* and its message */
 } s3_response;

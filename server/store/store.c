@@ -258,3 +258,25 @@ int br_store_hash(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uin
   br_store_reader_close(&r);
   return rc;
 }
+
+enum br_direct_mode br_store_direct_mode(const br_store *st) {
+  return st->ops->direct_mode ? st->ops->direct_mode(st) : BR_DIRECT_NONE;
+}
+
+uint64_t br_store_direct_max(const br_store *st) {
+  if (br_store_direct_mode(st) == BR_DIRECT_NONE) return 0;
+  return st->cfg.part_size ? st->cfg.part_size : 16u << 20;
+}
+
+int br_store_presign_put(br_store *st, const char *key, const uint8_t digest[BR_SHA256_LEN],
+                         br_direct_put *out, br_err *err) {
+  if (br_store_direct_mode(st) == BR_DIRECT_NONE || !st->ops->presign_put) return 1;
+  return st->ops->presign_put(st, key, digest, out, err);
+}
+
+int br_store_head_checksum(br_store *st, const char *key, uint64_t *size,
+                           uint8_t sha[BR_SHA256_LEN], int *has_sha, br_err *err) {
+  *has_sha = 0;
+  if (st->ops->head_checksum) return st->ops->head_checksum(st, key, size, sha, has_sha, err);
+  return br_store_stat(st, key, size, err);
+}

@@ -31,6 +31,8 @@ ROUTES = [
     ("GET", "/v1/reconcile/runs", "read"),
     ("GET", "/v1/reconcile/runs/{id}", "read"),
     ("POST", "/v1/lookup", "read"),
+    ("POST", "/v1/uploads", "write"),
+    ("POST", "/v1/uploads/commit", "write"),
     ("GET", "/healthz", None),
     ("GET", "/readyz", None),
     ("GET", "/metrics", None),
@@ -80,6 +82,9 @@ def send(srv, method, pattern, caller, known):
                              timeout=TIMEOUT)
     if pattern == "/v1/lookup":
         return requests.post(f"{srv.url}/v1/lookup", json={"hashes": [known, "0" * 64]},
+                             headers=h, timeout=TIMEOUT)
+    if pattern.startswith("/v1/uploads"):  # the known blob: present either way
+        return requests.post(srv.url + pattern, json={"blobs": [{"sha256": known, "size": 500}]},
                              headers=h, timeout=TIMEOUT)
     if method == "DELETE" or pattern.endswith("/restore"):
         # a blob of its own (the shared one must stay readable for the other routes)

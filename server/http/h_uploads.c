@@ -1,0 +1,304 @@
+/* POST /v1/uploads (which blobs to send and where: presigned PUTs straight to the store) and
+ * POST /v1/uploads/commit (verify what landed, then record it): uploads that skip blobrefd. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/server.h"
+#include "http/handlers.h"
+
+#define UPLOADS_MAX 10000 /* blobs per negotiation or commit */
+
+/* One blob of a request body: {"sha256", "size", "content_type"?}. */
+struct upload_item {
+  uint8_t digest[BR_SHA256_LEN];
+  uint64_t size;
+  char content_type[BR_MAX_CONTENT_TYPE + 1];
+  const char *status; /* commit: "created" | "present" | "missing" | "mismatch" | "error" */
+  char message[BR_MAX_KEY + BR_MAX_STORE_NAME + 2 * sizeof(br_err)];
+};
+
+struct upload_batch {
+  size_t n;
+  struct upload_item items[];
+};
+
+/* Parses {"blobs":[{"sha256","size","content_type"?}...]} (at most UPLOADS_MAX, each size within
+ * max_blob_size, each content type passing the header grammar) into a malloc'd batch. Returns
+ * the batch, or NULL with the error and its message (nothing else happened). */
+static struct upload_batch *parse_batch(struct request *req, enum br_api_error *e, char *msg,
+                                        size_t msglen) {
+  json_error_t jerr;
+  json_t *root =
+      req->body ? json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+  json_t *arr = json_object_get(root, "blobs");
+  struct upload_batch *b = NULL;
+  *e = E_BAD_JSON;
+  if (!json_is_array(arr)) {
+    snprintf(msg, msglen,
+             "the body must be {\"blobs\": [{\"sha256\", \"size\", \"content_type\"}, "
+             "...]}");
+    goto done;
+  }
+  size_t n = json_array_size(arr);
+  if (n > UPLOADS_MAX) {
+    *e = E_TOO_MANY_HASHES;
+    snprintf(msg, msglen, "%zu blobs, at most %d per call", n, UPLOADS_MAX);
+    goto done;
+  }
+  b = calloc(1, sizeof *b + (n ? n : 1) * sizeof b->items[0]);
+  if (!b) {
+    *e = E_INTERNAL;
+    snprintf(msg, msglen, "out of memory");
+    goto done;
+  }
+  b->n = n;
+  for (size_t i = 0; i < n; i++) {
+    json_t *o = json_array_get(arr, i);
+    struct upload_item *it = &b->items[i];
+    const char *hex = json_string_value(json_object_get(o, "sha256"));
+    json_t *size = json_object_get(o, "size");
+    json_t *ctj = json_object_get(o, "content_type");
+    const char *ct = json_string_value(ctj);
+    const char *why = NULL;
+    if (!ct || !*ct) ct = "application/octet-stream";
+    if (!json_is_object(o)) {
+      snprintf(msg, msglen, "blobs[%zu] is not an object", i);
+    } else if (!hex || br_blob_id_parse(hex, strlen(hex), it->digest) < 0) {
+      *e = E_BAD_HASH;
+      snprintf(msg, msglen, "blobs[%zu].sha256 is not 64 lowercase hex digits", i);
+    } else if (!json_is_integer(size) || json_integer_value(size) < 0) {
+      snprintf(msg, msglen, "blobs[%zu].size must be a non-negative integer", i);
+    } else if ((uint64_t)json_integer_value(size) > req->srv->cfg->max_blob_size) {
+      *e = E_TOO_LARGE;
+      snprintf(msg, msglen, "blobs[%zu].size is over max_blob_size (%" PRIu64 " bytes)", i,
+               req->srv->cfg->max_blob_size);
+    } else if ((ctj && !json_is_string(ctj)) || strlen(ct) > BR_MAX_CONTENT_TYPE ||
+               (why = br_header_content_type_check(ct))) {
+      *e = E_BAD_CONTENT_TYPE;
+      snprintf(msg, msglen, "blobs[%zu].content_type: %s", i, why ? why : "not a media type");
+    } else {
+      it->size = (uint64_t)json_integer_value(size);
+      snprintf(it->content_type, sizeof it->content_type, "%s", ct);
+      continue;
+    }
+    free(b);
+    b = NULL;
+    goto done;
+  }
+done:
+  json_decref(root);
+  return b;
+}
+
+/* The negotiation answer for one blob not in the index: a presigned PUT when the upload store
+ * takes direct uploads and the blob fits in one part, else via_server. NULL on a signing error. */
+static json_t *upload_action(br_store *st, const struct upload_item *it, const char *hex,
+                             br_err *err) {
+  char key[BR_MAX_KEY + 1];
+  br_direct_put put;
+  if (br_store_direct_mode(st) == BR_DIRECT_NONE || it->size > br_store_direct_max(st) ||
+      !br_store_default_key(st, it->digest, key, sizeof key))
+    return json_pack("{s:s,s:s}", "sha256", hex, "status", "via_server");
+  int rc = br_store_presign_put(st, key, it->digest, &put, err);
+  if (rc < 0) return NULL;
+  if (rc > 0) return json_pack("{s:s,s:s}", "sha256", hex, "status", "via_server");
+  json_t *headers = json_object();
+  for (size_t h = 0; h < put.nheaders; h++)
+    json_object_set_new(headers, put.headers[h].name, json_string(put.headers[h].value));
+  char expires[40];
+  br_format_time_ms(put.expires_ms, expires, sizeof expires);
+  return json_pack("{s:s,s:s,s:s,s:s,s:o,s:s}", "sha256", hex, "status", "upload", "method", "PUT",
+                   "url", put.url, "headers", headers, "expires_at", expires);
+}
+
+enum MHD_Result uploads_post(struct request *req) {
+  enum br_api_error e;
+  char msg[256];
+  struct upload_batch *b = parse_batch(req, &e, msg, sizeof msg);
+  if (!b) {
+    br_info("POST /v1/uploads refused: %s", msg);
+    return reply_error(req, e, "%s", msg);
+  }
+  br_store *st = req->srv->upload_store;
+  json_t *out = json_array();
+  enum MHD_Result r;
+  for (size_t i = 0; i < b->n; i++) {
+    struct upload_item *it = &b->items[i];
+    char hex[BR_HEX_LEN + 1];
+    br_hex_encode(it->digest, hex);
+    br_record rec;
+    br_err err;
+    int rc = br_index_get(req->srv->index, it->digest, &rec, &err);
+    if (rc < 0) {
+      r = reply_error(req, E_INTERNAL, "%s", err.msg);
+      goto done;
+    }
+    json_t *o = rc == 0 && rec.state == BR_STATE_LIVE
+                    ? json_pack("{s:s,s:s}", "sha256", hex, "status", "present")
+                    : upload_action(st, it, hex, &err);
+    if (!o) {
+      r = reply_error(req, E_INTERNAL, "%s", err.msg);
+      goto done;
+    }
+    json_array_append_new(out, o);
+  }
+  r = reply_json(req, MHD_HTTP_OK, json_pack("{s:O}", "blobs", out));
+done:
+  json_decref(out);
+  free(b);
+  return r;
+}
+
+/* Checks one directly uploaded object and records it, under the blob's lock (as a PUT through
+ * blobrefd does: reconcile's final delete of the same hash runs wholly before or after). */
+static void commit_one(struct request *req, br_store *st, struct upload_item *it) {
+  br_server *srv = req->srv;
+  char hex[BR_HEX_LEN + 1], key[BR_MAX_KEY + 1];
+  br_hex_encode(it->digest, hex);
+  br_err err;
+  br_record rec;
+  int rc = br_index_get(srv->index, it->digest, &rec, &err);
+  if (rc == 0 && rec.state == BR_STATE_LIVE) {
+    /* a dedup hit: keep it from reconcile for another grace period, as a PUT would */
+    rc = br_index_touch(srv->index, it->digest, br_now_ms(), &err);
+    if (rc == 0) {
+      it->status = "present";
+      return;
+    }
+  }
+  if (rc < 0) goto fail;
+  if (!br_store_default_key(st, it->digest, key, sizeof key)) {
+    snprintf(err.msg, sizeof err.msg, "object key too long");
+    goto fail;
+  }
+  uint64_t size = 0;
+  uint8_t sha[BR_SHA256_LEN];
+  int has_sha = 0;
+  rc = br_store_head_checksum(st, key, &size, sha, &has_sha, &err);
+  if (rc > 0) {
+    it->status = "missing";
+    snprintf(it->message, sizeof it->message, "no object at %s:%s", br_store_name(st), key);
+    return;
+  }
+  if (rc < 0) goto fail;
+  int bad = size != it->size || (has_sha && memcmp(sha, it->digest, BR_SHA256_LEN));
+  if (!bad && (br_store_direct_mode(st) != BR_DIRECT_TRUSTED || !has_sha)) {
+    /* the backend does not check the bytes against the signed checksum (or left no checksum to
+     * compare): read the object and hash it before it can ever be served */
+    uint64_t t0 = br_mono_ns(), got_size = 0;
+    rc = br_store_hash(st, key, sha, &got_size, &err);
+    atomic_fetch_add(&req->http->direct_rehash_ns, br_mono_ns() - t0);
+    if (rc == 0) atomic_fetch_add(&req->http->direct_rehash_bytes, got_size);
+    if (rc > 0) {
+      it->status = "missing";
+      return;
+    }
+    if (rc < 0) goto fail;
+    bad = got_size != it->size || memcmp(sha, it->digest, BR_SHA256_LEN);
+  }
+  if (bad) {
+    it->status = "mismatch";
+    snprintf(it->message, sizeof it->message, "%s:%s is not blob %s (%" PRIu64 " bytes%s): deleted",
+             br_store_name(st), key, hex, size, has_sha ? " or another checksum" : "");
+    uint8_t owner[BR_SHA256_LEN];
+    rc = br_index_key_owner(srv->index, br_store_name(st), key, owner, &err);
+    if (rc == 1 && br_store_delete(st, key, &err) < 0) rc = -1;
+    if (rc != 1) {
+      snprintf(it->message, sizeof it->message, "%s:%s is not blob %s: left in place (%s)",
+               br_store_name(st), key, hex, rc < 0 ? err.msg : "a record owns the key");
+    }
+    br_warn("POST /v1/uploads/commit: %s", it->message);
+    return;
+  }
+  uint64_t now = br_now_ms();
+  br_record add = {.size = it->size,
+                   .created_ms = now,
+                   .last_upload_ms = now,
+                   .state = BR_STATE_LIVE,
+                   .state_ms = now,
+                   .nlocations = 1};
+  snprintf(add.content_type, sizeof add.content_type, "%s", it->content_type);
+  br_location *loc = &add.locations[0];
+  snprintf(loc->store, sizeof loc->store, "%s", br_store_name(st));
+  snprintf(loc->key, sizeof loc->key, "%s", key);
+  loc->role = BR_ROLE_PRIMARY;
+  loc->verified_at_ms = now;
+  int created = 0;
+  rc = br_index_record_upload(srv->index, it->digest, &add, &created, NULL, &err);
+  if (rc < 0) goto fail;
+  it->status = created ? "created" : "present";
+  atomic_fetch_add(created ? &req->http->uploads_created : &req->http->uploads_dedup, 1);
+  return;
+fail:
+  it->status = "error";
+  snprintf(it->message, sizeof it->message, "%s", err.msg);
+  br_warn("POST /v1/uploads/commit: %s: %s", hex, err.msg);
+}
+
+#define COMMIT_THREADS 8 /* blobs of one commit checked at a time (HEAD, re-hash, record) */
+
+struct commit_pass {
+  struct request *req;
+  struct upload_batch *b;
+  atomic_size_t next;
+};
+
+static void *commit_worker(void *arg) {
+  struct commit_pass *cp = arg;
+  br_store *st = cp->req->srv->upload_store;
+  for (;;) {
+    size_t i = atomic_fetch_add(&cp->next, 1);
+    if (i >= cp->b->n) return NULL;
+    br_server_lock_blob(cp->req->srv, cp->b->items[i].digest, 1);
+    commit_one(cp->req, st, &cp->b->items[i]);
+    br_server_lock_blob(cp->req->srv, cp->b->items[i].digest, 0);
+  }
+}
+
+/* The finisher's part of a commit: every blob checked and recorded, COMMIT_THREADS at a time so
+ * that the store's round trips and the index's group commits overlap; answers keep request
+ * order. */
+static void commit_run(struct request *req) {
+  struct commit_pass cp = {.req = req, .b = req->job_data};
+  atomic_init(&cp.next, 0);
+  pthread_t threads[COMMIT_THREADS];
+  size_t started = 0;
+  size_t want = cp.b->n < COMMIT_THREADS ? cp.b->n : COMMIT_THREADS;
+  for (; started + 1 < want; started++)
+    if (pthread_create(&threads[started], NULL, commit_worker, &cp) != 0) break;
+  commit_worker(&cp); /* this thread too */
+  for (size_t t = 0; t < started; t++) pthread_join(threads[t], NULL);
+  req->finish_rc = 0;
+}
+
+enum MHD_Result uploads_commit_post(struct request *req) {
+  if (req->phase == PHASE_RESUMED) {
+    struct upload_batch *b = req->job_data;
+    json_t *out = json_array();
+    for (size_t i = 0; i < b->n; i++) {
+      struct upload_item *it = &b->items[i];
+      char hex[BR_HEX_LEN + 1];
+      br_hex_encode(it->digest, hex);
+      json_t *o = json_pack("{s:s,s:s}", "sha256", hex, "status", it->status);
+      if (it->message[0]) json_object_set_new(o, "message", json_string(it->message));
+      json_array_append_new(out, o);
+    }
+    return reply_json(req, MHD_HTTP_OK, json_pack("{s:o}", "blobs", out));
+  }
+  enum br_api_error e;
+  char msg[256];
+  struct upload_batch *b = parse_batch(req, &e, msg, sizeof msg);
+  if (!b) {
+    br_info("POST /v1/uploads/commit refused: %s", msg);
+    return reply_error(req, e, "%s", msg);
+  }
+  req->job_data = b;
+  req->job_fn = commit_run;
+  if (request_finish_async(req, JOB_CALL) < 0)
+    return reply_error(req, E_NOT_READY, "the server is stopping");
+  return MHD_YES;
+}

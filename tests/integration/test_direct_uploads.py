@@ -1,0 +1,462 @@
+"""Direct uploads (issue 21) against radosgw: POST /v1/uploads hands out presigned PUTs to the
+blob's content key, the client PUTs the bytes to the bucket itself, POST /v1/uploads/commit checks
+the object (HEAD, and a re-hash where the store does not check the signed checksum) and records
+it. Covers the end-to-end path, both verification branches (radosgw re-hashed; a local proxy that
+enforces x-amz-checksum-sha256 trusted), expired URLs, races, commits without uploads, a kill -9
+between upload and commit, bad input and auth."""
+import base64
+import hashlib
+import http.client
+import http.server
+import os
+import re
+import signal
+import socketserver
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import Server
+from s3util import content_key, head_size, keys, s3_conf, stop_checked
+from util_http import TIMEOUT, assert_error, sha, wait_until
+
+MiB = 1 << 20
+
+
+def bucket_for(request):
+    n = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")
+    return n[:40].strip("-") + "-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]
+
+
+@pytest.fixture
+def direct(rgw, tmp_path, request):
+    """Factory: direct(endpoint=None, server="", **store_keys) -> (server, bucket): a blobrefd
+    whose upload store is an s3 store over a fresh bucket with direct_uploads = auto."""
+    made = []
+
+    def make(endpoint=None, server="", **store_keys):
+        b = rgw.make_bucket(bucket_for(request) + (f"-{len(made)}" if made else ""))
+        store_keys.setdefault("direct_uploads", "auto")
+        text = s3_conf(rgw, b, server=server, **store_keys)
+        if endpoint:
+            text = text.replace(f"endpoint = {rgw.endpoint}", f"endpoint = {endpoint}")
+        srv = Server(tmp_path / f"data{len(made)}", config_text=text).start()
+        made.append(srv)
+        return srv, b
+
+    yield make
+    for srv in made:
+        if srv.proc is not None:
+            stop_checked(srv)
+
+
+def negotiate(srv, blobs, headers=None):
+    r = requests.post(f"{srv.url}/v1/uploads", json={"blobs": blobs}, headers=headers,
+                      timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    return r.json()["blobs"]
+
+
+def commit(srv, blobs, headers=None):
+    r = requests.post(f"{srv.url}/v1/uploads/commit", json={"blobs": blobs}, headers=headers,
+                      timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    return r.json()["blobs"]
+
+
+def item(data, ct=None):
+    d = {"sha256": sha(data), "size": len(data)}
+    if ct:
+        d["content_type"] = ct
+    return d
+
+
+def direct_put(action, data):
+    return requests.put(action["url"], data=data, headers=action["headers"], timeout=TIMEOUT)
+
+
+def metric(srv, name):
+    text = requests.get(f"{srv.url}/metrics", timeout=TIMEOUT).text
+    m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
+    return float(m.group(1))
+
+
+def test_direct_single_part_end_to_end(rgw, direct):
+    srv, b = direct()
+    s3 = rgw.client()
+    old = os.urandom(1000)
+    assert requests.put(f"{srv.url}/v1/blobs/{sha(old)}", data=old,
+                        timeout=TIMEOUT).status_code == 201
+    new = os.urandom(300 * 1024)
+    big = {"sha256": "ab" * 32, "size": 17 * MiB}  # over part_size (16 MiB): not one PUT
+    acts = negotiate(srv, [item(new, "image/png"), item(old), big])
+    assert [a["sha256"] for a in acts] == [sha(new), sha(old), big["sha256"]]  # request order
+    assert [a["status"] for a in acts] == ["upload", "present", "via_server"]
+    a = acts[0]
+    assert a["method"] == "PUT" and a["url"].startswith(rgw.endpoint + f"/{b}/")
+    assert content_key(sha(new)) in a["url"]
+    assert a["headers"] == {
+        "x-amz-checksum-sha256": base64.b64encode(hashlib.sha256(new).digest()).decode(),
+        "x-amz-content-sha256": sha(new), "If-None-Match": "*"}
+    signed = re.search(r"X-Amz-SignedHeaders=([^&]+)", a["url"]).group(1)
+    assert signed == "host%3Bif-none-match%3Bx-amz-checksum-sha256%3Bx-amz-content-sha256"
+    assert time.strptime(a["expires_at"][:19], "%Y-%m-%dT%H:%M:%S")
+    received = metric(srv, "blobref_received_bytes_total")
+    r = direct_put(a, new)
+    assert r.status_code == 200, r.text
+    assert head_size(s3, b, content_key(sha(new))) == len(new)
+    # in the bucket but not committed: not served
+    assert requests.get(f"{srv.url}/v1/blobs/{sha(new)}", timeout=TIMEOUT).status_code == 404
+    res = commit(srv, [item(new, "image/png"), item(old)])
+    assert [x["status"] for x in res] == ["created", "present"]
+    r = requests.get(f"{srv.url}/v1/blobs/{sha(new)}", timeout=TIMEOUT)
+    assert r.status_code == 200 and r.content == new
+    assert r.headers["Content-Type"] == "image/png"
+    meta = requests.get(f"{srv.url}/v1/blobs/{sha(new)}/meta", timeout=TIMEOUT).json()
+    assert meta["locations"][0]["key"] == content_key(sha(new))
+    # the bytes never went through blobrefd; radosgw ignores the checksum: it was re-hashed
+    assert metric(srv, "blobref_received_bytes_total") == received
+    assert metric(srv, "blobref_direct_rehash_bytes_total") == len(new)
+    assert negotiate(srv, [item(new)])[0]["status"] == "present"
+
+
+def test_radosgw_enforces_content_sha256_not_checksum(rgw, direct):
+    """The measurement: radosgw 16 takes a presigned PUT whose signed x-amz-checksum-sha256 is
+    wrong (the startup probe says so) but refuses one whose x-amz-content-sha256 is not the body's
+    hash; a body that is not the blob never becomes readable under it."""
+    srv, b = direct()
+    assert re.search(r"x-amz-checksum-sha256 not enforced, x-amz-content-sha256 enforced; "
+                     r"objects are re-hashed on commit", srv.read_log())
+    assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 2
+    data = os.urandom(5000)
+    a = negotiate(srv, [item(data)])[0]
+    wrong = os.urandom(5000)
+    r = direct_put(a, wrong)
+    assert r.status_code == 400 and "XAmzContentSHA256Mismatch" in r.text
+    assert head_size(rgw.client(), b, content_key(sha(data))) is None
+    assert commit(srv, [item(data)])[0]["status"] == "missing"
+    assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).status_code == 404
+
+
+@pytest.mark.parametrize("wrong", ["bytes", "size"])
+def test_rehash_refuses_an_object_that_is_not_the_blob(rgw, direct, wrong):
+    """Wrong bytes under a content key (written with the bucket's credentials, as a backend that
+    ignores both headers would take them): the commit re-hashes, answers mismatch, deletes it."""
+    srv, b = direct()
+    s3 = rgw.client()
+    data = os.urandom(4096)
+    other = os.urandom(4096) if wrong == "bytes" else data + b"x"
+    assert negotiate(srv, [item(data)])[0]["status"] == "upload"
+    s3.put_object(Bucket=b, Key=content_key(sha(data)), Body=other)
+    res = commit(srv, [item(data)])[0]
+    assert res["status"] == "mismatch" and "deleted" in res["message"], res
+    assert head_size(s3, b, content_key(sha(data))) is None
+    assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).status_code == 404
+    assert "POST /v1/uploads/commit" in srv.read_log()
+    # the right bytes afterwards are taken
+    a = negotiate(srv, [item(data)])[0]
+    assert direct_put(a, data).status_code == 200
+    assert commit(srv, [item(data)])[0]["status"] == "created"
+
+
+class ChecksumProxy:
+    """An HTTP proxy in front of radosgw that behaves like AWS S3 for checksums: a PUT whose
+    x-amz-checksum-sha256 is not the body's is refused (400 BadDigest), and a HEAD with
+    x-amz-checksum-mode: ENABLED answers the checksum the object was stored with."""
+
+    def __init__(self, target):
+        host, port = target.split("//")[1].split(":")
+        proxy = self
+        self.checksums = {}
+        self.refused = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def relay(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                path = self.path.split("?")[0]
+                want = self.headers.get("x-amz-checksum-sha256")
+                if self.command == "PUT" and want and want != base64.b64encode(
+                        hashlib.sha256(body).digest()).decode():
+                    proxy.refused += 1
+                    err = b"<Error><Code>BadDigest</Code><Message>checksum</Message></Error>"
+                    self.send_response(400)
+                    self.send_header("Content-Length", str(len(err)))
+                    self.end_headers()
+                    self.wfile.write(err)
+                    return
+                c = http.client.HTTPConnection(host, int(port), timeout=30)
+                c.request(self.command, self.path, body=body if n else None,
+                          headers={k: v for k, v in self.headers.items()})
+                r = c.getresponse()
+                data = r.read()
+                if self.command == "PUT" and want and r.status == 200:
+                    proxy.checksums[path] = want
+                if self.command == "DELETE":
+                    proxy.checksums.pop(path, None)
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                if (self.command == "HEAD" and path in proxy.checksums and
+                        self.headers.get("x-amz-checksum-mode") == "ENABLED"):
+                    self.send_header("x-amz-checksum-sha256", proxy.checksums[path])
+                self.send_header("Content-Length", r.getheader("Content-Length") or str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                c.close()
+
+            do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = relay
+
+        class Threaded(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+
+        self.httpd = Threaded(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_enforcing_store_is_trusted_and_checked_by_head(rgw, direct):
+    proxy = ChecksumProxy(rgw.endpoint)
+    try:
+        srv, b = direct(endpoint=proxy.endpoint)
+        assert re.search(r"x-amz-checksum-sha256 enforced, x-amz-content-sha256 enforced; "
+                         r"objects are checked by a HEAD on commit", srv.read_log())
+        assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 1
+        data, wrong = os.urandom(20000), os.urandom(20000)
+        a = negotiate(srv, [item(data)])[0]
+        refused = proxy.refused
+        r = direct_put(a, wrong)
+        assert r.status_code == 400 and "BadDigest" in r.text and proxy.refused == refused + 1
+        assert commit(srv, [item(data)])[0]["status"] == "missing"
+        assert direct_put(a, data).status_code == 200
+        assert commit(srv, [item(data)])[0]["status"] == "created"
+        assert metric(srv, "blobref_direct_rehash_bytes_total") == 0  # HEAD's checksum sufficed
+        assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).content == data
+        # an object that did not come through a checksummed PUT has no checksum: re-hashed
+        s3 = rgw.client()
+        other = os.urandom(100)
+        s3.put_object(Bucket=b, Key=content_key(sha(other)), Body=b"y" * 100)
+        assert commit(srv, [item(other)])[0]["status"] == "mismatch"
+        assert metric(srv, "blobref_direct_rehash_bytes_total") == 100
+        assert head_size(s3, b, content_key(sha(other))) is None
+    finally:
+        proxy.close()
+
+
+def test_expired_url_is_refused_and_leaves_no_record(rgw, direct):
+    srv, b = direct(presign_ttl="1s")
+    data = os.urandom(1000)
+    a = negotiate(srv, [item(data)])[0]
+    deadline = time.strptime(a["expires_at"][:19] + "UTC", "%Y-%m-%dT%H:%M:%S%Z")
+    assert wait_until(lambda: time.time() > time.mktime(deadline) - time.timezone + 1, timeout=5)
+    r = direct_put(a, data)
+    assert r.status_code == 403, r.text
+    assert commit(srv, [item(data)])[0]["status"] == "missing"
+    assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}/meta", timeout=TIMEOUT).status_code == 404
+
+
+def test_same_blob_negotiated_twice_first_commit_wins(rgw, direct):
+    srv, b = direct()
+    data = os.urandom(2000)
+    a1, a2 = negotiate(srv, [item(data)])[0], negotiate(srv, [item(data)])[0]
+    assert a1["status"] == a2["status"] == "upload"
+    assert direct_put(a1, data).status_code == 200
+    # If-None-Match: * keeps the first object: radosgw answers 412 to the second PUT
+    assert direct_put(a2, data).status_code == 412
+    assert commit(srv, [item(data)])[0]["status"] == "created"
+    assert commit(srv, [item(data)])[0]["status"] == "present"
+    assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).content == data
+
+
+def test_commit_without_upload_is_missing(rgw, direct):
+    srv, b = direct()
+    data = os.urandom(100)
+    res = commit(srv, [item(data)])[0]
+    assert res["status"] == "missing" and content_key(sha(data)) in res["message"]
+    assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}/meta", timeout=TIMEOUT).status_code == 404
+
+
+def test_kill9_between_upload_and_commit_leaves_no_record(rgw, direct):
+    srv, b = direct()
+    s3 = rgw.client()
+    data = os.urandom(3000)
+    a = negotiate(srv, [item(data)])[0]
+    assert direct_put(a, data).status_code == 200
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.proc.wait(timeout=10)
+    srv.proc = None
+    srv.log.close()
+    srv.start()
+    assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}/meta", timeout=TIMEOUT).status_code == 404
+    assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).status_code == 404
+    assert content_key(sha(data)) in keys(s3, b)  # stale bytes, no record
+    # a retried commit finds the object, checks it and records it
+    assert commit(srv, [item(data)])[0]["status"] == "created"
+
+
+def test_via_server_when_direct_uploads_are_off(rgw, direct):
+    srv, b = direct(direct_uploads="off")
+    assert negotiate(srv, [item(b"abc")])[0] == {"sha256": sha(b"abc"), "status": "via_server"}
+    assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 0
+
+
+def test_via_server_on_an_fs_store(server):
+    data = os.urandom(10)
+    assert negotiate(server, [item(data)])[0]["status"] == "via_server"
+    assert commit(server, [item(data)])[0]["status"] == "missing"
+
+
+def test_bad_input_is_refused_and_changes_nothing(server):
+    u = f"{server.url}/v1/uploads"
+    for path in ("/v1/uploads", "/v1/uploads/commit"):
+        u = server.url + path
+        assert_error(requests.post(u, data=b"{nope", timeout=TIMEOUT), 400, "bad_json")
+        assert_error(requests.post(u, json={"hashes": []}, timeout=TIMEOUT), 400, "bad_json")
+        assert_error(requests.post(u, json={"blobs": [{"sha256": "xyz", "size": 1}]},
+                                   timeout=TIMEOUT), 400, "bad_hash")
+        assert_error(requests.post(u, json={"blobs": [{"sha256": "a" * 64, "size": -1}]},
+                                   timeout=TIMEOUT), 400, "bad_json")
+        assert_error(requests.post(u, json={"blobs": [{"sha256": "a" * 64, "size": 1 << 50}]},
+                                   timeout=TIMEOUT), 413, "too_large")
+        assert_error(requests.post(u, json={"blobs": [{"sha256": "a" * 64, "size": 1,
+                                                       "content_type": "bad\ntype"}]},
+                                   timeout=TIMEOUT), 400, "bad_content_type")
+        many = [{"sha256": "a" * 64, "size": 1}] * 10001
+        assert_error(requests.post(u, json={"blobs": many}, timeout=TIMEOUT), 413,
+                     "too_many_hashes")
+    assert requests.get(f"{server.url}/v1/blobs", timeout=TIMEOUT).json()["blobs"] == []
+    assert "POST /v1/uploads refused" in server.read_log()
+
+
+def token_conf(rgw, b):
+    text = "[auth]\nanonymous = none\n"
+    for name in ("read", "write"):
+        digest = hashlib.sha256(f"secret-{name}".encode()).hexdigest()
+        text += f"[token {name}]\nsha256 = {digest}\nscopes = {name}\n"
+    return text
+
+
+def test_auth_on_every_route(rgw, direct, tmp_path):
+    b = rgw.make_bucket(bucket_for_auth())
+    srv = Server(tmp_path / "auth", config_text=s3_conf(rgw, b, direct_uploads="auto") +
+                 token_conf(rgw, b)).start()
+    try:
+        data = os.urandom(50)
+        body = {"blobs": [item(data)]}
+        for path in ("/v1/uploads", "/v1/uploads/commit"):
+            u = srv.url + path
+            assert_error(requests.post(u, json=body, timeout=TIMEOUT), 401, "unauthorized")
+            assert_error(requests.post(u, json=body, timeout=TIMEOUT,
+                                       headers={"Authorization": "Bearer secret-read"}),
+                         403, "forbidden")
+            r = requests.post(u, json=body, timeout=TIMEOUT,
+                              headers={"Authorization": "Bearer secret-write"})
+            assert r.status_code == 200, r.text
+    finally:
+        stop_checked(srv)
+
+
+def bucket_for_auth():
+    return "direct-auth-" + hashlib.sha1(str(os.getpid()).encode()).hexdigest()[:8]
+
+
+def test_bad_direct_uploads_value_stops_startup(rgw, tmp_path):
+    srv = Server(tmp_path / "bad", config_text=s3_conf(rgw, "nobucket", direct_uploads="maybe"))
+    with pytest.raises(RuntimeError, match=r"blobref.conf:\d+: \[store lake\] direct_uploads "
+                                           r"must be off, auto or on"):
+        srv.start()
+
+
+def python_client():
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "tools" / "python"))
+    import blobref
+    return blobref
+
+
+def test_python_put_many_uploads_directly(rgw, direct, tmp_path):
+    blobref = python_client()
+    srv, b = direct()
+    files = []
+    for i in range(12):
+        p = tmp_path / f"f{i}.bin"
+        p.write_bytes(os.urandom(1000 + i))
+        files.append(p)
+    have = files[0].read_bytes()
+    assert requests.put(f"{srv.url}/v1/blobs/{sha(have)}", data=have,
+                        timeout=TIMEOUT).status_code == 201
+    received = metric(srv, "blobref_received_bytes_total")
+    c = blobref.Client(srv.url)
+    res = c.put_many(files, workers=4, batch_size=5)
+    assert res["present"] == 1 and res["uploaded"] == 11 and res["via_server"] == 0
+    assert res["bytes"] == sum(p.stat().st_size for p in files[1:])
+    assert res["hashes"] == [sha(p.read_bytes()) for p in files]
+    assert metric(srv, "blobref_received_bytes_total") == received  # nothing through blobrefd
+    for p in files:
+        assert c.get(sha(p.read_bytes())) == p.read_bytes()
+    again = c.put_many(files, workers=4)
+    assert again["present"] == 12 and again["uploaded"] == 0 and again["bytes"] == 0
+
+
+def test_python_put_many_falls_back_to_the_server(server, tmp_path):
+    blobref = python_client()
+    p = tmp_path / "a.txt"
+    p.write_bytes(b"through the server")
+    res = blobref.Client(server.url).put_many([p])
+    assert res["via_server"] == 1 and res["uploaded"] == 0 and res["bytes"] == p.stat().st_size
+    r = requests.get(f"{server.url}/v1/blobs/{sha(p.read_bytes())}", timeout=TIMEOUT)
+    assert r.content == p.read_bytes() and r.headers["Content-Type"].startswith("text/plain")
+
+
+def cli(srv, *args):
+    import subprocess
+    from conftest import BIN_DIR
+    return subprocess.run([str(BIN_DIR / "blobref"), "--server", srv.url] + [str(a) for a in args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_put_direct(rgw, direct, tmp_path):
+    srv, b = direct()
+    d = tmp_path / "tree"
+    (d / "sub").mkdir(parents=True)
+    files = [d / "a.bin", d / "sub" / "b.txt", d / "sub" / "c.bin"]
+    for i, p in enumerate(files):
+        p.write_bytes(os.urandom(2000 + i))
+    have = files[0].read_bytes()
+    assert requests.put(f"{srv.url}/v1/blobs/{sha(have)}", data=have,
+                        timeout=TIMEOUT).status_code == 201
+    received = metric(srv, "blobref_received_bytes_total")
+    p = cli(srv, "put", "-r", d, "--direct", "--jobs", "2")
+    assert p.returncode == 0, p.stderr
+    lines = sorted(p.stdout.splitlines())
+    assert lines == sorted(f"{sha(f.read_bytes())}  {f}" for f in files)
+    assert "3 files: 2 uploaded, 1 already present, 0 failed" in p.stderr
+    assert f"{2001 + 2002} sent" in p.stderr
+    assert metric(srv, "blobref_received_bytes_total") == received
+    r = requests.get(f"{srv.url}/v1/blobs/{sha(files[1].read_bytes())}", timeout=TIMEOUT)
+    assert r.content == files[1].read_bytes() and r.headers["Content-Type"].startswith("text/plain")
+
+
+def test_cli_put_direct_falls_back_to_the_server(server, tmp_path):
+    f = tmp_path / "x.bin"
+    f.write_bytes(b"via blobrefd")
+    p = cli(server, "put", "--direct", f)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[0] == sha(b"via blobrefd")
+    assert "1 uploaded" in p.stderr
+    assert requests.get(f"{server.url}/v1/blobs/{sha(b'via blobrefd')}",
+                        timeout=TIMEOUT).content == b"via blobrefd"
