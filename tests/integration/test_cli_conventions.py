@@ -91,6 +91,27 @@ def test_global_options_anywhere_and_with_equals(server):
     assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
 
 
+def test_mistyped_options_get_a_suggestion(tmp_path):
+    """A mistyped option names the closest one (the command's own, or a global), exit 2, and
+    nothing is sent (no server is listening at port 1)."""
+    f = tmp_path / "x.txt"
+    f.write_text("x")
+    srv = ["--server", "http://127.0.0.1:1"]
+    cases = [(["put", "--jsn", f], "unknown option '--jsn'; did you mean --json?"),
+             (["put", "--recrusive", f], "did you mean --recursive?"),
+             (["get", "--outpt", "y", "0" * 64], "did you mean --output?"),
+             (["ls", "--limt=3"], "did you mean --limit?"),
+             (["token", "new", "--scpoes", "read"], "did you mean --scopes?"),
+             (["put", "--zzzzzz", f], "unknown option '--zzzzzz' (see 'blobref put --help')"),
+             (["put", f, "--jobs"], "--jobs needs a value")]
+    for args, want in cases:
+        p = run(*srv, *args)
+        assert p.returncode == 2 and want in p.stderr, (args, p.returncode, p.stderr)
+        assert "cannot reach" not in p.stderr and p.stdout == "", (args, p.stderr)
+    p = run(*srv, "put", "--zzzzzz", f)
+    assert "did you mean" not in p.stderr, p.stderr
+
+
 def test_usage_errors_exit_2_with_a_suggestion():
     p = run("recnocile")
     assert p.returncode == 2 and "did you mean 'reconcile'?" in p.stderr, p.stderr
