@@ -397,6 +397,8 @@
       return h("tr", {},
         h("td", {}, name),
         h("td", {}, h("span", { className: up ? "ok" : "bad" }, up ? "healthy" : "failing")),
+        h("td", { className: "num store-blobs" }, fmtInt(total(ms, "blobref_store_blobs", (l) => l.store === name))),
+        h("td", { className: "num store-bytes" }, fmtBytes(total(ms, "blobref_store_blob_bytes", (l) => l.store === name))),
         h("td", { className: "num" }, fmtInt(errs("read"))),
         h("td", { className: "num" }, fmtInt(errs("write"))),
         h("td", { className: "num" }, fmtInt(errs("check"))));
@@ -407,6 +409,7 @@
       h("p", { className: ready && ready.status === "ready" ? "ok" : "bad", id: "readyz" }, "/readyz: " + readyText),
       h("table", { id: "stores" },
         h("thead", {}, h("tr", {}, h("th", {}, "store"), h("th", {}, "health"),
+          h("th", { className: "num" }, "live blobs"), h("th", { className: "num" }, "bytes"),
           h("th", { className: "num" }, "read errors"), h("th", { className: "num" }, "write errors"),
           h("th", { className: "num" }, "check errors"))),
         h("tbody", {}, storeRows)));

@@ -215,6 +215,10 @@ def test_console_in_a_browser(console):
     assert "1 held" in b.text("#card-quarantined .extra")
     assert "%" in b.text("#card-fill .value")
     assert "healthy" in b.text("#stores tbody")
+    # per store: the 5 live blobs (the held one is not counted) and their bytes
+    assert b.text("#stores tbody .store-blobs") == "5"
+    # (one store holds every live blob: its bytes are the index's live bytes)
+    assert b.text("#stores tbody .store-bytes") == b.text("#card-live .extra") != "0 B"
     assert b.text("#readyz") == "/readyz: ready"
     assert "store_write" in b.text("#steps tbody")
     assert b.eval("document.querySelectorAll('#chart-requests canvas, #chart-uploads canvas').length") == 2
