@@ -497,9 +497,11 @@
     const status = h("span", { className: "note", id: "dry-run-status" });
     const head = h("div", { className: "toolbar" }, h("h2", {}, "Reconcile"),
       state.admin ? dryRunButton(status) : null, status);
-    let runs;
+    let runs, next;
     try {
-      runs = (await apiJson("/v1/reconcile/runs")).runs;
+      const got = await apiJson("/v1/reconcile/runs");
+      runs = got.runs;
+      next = got.next_run_at;
     } catch (e) {
       view.replaceChildren(head, errorBox(e));
       return;
@@ -517,6 +519,8 @@
         : "Runs start every interval inside the server; an admin token shows the dry-run button."),
       runs.length ? h("p", { id: "last-run" }, "Last run: #" + runs[0].id + ", started " +
         fmtTime(runs[0].started_at) + " (" + runs[0].state + ")") : null,
+      h("p", { id: "next-run" }, next ? "Next periodic run: " + fmtTime(next) :
+        "No periodic run scheduled (reconcile interval = 0, or a run is under way)."),
       h("section", { className: "panel" }, chartBox),
       runs.length ? table : h("p", { id: "no-runs" }, "No runs yet."));
     const done = runs.filter((r) => r.blobs && r.started_at).reverse();

@@ -269,6 +269,7 @@ def test_console_in_a_browser(console):
     b.hash("#reconcile")
     assert b.eval("document.getElementById('dry-run')") is None
     assert b.text("#no-runs") == "No runs yet."
+    assert b.text("#next-run").startswith("No periodic run scheduled")  # interval = 0 here
 
     # a read-only token is not admin either
     b.eval(f"document.getElementById('token-input').value = '{READER}'")
