@@ -7,6 +7,7 @@
 
 #include "blobref/version.h"
 #include "commands.h"
+#include "http_client.h"
 
 static const struct command {
   const char *name;
@@ -64,32 +65,12 @@ static void usage(FILE *out) {
           "exit status: 0 ok, 1 failure, 2 usage, 3 refused by a guard\n");
 }
 
-/* Edit distance of two short words (insert, delete, substitute, swap of neighbours), capped. */
-static size_t edit_distance(const char *a, const char *b) {
-  size_t la = strlen(a), lb = strlen(b);
-  if (la > 32 || lb > 32) return 99;
-  size_t d[33][33];
-  for (size_t i = 0; i <= la; i++) d[i][0] = i;
-  for (size_t j = 0; j <= lb; j++) d[0][j] = j;
-  for (size_t i = 1; i <= la; i++)
-    for (size_t j = 1; j <= lb; j++) {
-      size_t best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-      if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
-      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
-          d[i - 2][j - 2] + 1 < best)
-        best = d[i - 2][j - 2] + 1;
-      d[i][j] = best;
-    }
-  return d[la][lb];
-}
-
 /* The command closest to a mistyped one (within 2 edits, or the only one it is a prefix of). */
 static const char *closest_command(const char *typed) {
   const char *best = NULL, *prefix_of = NULL;
   size_t best_d = 3, prefixes = 0;
   for (size_t i = 0; i < NCOMMANDS; i++) {
-    size_t d = edit_distance(typed, commands[i].name);
+    size_t d = br_cli_edit_distance(typed, commands[i].name);
     if (d < best_d) best_d = d, best = commands[i].name;
     if (*typed && !strncmp(commands[i].name, typed, strlen(typed)))
       prefixes++, prefix_of = commands[i].name;

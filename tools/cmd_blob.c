@@ -46,12 +46,6 @@ static void getopt_reset(void) {
   opterr = 0;
 }
 
-/* Prints the "unknown option / missing argument" usage error for the last getopt failure. */
-static int bad_option(const char *cmd, char **argv) {
-  const char *arg = optind > 0 ? argv[optind - 1] : "?";
-  return br_cli_usage_error(cmd, "unknown option or missing argument: '%s'", arg);
-}
-
 /* Hashes the rest of f with SHA-256 (streaming, HASH_CHUNK at a time) into hex. Returns 0, or
  * -1 with err on a read error. */
 static int sha256_file(FILE *f, char hex[BR_HEX_LEN + 1], uint64_t *size, br_err *err) {
@@ -687,7 +681,7 @@ int cmd_put(const cli_globals *g, int argc, char **argv) {
         fputs(put_help, stdout);
         return 0;
       default:
-        return bad_option("put", argv);
+        return br_cli_bad_option("put", argv, longopts);
     }
   }
   int nargs = argc - optind;
@@ -798,7 +792,7 @@ int cmd_get(const cli_globals *g, int argc, char **argv) {
         fputs(get_help, stdout);
         return 0;
       default:
-        return bad_option("get", argv);
+        return br_cli_bad_option("get", argv, longopts);
     }
   }
   if (argc - optind != 1) return br_cli_usage_error("get", "expected exactly one HASH");
@@ -909,7 +903,7 @@ int cmd_stat(const cli_globals *g, int argc, char **argv) {
         fputs(stat_help, stdout);
         return 0;
       default:
-        return bad_option("stat", argv);
+        return br_cli_bad_option("stat", argv, longopts);
     }
   }
   if (argc - optind != 1) return br_cli_usage_error("stat", "expected exactly one HASH");
@@ -1098,7 +1092,7 @@ int cmd_lookup(const cli_globals *g, int argc, char **argv) {
         fputs(lookup_help, stdout);
         return 0;
       default:
-        return bad_option("lookup", argv);
+        return br_cli_bad_option("lookup", argv, longopts);
     }
   }
   int nargs = argc - optind;

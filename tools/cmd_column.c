@@ -168,8 +168,7 @@ int cmd_column(const cli_globals *g, int argc, char **argv) {
         fputs(column_help, stdout);
         return 0;
       default:
-        return br_cli_usage_error("column", "unknown option or missing argument: '%s'",
-                                  optind > 0 ? argv[optind - 1] : "?");
+        return br_cli_bad_option("column", argv, longopts);
     }
   }
   if (argc - optind != 1) return br_cli_usage_error("column", "expected one FILE");

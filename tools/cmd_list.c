@@ -65,8 +65,7 @@ int cmd_ls(const cli_globals *g, int argc, char **argv) {
         fputs(ls_help, stdout);
         return CLI_EXIT_OK;
       default:
-        return br_cli_usage_error("ls", "unknown option or missing argument: '%s'",
-                                  argv[optind - 1]);
+        return br_cli_bad_option("ls", argv, longopts);
     }
   }
   if (optind != argc) return br_cli_usage_error("ls", "unexpected argument '%s'", argv[optind]);
@@ -129,8 +128,7 @@ int cmd_hold(const cli_globals *g, int argc, char **argv) {
         fputs(hold_help, stdout);
         return CLI_EXIT_OK;
       default:
-        return br_cli_usage_error("hold", "unknown option or missing argument: '%s'",
-                                  argv[optind - 1]);
+        return br_cli_bad_option("hold", argv, longopts);
     }
   }
   if (argc - optind != 1) return br_cli_usage_error("hold", "expected exactly one HASH");

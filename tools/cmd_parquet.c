@@ -445,8 +445,7 @@ int cmd_extract_parquet(const cli_globals *g, int argc, char **argv) {
         fputs(extract_help, stdout);
         return 0;
       default:
-        return br_cli_usage_error("extract-parquet", "unknown option or missing argument: '%s'",
-                                  optind > 0 ? argv[optind - 1] : "?");
+        return br_cli_bad_option("extract-parquet", argv, longopts);
     }
   }
   if (argc - optind != 2) return br_cli_usage_error("extract-parquet", "expected IN and OUT");
@@ -632,8 +631,7 @@ int cmd_export(const cli_globals *g, int argc, char **argv) {
         fputs(export_help, stdout);
         return 0;
       default:
-        return br_cli_usage_error("export", "unknown option or missing argument: '%s'",
-                                  optind > 0 ? argv[optind - 1] : "?");
+        return br_cli_bad_option("export", argv, longopts);
     }
   }
   if (!out || !*out) return br_cli_usage_error("export", "-o FILE.parquet is required");

@@ -11,6 +11,7 @@
 
 #include "blobref/common.h"
 #include "commands.h"
+#include "http_client.h"
 
 #define TOKEN_PREFIX "br_"
 #define TOKEN_RANDOM_BYTES 32 /* 256 bits, printed as 64 hex digits after the prefix */
@@ -161,9 +162,7 @@ int cmd_token(const cli_globals *g, int argc, char **argv) {
         fputs(token_help, stdout);
         return 0;
       default:
-        fprintf(stderr, "blobref token: unknown option or missing argument: '%s'\n",
-                optind > 0 ? argv[optind - 1] : "?");
-        return 2;
+        return br_cli_bad_option("token", argv, longopts);
     }
   }
   if (optind != argc) {

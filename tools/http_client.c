@@ -1,6 +1,7 @@
 /* HTTP client helpers for the blobref subcommands (libcurl + jansson); see http_client.h. */
 #include "http_client.h"
 
+#include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <errno.h>
@@ -314,6 +315,50 @@ FILE *br_cli_open_temp_next_to(const char *path, char *tmp, size_t tmpsize, br_e
     close(fd);
   }
   return f;
+}
+
+size_t br_cli_edit_distance(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  if (la > 32 || lb > 32) return 99;
+  size_t d[33][33];
+  for (size_t i = 0; i <= la; i++) d[i][0] = i;
+  for (size_t j = 0; j <= lb; j++) d[0][j] = j;
+  for (size_t i = 1; i <= la; i++)
+    for (size_t j = 1; j <= lb; j++) {
+      size_t best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+      if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+          d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
+    }
+  return d[la][lb];
+}
+
+int br_cli_bad_option(const char *cmd, char **argv, const struct option *longopts) {
+  static const char *const globals[] = {"json", "server", "token"};
+  const char *arg = optind > 0 && argv[optind - 1] ? argv[optind - 1] : "?";
+  if (strncmp(arg, "--", 2) != 0 || !arg[2])
+    return br_cli_usage_error(cmd, "unknown option or missing argument: '%.80s'", arg);
+  char typed[40];
+  size_t n = strcspn(arg + 2, "=");
+  snprintf(typed, sizeof typed, "%.*s", (int)(n < sizeof typed ? n : sizeof typed - 1), arg + 2);
+  const char *best = NULL, *prefix_of = NULL;
+  size_t best_d = 3, prefixes = 0, nlong = 0;
+  while (longopts && longopts[nlong].name) nlong++;
+  for (size_t i = 0; i < nlong + 3; i++) {
+    const char *name = i < nlong ? longopts[i].name : globals[i - nlong];
+    if (!strcmp(name, typed) && i < nlong && longopts[i].has_arg == required_argument)
+      return br_cli_usage_error(cmd, "--%s needs a value", name);
+    size_t d = br_cli_edit_distance(typed, name);
+    if (d < best_d) best_d = d, best = name;
+    if (!strncmp(name, typed, strlen(typed))) prefixes++, prefix_of = name;
+  }
+  if (!best && prefixes == 1) best = prefix_of;
+  if (best)
+    return br_cli_usage_error(cmd, "unknown option '--%s'; did you mean --%s?", typed, best);
+  return br_cli_usage_error(cmd, "unknown option '--%s'", typed);
 }
 
 int br_cli_usage_error(const char *cmd, const char *fmt, ...) {

@@ -96,4 +96,15 @@ FILE *br_cli_open_temp_next_to(const char *path, char *tmp, size_t tmpsize, br_e
  * usage exit status. */
 int br_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Edit distance of two short words (insert, delete, substitute, swap of neighbours); 99 when
+ * either is over 32 bytes. */
+size_t br_cli_edit_distance(const char *a, const char *b);
+
+struct option;
+/* The usage error for the argv word getopt_long just refused (argv[optind - 1]) in command cmd:
+ * "needs a value" for a known option, else "unknown option", with "did you mean --NAME?" when
+ * one of longopts or the global options (--json, --server, --token) is within 2 edits or the
+ * only one it abbreviates. Returns 2. */
+int br_cli_bad_option(const char *cmd, char **argv, const struct option *longopts);
+
 #endif

@@ -85,6 +85,9 @@ int br_store_reader_take_fd(br_store_reader *r);
 /* Reads key whole: its SHA-256 in out and its size. Returns 0, 1 if absent, -1 with err. */
 int br_store_hash(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uint64_t *size,
                   br_err *err);
+/* br_store_hash that also copies the first min(size, head_cap) bytes into head (*head_len). */
+int br_store_hash_head(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uint64_t *size,
+                       void *head, size_t head_cap, size_t *head_len, br_err *err);
 
 /* Size of key, or 1 if absent, -1 on error (an fs store refuses the same keys as for reading). */
 int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err);
@@ -93,10 +96,13 @@ int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err);
  * public_url or the origin URL + key otherwise) and how long it stays valid in *valid_ms
  * (UINT64_MAX: no expiry). attachment: the URL must make the origin answer with
  * Content-Disposition: attachment (a presigned S3 URL signs response-content-disposition; other
- * redirects cannot promise it and return 1, so the blob is proxied). Returns 0; 1 if this store
- * cannot redirect (so); -1 on error. */
-int br_store_redirect_url(br_store *st, const char *key, int attachment, char *out, size_t outlen,
-                          uint64_t *valid_ms, br_err *err);
+ * redirects cannot promise it and return 1, so the blob is proxied). content_type (NULL or "":
+ * none): the Content-Type the answer should carry, signed as response-content-type into a
+ * presigned S3 URL (objects written before S3 PUTs carried the type answer binary/octet-stream
+ * otherwise); other stores' origins send their own. Returns 0; 1 if this store cannot redirect
+ * (so); -1 on error. */
+int br_store_redirect_url(br_store *st, const char *key, int attachment, const char *content_type,
+                          char *out, size_t outlen, uint64_t *valid_ms, br_err *err);
 
 /* Writes a URL from which this process can GET key itself, with Range (presigned for S3, the
  * origin URL for http). Returns 0; 1 if the store is read through file descriptors (fs); -1 on
@@ -111,6 +117,11 @@ void br_store_write_set_digest(br_store_writer *w, const uint8_t digest[BR_SHA25
  * with the hash in the URL): S3 then sends large bodies straight to that key as a multipart upload
  * (invisible until completed) instead of a staging key plus a copy. Optional. */
 void br_store_write_key_hint(br_store_writer *w, const char *key);
+
+/* Tells the writer the blob's Content-Type (at most 255 bytes, header-safe; longer is ignored):
+ * S3 writes the object with it. Call it before the first write, or before the write that crosses
+ * the first part; later calls may come too late for a multipart upload already created. */
+void br_store_write_content_type(br_store_writer *w, const char *content_type);
 
 /* Checks that the store answers and accepts our credentials (S3: HEAD of the bucket). Returns 0,
  * or -1 with err saying what is wrong. May block for up to the store's connect timeout. */

@@ -12,6 +12,7 @@
 #include "core/drain.h"
 #include "core/reconcile_runner.h"
 #include "core/server.h"
+#include "blobref/sniff.h"
 
 /* Takes flock(LOCK_EX | LOCK_NB) on DATA_DIR/lock and writes our pid into it (for the next one's
  * message). -1 with err when the file cannot be opened or another process holds the lock. */
@@ -51,6 +52,8 @@ int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_er
                           .read_only = mode == BR_OPEN_CHECK,
                           .queue_purges = mode != BR_OPEN_CHECK && cfg->ncdns > 0};
   int read_only = mode != BR_OPEN_SERVE;
+  /* uploads without a type get one from their first bytes: no database, no start */
+  if (mode == BR_OPEN_SERVE && br_sniff_open(err) < 0) return -1;
   srv->index = br_index_open(dir, &opt, err);
   if (!srv->index) return -1;
   for (int i = 0; i < cfg->nstores; i++) {

@@ -24,6 +24,7 @@ struct reconcile_runner {
   uint64_t runs_done, runs_failed;
   json_int_t last_quarantined, last_restored, last_deleted, last_marked, last_reclaimed;
   double last_seconds;
+  uint64_t next_due_ms; /* when the next periodic run starts (0: none: interval = 0) */
 };
 
 static void on_gone(void *ud, const uint8_t digest[BR_SHA256_LEN]) {
@@ -48,6 +49,7 @@ static void *runner_main(void *arg) {
                (uint64_t)random() % (cfg->reconcile_interval_ms / 2 + 1);
   pthread_mutex_lock(&rr->lock);
   for (;;) {
+    rr->next_due_ms = next_due;
     while (!rr->stopping && !rr->requested) {
       if (!next_due) {
         pthread_cond_wait(&rr->cv, &rr->lock);
@@ -111,6 +113,14 @@ static void *runner_main(void *arg) {
   }
   pthread_mutex_unlock(&rr->lock);
   return NULL;
+}
+
+uint64_t reconcile_runner_next_ms(br_server *srv) {
+  struct reconcile_runner *rr = srv->reconcile;
+  pthread_mutex_lock(&rr->lock);
+  uint64_t next = rr->requested ? 0 : rr->next_due_ms;
+  pthread_mutex_unlock(&rr->lock);
+  return next;
 }
 
 int reconcile_runner_start(br_server *srv, br_err *err) {

@@ -25,6 +25,9 @@ json_t *reconcile_runner_current(br_server *srv, uint64_t id);
 json_t *reconcile_runner_reports(br_server *srv, size_t max, br_err *err);
 /* The stored report of run id as JSON text (malloc'd), or NULL (*found = 0: no such run). */
 char *reconcile_runner_report(br_server *srv, uint64_t id, int *found, br_err *err);
+/* When the next periodic run is due (ms since the epoch), or 0: none is scheduled (interval =
+ * 0) or a run is under way (the next is scheduled when it ends). */
+uint64_t reconcile_runner_next_ms(br_server *srv);
 /* Appends the runner's Prometheus lines (runs by result, the last run's figures). */
 void reconcile_runner_metrics(br_server *srv, void (*emit)(void *ud, const char *line), void *ud);
 

@@ -31,13 +31,15 @@ static enum MHD_Result answer_dedup(struct request *req, const br_record *rec) {
   return MHD_YES;
 }
 
-/* Checks Content-Type and Content-Length and prepares hashing; shared by PUT and POST. */
+/* Checks Content-Type and Content-Length and prepares hashing; shared by PUT and POST. No type,
+ * or application/octet-stream, asks for the type to be detected from the first bytes. */
 static enum MHD_Result upload_begin_common(struct request *req) {
   const char *ct = header(req, MHD_HTTP_HEADER_CONTENT_TYPE);
   if (!ct || !*ct) ct = "application/octet-stream";
   const char *why = br_header_content_type_check(ct); /* it is sent back with every read */
   if (why) return reply_error(req, E_BAD_CONTENT_TYPE, "Content-Type: %s", why);
   memcpy(req->content_type, ct, strlen(ct) + 1);
+  req->sniff_wanted = br_sniff_wanted(ct);
 
   req->declared_length = UINT64_MAX;
   const char *cl = header(req, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -67,6 +69,7 @@ static enum MHD_Result open_writer(struct request *req) {
     br_server_store_error(req->srv, req->store, STORE_OP_WRITE);
     return reply_error(req, store_error_code(errno), "%s", err.msg);
   }
+  if (!req->sniff_wanted) br_store_write_content_type(req->writer, req->content_type);
   if (req->has_digest) { /* PUT: the key is known before the body */
     char key[BR_MAX_KEY + 1];
     if (br_store_default_key(req->store, req->digest, key, sizeof key))
@@ -109,6 +112,32 @@ enum MHD_Result post_begin(struct request *req) {
   return open_writer(req);
 }
 
+/* Names the upload's type from the bytes gathered so far (once) and tells the writer, which may
+ * start a multipart upload with it as soon as the first part is full. */
+static void sniff_finish(struct request *req) {
+  if (!req->sniff_wanted) return;
+  req->sniff_wanted = 0;
+  char found[BR_MAX_CONTENT_TYPE + 1];
+  if (br_sniff_type(req->sniff_buf, req->sniff_len, found, sizeof found))
+    memcpy(req->content_type, found, strlen(found) + 1);
+  if (req->writer) br_store_write_content_type(req->writer, req->content_type);
+  free(req->sniff_buf);
+  req->sniff_buf = NULL;
+}
+
+/* Keeps a copy of the first BR_SNIFF_BYTES of the body, and detects once they are in. */
+static void sniff_gather(struct request *req, const char *data, size_t len) {
+  if (!req->sniff_wanted || !req->writer) return;
+  if (!req->sniff_buf && !(req->sniff_buf = malloc(BR_SNIFF_BYTES))) {
+    req->sniff_wanted = 0; /* no memory for 4 KiB: keep the type the client gave */
+    return;
+  }
+  size_t n = BR_SNIFF_BYTES - req->sniff_len < len ? BR_SNIFF_BYTES - req->sniff_len : len;
+  memcpy(req->sniff_buf + req->sniff_len, data, n);
+  req->sniff_len += n;
+  if (req->sniff_len == BR_SNIFF_BYTES) sniff_finish(req);
+}
+
 int upload_body(struct request *req, const char *data, size_t len) {
   req->received += len;
   atomic_fetch_add(&req->http->bytes_in, len);
@@ -123,6 +152,7 @@ int upload_body(struct request *req, const char *data, size_t len) {
   uint64_t t1 = br_mono_ns();
   atomic_fetch_add(&req->http->upload_step_ns[STEP_HASH], t1 - t0);
   if (req->writer) {
+    sniff_gather(req, data, len); /* before the write that may fill the first S3 part */
     br_err err;
     int rc = br_store_write(req->writer, data, len, &err);
     atomic_fetch_add(&req->http->upload_step_ns[STEP_STORE_WRITE], br_mono_ns() - t1);
@@ -188,6 +218,7 @@ enum MHD_Result upload_finish(struct request *req) {
   }
   if (!req->writer) /* discarded body of a blob quarantined or gone meanwhile: send it again */
     return reply_error(req, E_TRY_AGAIN, "the blob changed state during the upload; retry");
+  sniff_finish(req); /* a body shorter than BR_SNIFF_BYTES */
   /* fsync, rename, index commit on a finisher thread; then this handler runs again */
   if (request_finish_async(req, JOB_UPLOAD) < 0) {
     request_free_upload(req);
@@ -225,7 +256,8 @@ enum MHD_Result blob_get(struct request *req) {
     uint64_t valid_ms;
     /* an active type goes where the answer is a download, or is proxied with our headers */
     int attachment = !br_content_type_is_passive(blob_content_type(&rec));
-    int u = br_store_redirect_url(store, loc->key, attachment, url, sizeof url, &valid_ms, &err);
+    int u = br_store_redirect_url(store, loc->key, attachment, blob_content_type(&rec), url,
+                                  sizeof url, &valid_ms, &err);
     if (u == 0) return reply_redirect(req, url, valid_ms);
     if (u < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
   }

@@ -66,6 +66,12 @@ enum { CENSUS_LIVE, CENSUS_QUARANTINED, CENSUS_HELD, CENSUS_DELETING, CENSUS_STA
 static const char *const census_names[CENSUS_STATES] = {"live", "quarantined", "held", "deleting"};
 struct census {
   uint64_t blobs[CENSUS_STATES], bytes[CENSUS_STATES];
+  /* live blobs with a location in srv->stores[i] (a blob in two stores counts in both) */
+  uint64_t store_blobs[BR_MAX_STORES], store_bytes[BR_MAX_STORES];
+};
+struct census_walk_state {
+  struct census *c;
+  br_server *srv;
 };
 static pthread_mutex_t census_lock = PTHREAD_MUTEX_INITIALIZER; /* guards census_last, _at */
 static pthread_mutex_t census_walk = PTHREAD_MUTEX_INITIALIZER; /* one walk at a time */
@@ -73,13 +79,25 @@ static struct census census_last;
 static uint64_t census_at_ms;
 
 static int census_add(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_record *rec) {
-  struct census *c = ud;
+  struct census_walk_state *w = ud;
+  struct census *c = w->c;
   int s = rec->state == BR_STATE_HELD          ? CENSUS_HELD
           : rec->state == BR_STATE_QUARANTINED ? CENSUS_QUARANTINED
           : rec->state == BR_STATE_DELETING    ? CENSUS_DELETING
                                                : CENSUS_LIVE;
   c->blobs[s]++;
   c->bytes[s] += rec->size;
+  if (s != CENSUS_LIVE) return 0;
+  for (int l = 0; l < rec->nlocations; l++) {
+    int seen = 0; /* two locations in one store count once */
+    for (int k = 0; k < l; k++) seen |= !strcmp(rec->locations[k].store, rec->locations[l].store);
+    for (int i = 0; !seen && i < w->srv->nstores; i++)
+      if (!strcmp(br_store_name(w->srv->stores[i]), rec->locations[l].store)) {
+        c->store_blobs[i]++;
+        c->store_bytes[i] += rec->size;
+        break;
+      }
+  }
   return 0;
 }
 
@@ -101,8 +119,9 @@ static void census_refresh(struct request *req) {
   census_now(&stale);
   if (stale) {
     struct census fresh = {0};
+    struct census_walk_state w = {&fresh, req->srv};
     br_err err;
-    if (br_index_foreach(req->srv->index, census_add, &fresh, &err) == 0) {
+    if (br_index_foreach(req->srv->index, census_add, &w, &err) == 0) {
       pthread_mutex_lock(&census_lock);
       census_last = fresh;
       census_at_ms = br_now_ms();
@@ -310,6 +329,18 @@ enum MHD_Result metrics_get(struct request *req) {
   for (int i = 0; i < srv->nstores; i++)
     appendf(&t, "blobref_store_up{store=\"%s\"} %d\n", br_store_name(srv->stores[i]),
             atomic_load(&srv->store_ok[i]) == 1 ? 1 : 0);
+  appendf(&t,
+          "# HELP blobref_store_blobs Live blobs with a location in the store (refreshed at most "
+          "every 10 s).\n# TYPE blobref_store_blobs gauge\n");
+  for (int i = 0; i < srv->nstores; i++)
+    appendf(&t, "blobref_store_blobs{store=\"%s\"} %" PRIu64 "\n", br_store_name(srv->stores[i]),
+            census.store_blobs[i]);
+  appendf(&t,
+          "# HELP blobref_store_blob_bytes Bytes of the live blobs with a location in the store "
+          "(refreshed at most every 10 s).\n# TYPE blobref_store_blob_bytes gauge\n");
+  for (int i = 0; i < srv->nstores; i++)
+    appendf(&t, "blobref_store_blob_bytes{store=\"%s\"} %" PRIu64 "\n",
+            br_store_name(srv->stores[i]), census.store_bytes[i]);
   cdn_purge_stats ps;
   cdn_purger_stats(srv->purger, &ps);
   appendf(&t,

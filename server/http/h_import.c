@@ -22,7 +22,8 @@ struct import_item {
   uint8_t digest[BR_SHA256_LEN];
   char result[16];
   char message[BR_MAX_KEY + BR_MAX_STORE_NAME + sizeof(br_err)];
-  int ok; /* passed the checks: goes to the index */
+  int ok;    /* passed the checks: goes to the index */
+  int sniff; /* no type or octet-stream given: detect it from the first bytes */
 };
 
 struct import_job {
@@ -60,7 +61,12 @@ static void import_run(struct request *req) {
       rc = br_store_stat(st, l->key, &size, &err);
       memcpy(got, it->digest, BR_SHA256_LEN);
     } else {
-      rc = br_store_hash(st, l->key, got, &size, &err);
+      unsigned char head[BR_SNIFF_BYTES];
+      size_t head_len = 0;
+      rc = br_store_hash_head(st, l->key, got, &size, head, sizeof head, &head_len, &err);
+      char found[BR_MAX_CONTENT_TYPE + 1];
+      if (rc == 0 && it->sniff && br_sniff_type(head, head_len, found, sizeof found))
+        memcpy(it->rec.content_type, found, strlen(found) + 1); /* the rule of uploads */
     }
     if (rc != 0 || size != it->rec.size || memcmp(got, it->digest, BR_SHA256_LEN)) {
       snprintf(it->result, sizeof it->result, "error");
@@ -185,6 +191,7 @@ enum MHD_Result import_post(struct request *req) {
       snprintf(it->message, sizeof it->message, "over max_blob_size");
     } else {
       it->ok = 1;
+      it->sniff = br_sniff_wanted(ct);
       it->rec.size = (uint64_t)json_integer_value(size);
       it->rec.state = BR_STATE_LIVE;
       it->rec.nlocations = 1;

@@ -63,7 +63,12 @@ enum MHD_Result reconcile_runs_get(struct request *req) {
   if (!runs) return reply_error(req, E_INTERNAL, "%s", err.msg);
   json_t *cur = reconcile_runner_current(req->srv, 0);
   if (cur) json_array_insert_new(runs, 0, cur);
-  return reply_json(req, MHD_HTTP_OK, json_pack("{s:o}", "runs", runs));
+  json_t *body = json_pack("{s:o}", "runs", runs);
+  uint64_t next = reconcile_runner_next_ms(req->srv); /* for the console's "next run" */
+  char when[40];
+  if (next) br_format_time_ms(next, when, sizeof when);
+  json_object_set_new(body, "next_run_at", next ? json_string(when) : json_null());
+  return reply_json(req, MHD_HTTP_OK, body);
 }
 
 enum MHD_Result reconcile_run_get(struct request *req) {

@@ -384,6 +384,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   request_free_upload(req);
   proxy_request_done(req);
   free(req->body);
+  free(req->sniff_buf);
   free(req->job_data);
   free(req);
   *con_cls = NULL;

@@ -14,6 +14,7 @@
 #include "blobref/config.h"
 #include "blobref/header.h"
 #include "blobref/index.h"
+#include "blobref/sniff.h"
 #include "blobref/store.h"
 #include "core/server.h"
 #include "http/front.h"
@@ -118,6 +119,10 @@ struct request {
   int touch_before_body;    /* a dedup touch was queued before the body was read */
   int gone;                 /* the touch found the blob absent or quarantined */
   char content_type[BR_MAX_CONTENT_TYPE + 1];
+  /* no type or octet-stream: the first BR_SNIFF_BYTES of the body, gathered for detection */
+  int sniff_wanted;
+  unsigned char *sniff_buf; /* owned, NULL until the first chunk; freed with the request */
+  size_t sniff_len;
   /* what the finisher thread leaves for the resumed handler */
   int finish_rc;
   int created;

@@ -577,9 +577,10 @@ static int fs_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   return 0;
 }
 
-static int fs_redirect_url(br_store *st, const char *key, int attachment, char *out, size_t outlen,
-                           uint64_t *valid_ms, br_err *err) {
+static int fs_redirect_url(br_store *st, const char *key, int attachment, const char *content_type,
+                           char *out, size_t outlen, uint64_t *valid_ms, br_err *err) {
   (void)valid_ms;
+  (void)content_type; /* public_url's server names its own type */
   const char *base = st->cfg.public_url;
   if (!base || !*base || attachment) return 1; /* public_url's server sets its own headers */
   size_t blen = strlen(base), klen = strlen(key);

@@ -192,8 +192,10 @@ static int http_write_commit(br_store_writer *w, const char *key, br_err *err) {
 
 static void http_write_abort(br_store_writer *w) { (void)w; }
 
-static int http_redirect_url(br_store *st, const char *key, int attachment, char *out,
-                             size_t outlen, uint64_t *valid_ms, br_err *err) {
+static int http_redirect_url(br_store *st, const char *key, int attachment,
+                             const char *content_type, char *out, size_t outlen, uint64_t *valid_ms,
+                             br_err *err) {
+  (void)content_type; /* the origin names its own type */
   *valid_ms = UINT64_MAX;
   if (attachment) return 1; /* the origin sets its own headers: proxy instead */
   const char *pub = st->cfg.public_url;

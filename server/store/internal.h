@@ -15,9 +15,10 @@ struct store_ops {
   int (*write_backlogged)(br_store_writer *w, int wait); /* optional: never backlogged */
   int (*open_read)(br_store *st, const char *key, br_store_reader *out, br_err *err);
   int (*stat)(br_store *st, const char *key, uint64_t *size, br_err *err);
-  /* attachment: only a URL whose origin answers with Content-Disposition: attachment, else 1 */
-  int (*redirect_url)(br_store *st, const char *key, int attachment, char *out, size_t outlen,
-                      uint64_t *valid_ms, br_err *err);
+  /* attachment: only a URL whose origin answers with Content-Disposition: attachment, else 1;
+   * content_type: the type the answer should carry (NULL: the origin's) */
+  int (*redirect_url)(br_store *st, const char *key, int attachment, const char *content_type,
+                      char *out, size_t outlen, uint64_t *valid_ms, br_err *err);
   int (*remove)(br_store *st, const char *key, br_err *err);
   int (*list)(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err);
   /* optional */
@@ -48,7 +49,8 @@ struct br_store_writer {
   int saved_errno;
   int has_digest;
   uint8_t digest[BR_SHA256_LEN];
-  char key_hint[1100]; /* the key the commit will use, when known at the start ("" = not) */
+  char key_hint[1100];    /* the key the commit will use, when known at the start ("" = not) */
+  char content_type[256]; /* what the object is served with ("" = the store's default) */
 };
 
 extern const struct store_ops br_store_fs_ops;

@@ -124,11 +124,14 @@ static int hash_range(int fd, uint64_t off, uint64_t len, char hex[65], char b64
   return rc;
 }
 
-/* On failure *fail_errno says whom to blame: EHOSTUNREACH (no answer) or EPROTO (S3 refused). */
-static int create_multipart(struct s3_store *s3, const char *key, char *upload_id, size_t idlen,
-                            int *fail_errno, br_err *err) {
+/* content_type (NULL or "": S3's default) is the completed object's, kept by a later copy.
+ * On failure *fail_errno says whom to blame: EHOSTUNREACH (no answer) or EPROTO (S3 refused). */
+static int create_multipart(struct s3_store *s3, const char *key, const char *content_type,
+                            char *upload_id, size_t idlen, int *fail_errno, br_err *err) {
   s3_request rq = {.method = "POST", .key = key, .query = "uploads="};
   rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-checksum-algorithm", "SHA256"};
+  if (content_type && *content_type)
+    rq.headers[rq.nheaders++] = (br_sigv4_header){"content-type", content_type};
   s3_response rs;
   int rc = s3_perform(&s3->t, &rq, &rs, err);
   if (rc == 0 && (rs.status != 200 ||
@@ -287,8 +290,8 @@ static void send_ready_parts(struct s3_store *s3, struct s3_writer *w) {
     int rc = 0;
     if (!w->upload_id[0]) {
       choose_mp_key(w);
-      rc = create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &w->base.saved_errno,
-                            &err);
+      rc = create_multipart(s3, w->mp_key, w->base.content_type, w->upload_id, sizeof w->upload_id,
+                            &w->base.saved_errno, &err);
     }
     if (rc == 0)
       rc = upload_part(s3, w, index, (uint64_t)index * s3->part_size, s3->part_size, &err);
@@ -592,6 +595,8 @@ static int put_single(struct s3_store *s3, struct s3_writer *w, const char *key,
                    .payload_hash = hex,
                    .body = {.fd = w->fd, .off = 0, .len = w->written}};
   rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-checksum-sha256", b64};
+  if (w->base.content_type[0]) /* S3 answers GETs with it (else binary/octet-stream) */
+    rq.headers[rq.nheaders++] = (br_sigv4_header){"content-type", w->base.content_type};
   s3_response rs;
   int rc = s3_perform(&s3->t, &rq, &rs, err);
   if (rc == 0 && rs.status != 200) rc = s3_fail_status(err, &s3->t, "PutObject", &rs);
@@ -661,8 +666,8 @@ static int s3_write_commit(br_store_writer *bw, const char *key, br_err *err) {
                    s3->t.name, MAX_PARTS, s3->part_size);
     if (rc == 0 && !w->upload_id[0]) {
       choose_mp_key(w);
-      rc =
-          create_multipart(s3, w->mp_key, w->upload_id, sizeof w->upload_id, &bw->saved_errno, err);
+      rc = create_multipart(s3, w->mp_key, bw->content_type, w->upload_id, sizeof w->upload_id,
+                            &bw->saved_errno, err);
     }
     for (size_t i = w->nparts; rc == 0 && i < total; i++) {
       uint64_t off = (uint64_t)i * s3->part_size;
@@ -778,8 +783,8 @@ static int s3_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
 /* The signed query parameter that makes S3 answer a presigned GET as a download. */
 #define ATTACHMENT_QUERY "response-content-disposition=attachment"
 
-static int s3_redirect_url(br_store *st, const char *key, int attachment, char *out, size_t outlen,
-                           uint64_t *valid_ms, br_err *err) {
+static int s3_redirect_url(br_store *st, const char *key, int attachment, const char *content_type,
+                           char *out, size_t outlen, uint64_t *valid_ms, br_err *err) {
   const char *cdn = st->cfg.cdn_url;
   if (cdn && *cdn) {
     if (attachment) return 1; /* S3 honours response-* parameters only on signed requests */
@@ -795,8 +800,19 @@ static int s3_redirect_url(br_store *st, const char *key, int attachment, char *
   uint64_t ttl_s = st->cfg.presign_ttl_ms / 1000;
   if (ttl_s < 1) ttl_s = 1;
   struct s3_store *s3 = s3_of(st);
-  return s3_url_cache_presign(s3->urls, &s3->t, key, attachment ? ATTACHMENT_QUERY : "",
-                              br_now_ms(), ttl_s, out, outlen, valid_ms, err);
+  /* the record's type, signed: objects written without one would answer binary/octet-stream.
+   * Parameters in name order; the URL cache is keyed by this query, so each type has its own. */
+  char query[64 + 3 * 256] = "";
+  size_t qlen = 0;
+  if (attachment) qlen = (size_t)snprintf(query, sizeof query, "%s", ATTACHMENT_QUERY);
+  if (content_type && *content_type) {
+    char enc[3 * 256 + 1];
+    if (strlen(content_type) > 255 || !br_sigv4_uri_encode(content_type, 0, enc, sizeof enc))
+      return br_fail(err, "content type too long for a presigned URL");
+    snprintf(query + qlen, sizeof query - qlen, "%sresponse-content-type=%s", qlen ? "&" : "", enc);
+  }
+  return s3_url_cache_presign(s3->urls, &s3->t, key, query, br_now_ms(), ttl_s, out, outlen,
+                              valid_ms, err);
 }
 
 static int s3_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err) {
@@ -922,7 +938,7 @@ static int server_copy(struct s3_store *s3, const char *src_key, uint64_t size, 
     return rc;
   }
   char upload_id[512], idenc[1600], query[1800], range[80];
-  if (create_multipart(s3, dst_key, upload_id, sizeof upload_id, NULL, err) < 0) return -1;
+  if (create_multipart(s3, dst_key, NULL, upload_id, sizeof upload_id, NULL, err) < 0) return -1;
   br_sigv4_uri_encode(upload_id, 0, idenc, sizeof idenc);
   size_t nparts = (size_t)((size + COPY_PART - 1) / COPY_PART);
   size_t cap = nparts * 160 + 128, used = 0;

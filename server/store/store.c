@@ -135,11 +135,11 @@ int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   return st->ops->stat(st, key, size, err);
 }
 
-int br_store_redirect_url(br_store *st, const char *key, int attachment, char *out, size_t outlen,
-                          uint64_t *valid_ms, br_err *err) {
+int br_store_redirect_url(br_store *st, const char *key, int attachment, const char *content_type,
+                          char *out, size_t outlen, uint64_t *valid_ms, br_err *err) {
   *valid_ms = UINT64_MAX;
   if (!st->ops->redirect_url) return 1;
-  return st->ops->redirect_url(st, key, attachment, out, outlen, valid_ms, err);
+  return st->ops->redirect_url(st, key, attachment, content_type, out, outlen, valid_ms, err);
 }
 
 int br_store_fetch_url(br_store *st, const char *key, char *out, size_t outlen, br_err *err) {
@@ -151,6 +151,11 @@ int br_store_fetch_url(br_store *st, const char *key, char *out, size_t outlen, 
 void br_store_write_set_digest(br_store_writer *w, const uint8_t digest[BR_SHA256_LEN]) {
   memcpy(w->digest, digest, BR_SHA256_LEN);
   w->has_digest = 1;
+}
+
+void br_store_write_content_type(br_store_writer *w, const char *content_type) {
+  if (!content_type || strlen(content_type) >= sizeof w->content_type) return;
+  memcpy(w->content_type, content_type, strlen(content_type) + 1);
 }
 
 void br_store_write_key_hint(br_store_writer *w, const char *key) {
@@ -238,6 +243,12 @@ int br_store_copy_blob(br_store *src, const char *src_key, br_store *dst, const 
 
 int br_store_hash(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uint64_t *size,
                   br_err *err) {
+  return br_store_hash_head(st, key, out, size, NULL, 0, NULL, err);
+}
+
+int br_store_hash_head(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uint64_t *size,
+                       void *head, size_t head_cap, size_t *head_len, br_err *err) {
+  if (head_len) *head_len = 0;
   br_store_reader r;
   int rc = br_store_open_read(st, key, &r, err);
   if (rc) return rc;
@@ -249,6 +260,10 @@ int br_store_hash(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uin
     size_t n = r.size - off < CHUNK ? (size_t)(r.size - off) : CHUNK;
     rc = r.source->pread(r.source, buf, n, off, err);
     if (rc == 0) EVP_DigestUpdate(ctx, buf, n);
+    if (rc == 0 && off == 0 && head && head_len) {
+      *head_len = n < head_cap ? n : head_cap;
+      memcpy(head, buf, *head_len);
+    }
     off += n;
   }
   if (rc == 0) EVP_DigestFinal_ex(ctx, out, NULL);

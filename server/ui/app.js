@@ -182,34 +182,106 @@
 
   const PALETTE = ["#2563eb", "#d97706", "#dc2626", "#059669", "#7c3aed"];
 
-  // A uPlot line chart in parent: xs (seconds) and named series.
+  // Times on every chart are UTC, like every time the console prints.
+  function utcDate(ts) {
+    return uPlot.tzDate(new Date(ts * 1000), "Etc/UTC");
+  }
+
+  // Time-axis ticks as 24-hour UTC: "HH:MM", with the date where it changes (and first).
+  function utcTicks(u, splits) {
+    let day = null;
+    return splits.map((t) => {
+      const iso = new Date(t * 1000).toISOString();
+      const d = iso.slice(5, 10);
+      const span = splits.length > 1 ? splits[1] - splits[0] : 60;
+      const hm = span < 60 ? iso.slice(11, 19) : iso.slice(11, 16);
+      const label = d !== day ? d + " " + hm : hm;
+      day = d;
+      return label;
+    });
+  }
+
+  // The last finite value of a series, for its legend ("2xx: 3.20").
+  function lastValue(data) {
+    for (let i = data.length - 1; i >= 0; i--) if (Number.isFinite(data[i])) return data[i];
+    return null;
+  }
+
+  // A uPlot chart in parent: xs (seconds) and named series, as lines, or as bars (opts.bars:
+  // one group per x, e.g. per reconcile run). Legends carry each series' last value.
   function lineChart(parent, title, xs, series, opts = {}) {
     const width = Math.max(300, parent.clientWidth - 8);
-    const s = [{}].concat(
-      series.map((ser, i) => ({
-        label: ser.label,
-        stroke: PALETTE[i % PALETTE.length],
-        width: 2,
-        scale: ser.scale || "y",
-        points: { show: xs.length < 3 },
-      })),
+    const n = series.length;
+    const s = [{ label: "time (UTC)" }].concat(
+      series.map((ser, i) => {
+        const last = lastValue(ser.data);
+        const fmt = ser.scale === "bytes" ? fmtBytes : opts.bars ? fmtInt : (v) => v.toFixed(2);
+        const color = PALETTE[i % PALETTE.length];
+        const out = {
+          label: ser.label + ": " + (last === null ? "–" : fmt(last)),
+          stroke: color,
+          width: 2,
+          scale: ser.scale || "y",
+          points: { show: xs.length < 3 && !opts.bars },
+          value: (u, v) => (v === null || v === undefined ? "–" : fmt(v)),
+        };
+        if (opts.bars) {
+          out.fill = color + "cc";
+          out.paths = uPlot.paths.bars({ size: [0.9, 24] });
+        }
+        return out;
+      }),
     );
-    const axes = [{}, { scale: "y", size: 60, values: opts.yValues }];
+    const axes = [{ label: "UTC", labelSize: 18, values: utcTicks },
+      { scale: "y", size: 60, values: opts.yValues }];
     const scales = { x: { time: true } };
     if (series.some((ser) => ser.scale === "bytes")) {
       axes.push({ scale: "bytes", side: 1, size: 70, values: (u, v) => v.map(fmtBytes), grid: { show: false } });
     }
+    let data = [xs].concat(series.map((ser) => ser.data));
+    let groupHalf = 0; /* bars: half the width of a run's group, in seconds */
+    if (opts.bars && xs.length) {
+      // a group per x: series i's bar at x + its slot offset (null in the other slots)
+      // the narrowest spacing of runs, or a tenth of the axis for one run
+      let gap = xs.length > 1 ? Infinity : (opts.minSpan || 60) / 10;
+      for (let k = 1; k < xs.length; k++) if (xs[k] > xs[k - 1]) gap = Math.min(gap, xs[k] - xs[k - 1]);
+      if (!Number.isFinite(gap)) gap = (opts.minSpan || 60) / 10;
+      const w = (gap * 0.6) / n;
+      groupHalf = (n / 2 + 0.5) * w;
+      const x2 = [];
+      const d2 = series.map(() => []);
+      xs.forEach((x, k) => {
+        for (let i = 0; i < n; i++) {
+          x2.push(x + (i - (n - 1) / 2) * w);
+          series.forEach((ser, j) => d2[j].push(j === i ? ser.data[k] : null));
+        }
+      });
+      data = [x2].concat(d2);
+    }
     const chart = new uPlot(
-      { title, width, height: 220, series: s, axes, scales, cursor: { drag: { x: false, y: false } } },
-      [xs].concat(series.map((ser) => ser.data)),
+      { title: title + " · UTC", width, height: 220, series: s, axes, scales, tzDate: utcDate,
+        legend: { live: false }, cursor: { drag: { x: false, y: false } } },
+      data,
       parent,
     );
+    parent.dataset.kind = opts.bars ? "bars" : "lines";
     // the time axis: at least minSpan seconds, ending at the last point (uPlot would make one
     // point a day wide, and no point an arbitrary range)
     const minSpan = opts.minSpan || 60;
-    const hi = xs.length ? xs[xs.length - 1] : Date.now() / 1000;
-    const lo = Math.min(xs.length ? xs[0] : hi, hi - minSpan);
-    chart.setScale("x", { min: lo - (hi - lo) * 0.02, max: hi + (hi - lo) * 0.02 });
+    let hi = xs.length ? xs[xs.length - 1] : Date.now() / 1000;
+    let lo = Math.min(xs.length ? xs[0] : hi, hi - minSpan);
+    if (opts.bars) {
+      // the runs' groups whole and centred: at least minSpan around first..last run
+      lo = (xs.length ? xs[0] : hi) - groupHalf;
+      hi += groupHalf;
+      const grow = Math.max(0, minSpan - (hi - lo)) / 2;
+      lo -= grow;
+      hi += grow;
+    }
+    const pad = (hi - lo) * 0.02;
+    chart.setScale("x", { min: lo - pad, max: hi + pad });
+    parent.dataset.xMin = String(lo - pad);
+    parent.dataset.xMax = String(hi + pad);
     state.charts.push(chart);
     return chart;
   }
@@ -325,6 +397,8 @@
       return h("tr", {},
         h("td", {}, name),
         h("td", {}, h("span", { className: up ? "ok" : "bad" }, up ? "healthy" : "failing")),
+        h("td", { className: "num store-blobs" }, fmtInt(total(ms, "blobref_store_blobs", (l) => l.store === name))),
+        h("td", { className: "num store-bytes" }, fmtBytes(total(ms, "blobref_store_blob_bytes", (l) => l.store === name))),
         h("td", { className: "num" }, fmtInt(errs("read"))),
         h("td", { className: "num" }, fmtInt(errs("write"))),
         h("td", { className: "num" }, fmtInt(errs("check"))));
@@ -335,6 +409,7 @@
       h("p", { className: ready && ready.status === "ready" ? "ok" : "bad", id: "readyz" }, "/readyz: " + readyText),
       h("table", { id: "stores" },
         h("thead", {}, h("tr", {}, h("th", {}, "store"), h("th", {}, "health"),
+          h("th", { className: "num" }, "live blobs"), h("th", { className: "num" }, "bytes"),
           h("th", { className: "num" }, "read errors"), h("th", { className: "num" }, "write errors"),
           h("th", { className: "num" }, "check errors"))),
         h("tbody", {}, storeRows)));
@@ -422,9 +497,11 @@
     const status = h("span", { className: "note", id: "dry-run-status" });
     const head = h("div", { className: "toolbar" }, h("h2", {}, "Reconcile"),
       state.admin ? dryRunButton(status) : null, status);
-    let runs;
+    let runs, next;
     try {
-      runs = (await apiJson("/v1/reconcile/runs")).runs;
+      const got = await apiJson("/v1/reconcile/runs");
+      runs = got.runs;
+      next = got.next_run_at;
     } catch (e) {
       view.replaceChildren(head, errorBox(e));
       return;
@@ -440,6 +517,10 @@
       h("p", { className: "note" }, state.admin
         ? "A dry run changes nothing and reports exactly what a real run would do."
         : "Runs start every interval inside the server; an admin token shows the dry-run button."),
+      runs.length ? h("p", { id: "last-run" }, "Last run: #" + runs[0].id + ", started " +
+        fmtTime(runs[0].started_at) + " (" + runs[0].state + ")") : null,
+      h("p", { id: "next-run" }, next ? "Next periodic run: " + fmtTime(next) :
+        "No periodic run scheduled (reconcile interval = 0, or a run is under way)."),
       h("section", { className: "panel" }, chartBox),
       runs.length ? table : h("p", { id: "no-runs" }, "No runs yet."));
     const done = runs.filter((r) => r.blobs && r.started_at).reverse();
@@ -447,7 +528,7 @@
     lineChart(chartBox, "blobs per run, and bytes reclaimed", xs,
       RUN_COLS.map((c) => ({ label: c, data: done.map((r) => r.blobs[c]) })).concat(
         [{ label: "bytes reclaimed", data: done.map((r) => r.bytes_reclaimed), scale: "bytes" }]),
-      { minSpan: 3600 });
+      { minSpan: 3600, bars: true });
     view.dataset.ready = "1";
   }
 

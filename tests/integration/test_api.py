@@ -164,15 +164,18 @@ def test_chunked_put_and_post(server):
 
 
 def test_content_type_stored_and_default(server):
-    a, b = b"png-ish bytes", b"no type given"
+    a, b, c = b"png-ish bytes", b"no type given", b"\x00\x01opaque\x00"
     assert put(server, a, headers={"Content-Type": "image/png"}).status_code == 201
     assert post(server, b).status_code == 201
+    assert post(server, c).status_code == 201
     r = get(server, sha(a))
     assert r.headers["Content-Type"] == "image/png"
     assert requests.get(f"{server.url}/v1/blobs/{sha(a)}/meta",
                         timeout=TIMEOUT).json()["content_type"] == "image/png"
     r = get(server, sha(b))
-    assert r.headers["Content-Type"] == "application/octet-stream"
+    assert r.headers["Content-Type"] == "text/plain"  # detected from the bytes
+    r = get(server, sha(c))
+    assert r.headers["Content-Type"] == "application/octet-stream"  # nothing detected
     r = requests.head(f"{server.url}/v1/blobs/{sha(a)}", timeout=TIMEOUT)
     assert r.headers["Content-Type"] == "image/png"
 

@@ -91,6 +91,27 @@ def test_global_options_anywhere_and_with_equals(server):
     assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
 
 
+def test_mistyped_options_get_a_suggestion(tmp_path):
+    """A mistyped option names the closest one (the command's own, or a global), exit 2, and
+    nothing is sent (no server is listening at port 1)."""
+    f = tmp_path / "x.txt"
+    f.write_text("x")
+    srv = ["--server", "http://127.0.0.1:1"]
+    cases = [(["put", "--jsn", f], "unknown option '--jsn'; did you mean --json?"),
+             (["put", "--recrusive", f], "did you mean --recursive?"),
+             (["get", "--outpt", "y", "0" * 64], "did you mean --output?"),
+             (["ls", "--limt=3"], "did you mean --limit?"),
+             (["token", "new", "--scpoes", "read"], "did you mean --scopes?"),
+             (["put", "--zzzzzz", f], "unknown option '--zzzzzz' (see 'blobref put --help')"),
+             (["put", f, "--jobs"], "--jobs needs a value")]
+    for args, want in cases:
+        p = run(*srv, *args)
+        assert p.returncode == 2 and want in p.stderr, (args, p.returncode, p.stderr)
+        assert "cannot reach" not in p.stderr and p.stdout == "", (args, p.stderr)
+    p = run(*srv, "put", "--zzzzzz", f)
+    assert "did you mean" not in p.stderr, p.stderr
+
+
 def test_usage_errors_exit_2_with_a_suggestion():
     p = run("recnocile")
     assert p.returncode == 2 and "did you mean 'reconcile'?" in p.stderr, p.stderr
@@ -308,8 +329,9 @@ def test_put_many_files_and_a_tree(server, tmp_path):
                  r"bytes, (\d+) sent$", summary)
     assert m and int(m.group(1)) + int(m.group(2)) == 5 and int(m.group(1)) >= 4, summary
     assert int(m.group(3)) == sum(len(v) for v in files.values()) + len(b"plain text"), summary
-    # Types from the extension (case-insensitive), octet-stream when unknown.
-    types = {"a.jpg": "image/jpeg", "b.txt": "text/plain", "c.bin": "application/octet-stream",
+    # Types from the extension (case-insensitive); unknown: octet-stream, which the server
+    # replaces with the type it detects in the bytes (c.bin is text).
+    types = {"a.jpg": "image/jpeg", "b.txt": "text/plain", "c.bin": "text/plain",
              "d.PNG": "image/png"}
     for p_, data in files.items():
         meta = requests.get(f"{server.url}/v1/blobs/{sha(data)}/meta", timeout=10).json()
@@ -345,7 +367,7 @@ def test_ls_hold_restore_and_reconcile_runs(tmp_path):
         assert p.returncode == 0, p.stderr
         rows = [line.split(" ") for line in p.stdout.splitlines()]
         assert [r[0] for r in rows] == [h for h, _ in blobs]
-        assert all(r[1] == str(len(d)) and r[2] == "live" and r[3] == "application/octet-stream"
+        assert all(r[1] == str(len(d)) and r[2] == "live" and r[3] == "text/plain"
                    for r, (_, d) in zip(rows, blobs)), rows[:3]
         p = run("--server", srv.url, "ls", "--limit=1001", "--json")
         objs = [json.loads(line) for line in p.stdout.splitlines()]

@@ -203,8 +203,8 @@ def test_dedup_hit_within_grace_protects_with_a_longer_touch_interval(tmp_path):
     api = Api(srv)
     try:
         data = {}
-        t0 = time.monotonic()
         ctl = upload(api, data, "ctl", 3)
+        t0 = time.monotonic()  # after ctl's uploads, however long they took: ctl is >= 3.3 s old at B
         hit = upload(api, data, "hit", 2)
         wait_until(t0 + 1.5)
         for h in hit:

@@ -215,9 +215,15 @@ def test_console_in_a_browser(console):
     assert "1 held" in b.text("#card-quarantined .extra")
     assert "%" in b.text("#card-fill .value")
     assert "healthy" in b.text("#stores tbody")
+    # per store: the 5 live blobs (the held one is not counted) and their bytes
+    assert b.text("#stores tbody .store-blobs") == "5"
+    # (one store holds every live blob: its bytes are the index's live bytes)
+    assert b.text("#stores tbody .store-bytes") == b.text("#card-live .extra") != "0 B"
     assert b.text("#readyz") == "/readyz: ready"
     assert "store_write" in b.text("#steps tbody")
     assert b.eval("document.querySelectorAll('#chart-requests canvas, #chart-uploads canvas').length") == 2
+    assert "2xx: " in b.text("#chart-requests .u-legend"), b.text("#chart-requests .u-legend")
+    assert b.eval("document.getElementById('chart-requests').dataset.kind") == "lines"
     # anonymous: read-only, so no admin button anywhere
     assert b.text("#token-state") == "no token"
     assert not b.eval("document.body.classList.contains('admin')")
@@ -263,6 +269,7 @@ def test_console_in_a_browser(console):
     b.hash("#reconcile")
     assert b.eval("document.getElementById('dry-run')") is None
     assert b.text("#no-runs") == "No runs yet."
+    assert b.text("#next-run").startswith("No periodic run scheduled")  # interval = 0 here
 
     # a read-only token is not admin either
     b.eval(f"document.getElementById('token-input').value = '{READER}'")
@@ -294,6 +301,18 @@ def test_console_in_a_browser(console):
     b.hash("#reconcile")
     assert b.eval("document.querySelectorAll('#runs tbody tr').length") == 1
     assert b.eval("document.querySelectorAll('#chart-runs canvas').length") == 1
+    # one bar group per run, on a UTC time axis of at least an hour with the run inside it;
+    # legends carry the values (the dry run would quarantine 3)
+    assert b.eval("document.getElementById('chart-runs').dataset.kind") == "bars"
+    lo, hi = (float(b.eval(f"document.getElementById('chart-runs').dataset.{k}"))
+              for k in ("xMin", "xMax"))
+    started = b.eval(f"Date.parse({json.dumps(rep['started_at'])}) / 1000")
+    assert hi - lo >= 3600 and lo < started < hi, (lo, started, hi)
+    legend = b.text("#chart-runs .u-legend")
+    assert "quarantined: 3" in legend and "bytes reclaimed:" in legend, legend
+    assert b.text("#chart-runs .u-title").endswith(" · UTC"), b.text("#chart-runs .u-title")
+    assert b.text("#last-run").startswith(f"Last run: #{run_id}, started ") and \
+        b.text("#last-run").find(" UTC") > 0, b.text("#last-run")
     b.screenshot("reconcile.png")
     # the dry run changed nothing
     assert requests.get(f"{srv.url}/v1/blobs/{h['others'][0]}/meta", timeout=10).json()["state"] == "live"

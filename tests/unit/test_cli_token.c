@@ -1,5 +1,7 @@
 /* Unit tests for `blobref token new`: the printed token and section, scope lists and names
  * (tools/cmd_token.c, built in here). */
+/* br_cli_bad_option, which cmd_token.c calls for a mistyped option */
+#include "../../tools/http_client.c"
 #include "../../tools/cmd_token.c"
 #include "unit.h"
 

@@ -235,10 +235,10 @@ int main(void) {
 
   char url[300];
   uint64_t valid = 0;
-  CHECK(br_store_redirect_url(st, key, 0, url, sizeof url, &valid, &err) == 0 &&
+  CHECK(br_store_redirect_url(st, key, 0, NULL, url, sizeof url, &valid, &err) == 0 &&
             !strncmp(url, "http://cdn.example/b/sha256/58/91/", 34) && valid == UINT64_MAX,
         "redirect url %s, valid %llu", url, (unsigned long long)valid);
-  CHECK(br_store_redirect_url(st2, key, 0, url, sizeof url, &valid, &err) == 1,
+  CHECK(br_store_redirect_url(st2, key, 0, NULL, url, sizeof url, &valid, &err) == 1,
         "no public_url: no redirect");
   CHECK(br_store_fetch_url(st, key, url, sizeof url, &err) == 1, "fs is read through fds");
 
