@@ -46,6 +46,7 @@ struct job {
   /* progress (under the engine's lock) */
   uint64_t created_ms, started_ms, ended_ms;
   uint64_t items_done, items_skipped, items_failed, bytes_done, items_total, bytes_total;
+  uint64_t at_target, elsewhere; /* migrate: blobs whose primary was in TO, or in neither */
   uint64_t step_ms[STEPS];
   uint64_t errors_total;
   struct job_error errors[JOB_ERRORS_KEPT]; /* a ring: errors_total % JOB_ERRORS_KEPT is next */
@@ -56,6 +57,7 @@ struct job {
   char cursor_key[BR_MAX_KEY + 1];
   /* run-time only */
   int cancel, thread_started, thread_ended;
+  uint64_t claimed; /* migrate: items done, failed or in flight (the limit counts them) */
   pthread_t thread;
   uint64_t run_t0_ms, run_bytes0;
   double rate_next_s; /* the rate limiter: when the next copy may start */
@@ -110,6 +112,10 @@ static json_t *job_json(const struct job *j, int saving) {
   json_object_set_new(o, "items_failed", json_integer((json_int_t)j->items_failed));
   json_object_set_new(o, "bytes_total", json_integer((json_int_t)j->bytes_total));
   json_object_set_new(o, "bytes_done", json_integer((json_int_t)j->bytes_done));
+  if (j->kind == KIND_MIGRATE) {
+    json_object_set_new(o, "items_at_target", json_integer((json_int_t)j->at_target));
+    json_object_set_new(o, "items_elsewhere", json_integer((json_int_t)j->elsewhere));
+  }
   if (!saving) {
     uint64_t now = br_now_ms();
     double el = j->run_t0_ms && now > j->run_t0_ms ? (double)(now - j->run_t0_ms) / 1000.0 : 0;
@@ -195,6 +201,8 @@ static struct job *job_from_json(json_t *o) {
   j->items_failed = get_u64(o, "items_failed");
   j->bytes_total = get_u64(o, "bytes_total");
   j->bytes_done = get_u64(o, "bytes_done");
+  j->at_target = get_u64(o, "items_at_target");
+  j->elsewhere = get_u64(o, "items_elsewhere");
   json_t *steps = json_object_get(o, "steps");
   for (int s = 0; s < STEPS; s++) j->step_ms[s] = get_u64(steps, step_names[j->kind][s]);
   json_t *errs = json_object_get(o, "errors");
@@ -328,12 +336,12 @@ struct mig_item {
 };
 
 struct mig_scan {
-  const char *from;
+  const char *from, *to;
   struct mig_item *items;
   size_t n, cap;
   uint8_t last[BR_SHA256_LEN]; /* the last key looked at */
   int any;
-  uint64_t count, bytes; /* counting only (items == NULL) */
+  uint64_t count, bytes, at_target, elsewhere; /* counting only (items == NULL) */
 };
 
 static int mig_scan_cb(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_record *rec) {
@@ -342,7 +350,12 @@ static int mig_scan_cb(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_r
   /* quarantined blobs move too: a store being emptied must end empty */
   int match = p && p->role == BR_ROLE_PRIMARY && !strcmp(p->store, s->from);
   if (!s->items) {
-    if (match) s->count++, s->bytes += rec->size;
+    if (match)
+      s->count++, s->bytes += rec->size;
+    else if (p && !strcmp(p->store, s->to))
+      s->at_target++;
+    else
+      s->elsewhere++;
     return 0;
   }
   if (match) {
@@ -372,7 +385,8 @@ static void migrate_one(void *ud, size_t i) {
   char hex[BR_HEX_LEN + 1];
   br_hex_encode(it->digest, hex);
   pthread_mutex_lock(&en->lock);
-  int over = j->limit && j->items_done + j->items_failed >= j->limit;
+  int over = j->limit && j->claimed >= j->limit;
+  if (!over) j->claimed++; /* given back if the blob turns out moved or gone already */
   pthread_mutex_unlock(&en->lock);
   if (over || job_halted(en, j)) return;
   struct br_move mv = {.expect = it->from};
@@ -408,6 +422,7 @@ static void migrate_one(void *ud, size_t i) {
   if (mv.result == BR_MOVE_CHANGED || mv.result == BR_MOVE_NOT_FOUND) { /* moved or gone since */
     pthread_mutex_lock(&en->lock);
     j->items_skipped++;
+    j->claimed--;
     job_save(en, j, 0);
     pthread_mutex_unlock(&en->lock);
     return;
@@ -432,18 +447,23 @@ static int migrate_run(struct job_engine *en, struct job *j, char *msg, size_t m
     return -1;
   }
   br_err err;
-  struct mig_scan count = {.from = j->source};
+  struct mig_scan count = {.from = j->source, .to = j->target};
   if (br_index_foreach(srv->index, mig_scan_cb, &count, &err) < 0) {
     snprintf(msg, msglen, "scanning the index: %.200s", err.msg);
     return -1;
   }
   pthread_mutex_lock(&en->lock);
+  j->claimed = j->items_done + j->items_failed;
   uint64_t todo = count.count;
   if (j->limit) {
     uint64_t left = j->limit > j->items_done ? j->limit - j->items_done : 0;
     if (todo > left) todo = left;
   }
   j->items_total = j->items_done + j->items_failed + todo;
+  if (!j->items_done && !j->items_failed) { /* the first run: what was there before it */
+    j->at_target = count.at_target;
+    j->elsewhere = count.elsewhere;
+  }
   j->bytes_total = j->bytes_done + count.bytes; /* with a limit: an upper bound */
   job_save(en, j, 1);
   pthread_mutex_unlock(&en->lock);
@@ -456,7 +476,7 @@ static int migrate_run(struct job_engine *en, struct job *j, char *msg, size_t m
   for (;;) {
     if (job_halted(en, j)) break;
     pthread_mutex_lock(&en->lock);
-    int over = j->limit && j->items_done + j->items_failed >= j->limit;
+    int over = j->limit && j->claimed >= j->limit;
     pthread_mutex_unlock(&en->lock);
     if (over) break;
     struct mig_scan s = {.from = j->source, .items = items, .cap = MIGRATE_BATCH};
@@ -631,7 +651,7 @@ static int import_commit(struct job_engine *en, struct job *j, struct imp_item *
   br_err err;
   uint64_t t = br_now_ms();
   if (m && br_index_apply_locations(en->srv->index, ch, m, now, &err) < 0) {
-    snprintf(msg, msglen, "indexing: %s", err.msg);
+    snprintf(msg, msglen, "indexing: %.200s", err.msg);
     return -1;
   }
   pthread_mutex_lock(&en->lock);
@@ -999,6 +1019,7 @@ enum jobs_rc jobs_submit(br_server *srv, json_t *spec, json_t **out, const char 
     if (active(o) && !strcmp(o->source, j->source)) {
       snprintf(msg, msglen, "job %" PRIu64 " is %s on store %s", o->id, state_names[o->state],
                o->source);
+      *out = job_json(o, 0);
       pthread_mutex_unlock(&en->lock);
       free(j);
       return JOBS_CONFLICT;

@@ -24,7 +24,7 @@ void jobs_stop(br_server *srv);
 
 /* Validates spec ({"kind":"migrate"|"import", ...}) and starts the job: JOBS_OK with *out the
  * job's JSON; JOBS_BAD with msg naming the field and *field set to it; JOBS_CONFLICT when an
- * active job has the same source store (msg names it); JOBS_FULL when JOBS_KEPT jobs are all
+ * active job has the same source store (msg names it, *out is that job's JSON); JOBS_FULL when JOBS_KEPT jobs are all
  * active; JOBS_FAILED with msg. */
 enum jobs_rc jobs_submit(br_server *srv, json_t *spec, json_t **out, const char **field, char *msg,
                          size_t msglen);

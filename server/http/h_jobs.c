@@ -36,7 +36,10 @@ enum MHD_Result jobs_post(struct request *req) {
     case JOBS_CONFLICT:
       json_decref(spec);
       br_info("POST /v1/jobs refused: %s", msg);
-      return reply_error(req, E_JOB_CONFLICT, "%s", msg);
+      body = error_body(E_JOB_CONFLICT, "%s", msg);
+      json_object_set_new(body, "id", json_incref(json_object_get(job, "id")));
+      json_object_set_new(body, "job", job); /* the one in the way: a client may follow it */
+      return reply_json(req, br_api_error_status(E_JOB_CONFLICT), body);
     case JOBS_FULL:
       json_decref(spec);
       return reply_error(req, E_TRY_AGAIN, "%s", msg);
