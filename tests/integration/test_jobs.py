@@ -3,8 +3,10 @@ progress in GET /v1/jobs[/{id}], cancel, one job per source store (409 job_confl
 refused with the field named, and jobs that resume after a restart (SIGTERM or SIGKILL) and end
 with every blob readable and `blobrefd --fsck --verify` clean."""
 import hashlib
+import json
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -245,3 +247,100 @@ def test_import_jobs_in_place_and_copy(two_stores, tmp_path):
         assert requests.get(f"{srv.url}/v1/blobs/{h}", timeout=TIMEOUT).content == data
     assert (other / "f0").exists()  # a copy leaves the source alone
     fsck_clean(srv)
+
+
+def cli(srv, *args, timeout=120):
+    return subprocess.run([str(BIN_DIR / "blobref"), "--server", srv.url, *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_migrate_detach_jobs_cancel_and_ctrl_c(two_stores):
+    srv = two_stores
+    upload_many(srv, 20, 5)
+    r = cli(srv, "migrate", "--from", "a", "--to", "b", "--rate", "0.05", "--detach")
+    assert r.returncode == 0 and r.stdout.strip().isdigit(), r.stdout + r.stderr
+    jid = int(r.stdout)
+    r = cli(srv, "jobs", str(jid), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["id"] == jid, r.stdout
+    r = cli(srv, "jobs")
+    assert r.returncode == 0 and f"{jid} " in r.stdout and "a -> b" in r.stdout, r.stdout
+    r = cli(srv, "jobs", "cancel", str(jid))
+    assert r.returncode == 0 and "cancel asked for" in r.stdout, r.stdout + r.stderr
+    assert wait_job(srv, jid)["state"] == "cancelled"
+    assert cli(srv, "jobs", "cancel").returncode == 2
+    assert cli(srv, "jobs", "999").returncode == 1
+    # Ctrl-C detaches: the job goes on in the server and ends done
+    p = subprocess.Popen([str(BIN_DIR / "blobref"), "--server", srv.url, "migrate", "--from",
+                          "a", "--to", "b", "--rate", "0.05"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    line = p.stderr.readline()  # the first progress line: it follows the job
+    assert "migrate: job" in line, line
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 1 and "detached: job" in err, (p.returncode, err)
+    jid2 = int(re.search(r"detached: job (\d+)", err)[1])
+    assert job(srv, jid2)["state"] in ("queued", "running")
+    # a second `migrate` of the same stores follows the job in flight to its end
+    r = cli(srv, "migrate", "--from", "a", "--to", "b")
+    assert r.returncode == 0 and f"job {jid2} is already moving" in r.stderr, r.stderr
+    assert re.search(r"job \d+ done: moved (\d+) of \1 blobs", r.stdout), r.stdout
+    assert set(primaries(srv).values()) == {"b"}
+
+
+def test_cli_import_runs_as_a_job_with_a_folder_or_a_prefix(two_stores, tmp_path):
+    srv = two_stores
+    for sub in ("x", "y"):
+        (tmp_path / "a" / sub).mkdir(parents=True)
+        for i in range(3):
+            (tmp_path / "a" / sub / f"{i}").write_bytes(os.urandom(500) + sub.encode())
+    r = cli(srv, "import", str(tmp_path / "a" / "x"), "--store", "a")
+    assert r.returncode == 0 and "3 created" in r.stdout and "a:x/" in r.stdout, r.stdout + r.stderr
+    r = cli(srv, "import", "y/", "--store", "a")
+    assert r.returncode == 0 and "3 created" in r.stdout, r.stdout + r.stderr
+    r = cli(srv, "import", "y/", "--store", "a")
+    assert r.returncode == 0 and "0 created, 3 already indexed" in r.stdout, r.stdout
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    r = cli(srv, "import", str(outside), "--store", "a")
+    assert r.returncode == 1 and "not under the store's root" in r.stderr, r.stderr
+    assert "-c CONFIG --copy" in r.stderr
+
+
+def test_sighup_adds_a_store_then_imports_a_folder_in_place(two_stores, tmp_path):
+    srv = two_stores
+    existing = tmp_path / "archive" / "2018"
+    existing.mkdir(parents=True)
+    files = {}
+    for i in range(4):
+        data = os.urandom(700 + i)
+        (existing / f"doc{i}").write_bytes(data)
+        files[hashlib.sha256(data).hexdigest()] = data
+    r = requests.post(f"{srv.url}/v1/jobs", json={"kind": "import", "store": "archive"},
+                      timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "store"
+    conf = srv.data_dir / "blobref.conf"
+    # a new store, and a change to an existing one (which needs a restart and says so)
+    text = conf.read_text().replace(f"root = {tmp_path / 'b'}", f"root = {tmp_path / 'b2'}")
+    conf.write_text(text + f"\n[store archive]\nkind = fs\nroot = {tmp_path / 'archive'}\n")
+    srv.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while "[store archive] (fs) added" not in srv.read_log():
+        assert time.monotonic() < deadline, srv.read_log()
+        time.sleep(0.05)
+    assert "[store] sections (changed or removed; new ones are added) changed but needs a " \
+           "restart" in srv.read_log()
+    j = start_job(srv, kind="import", store="archive", source=str(tmp_path / "archive"))
+    end = wait_job(srv, j["id"])
+    assert end["state"] == "done" and end["items_done"] == 4, end
+    for h, data in files.items():
+        r = requests.get(f"{srv.url}/v1/blobs/{h}", timeout=TIMEOUT)
+        assert r.status_code == 200 and r.content == data
+        meta = requests.get(f"{srv.url}/v1/blobs/{h}/meta", timeout=TIMEOUT).json()
+        assert meta["locations"][0]["store"] == "archive"
+    # a second SIGHUP adds nothing again
+    srv.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while srv.read_log().count("SIGHUP: reloading") < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert srv.read_log().count("[store archive] (fs) added") == 1
