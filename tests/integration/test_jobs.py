@@ -344,3 +344,36 @@ def test_sighup_adds_a_store_then_imports_a_folder_in_place(two_stores, tmp_path
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert srv.read_log().count("[store archive] (fs) added") == 1
+
+
+def test_migrate_job_fs_to_s3_with_a_restart(tmp_path, rgw):
+    bucket = rgw.make_bucket("jobs-fs-s3")
+    s3 = f"""
+[store c]
+kind = s3
+endpoint = {rgw.endpoint}
+region = {rgw.region}
+bucket = {bucket}
+path_style = true
+access_key = {rgw.access_key}
+secret_key = {rgw.secret_key}
+"""
+    srv = Server(tmp_path / "data", config(tmp_path, s3)).start()
+    try:
+        blobs = upload_many(srv, 30, 6)
+        j = start_job(srv, kind="migrate", **{"from": "a"}, to="c", rate=0.2, concurrency=4)
+        mid = wait_job(srv, j["id"], lambda x: x["items_done"] >= 5)
+        assert mid["state"] == "running" and mid["items_total"] == 30, mid
+        assert srv.stop(signal.SIGKILL) == -signal.SIGKILL
+        srv.start()
+        end = wait_job(srv, j["id"])
+        assert end["state"] == "done" and end["items_failed"] == 0, end
+        assert set(primaries(srv).values()) == {"c"}
+        all_readable(srv, blobs)
+        keys = {o["Key"] for o in rgw.client().list_objects_v2(Bucket=bucket).get("Contents", [])}
+        assert {k.rsplit("/", 1)[-1] for k in keys} >= set(blobs), keys
+    finally:
+        alive = srv.alive()
+        rc = srv.stop()
+    assert alive and rc == 0, srv.read_log()
+    fsck_clean(srv)
