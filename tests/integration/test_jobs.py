@@ -105,6 +105,17 @@ def two_stores(tmp_path):
     assert alive and rc == 0, srv.read_log()
 
 
+@pytest.fixture(scope="module")
+def refusing(tmp_path_factory):
+    """One server for the refusals: none of them may leave a job behind."""
+    tmp = tmp_path_factory.mktemp("refusals")
+    srv = Server(tmp / "data", config(tmp)).start()
+    yield srv
+    alive = srv.alive()
+    rc = srv.stop()
+    assert alive and rc == 0, srv.read_log()
+
+
 def test_migrate_job_moves_everything_with_progress(two_stores):
     srv = two_stores
     blobs = upload_many(srv, 30, 1)
@@ -169,8 +180,8 @@ def test_second_job_on_the_same_source_is_409_then_cancel(two_stores):
     ({"kind": "import", "store": "a", "source": "/etc"}, "source"),
     ({"kind": "import", "store": "a", "source": "../x"}, "source"),
 ])
-def test_bad_bodies_are_400_with_the_field_named(two_stores, body, field):
-    srv = two_stores
+def test_bad_bodies_are_400_with_the_field_named(refusing, body, field):
+    srv = refusing
     r = requests.post(f"{srv.url}/v1/jobs", json=body, timeout=TIMEOUT)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
