@@ -131,14 +131,17 @@ static void raise_nofile_limit(const br_config *cfg) {
 }
 
 /* SIGHUP: reads the config again (with the same command-line overrides) and applies what can
- * change while serving; a config that does not load changes nothing. */
-static void reload(const struct options *o, br_http *http) {
+ * change while serving, new [store] sections included; a config that does not load changes
+ * nothing. */
+static void reload(const struct options *o, br_http *http, br_server *srv) {
   br_config fresh;
   br_err err;
   br_info("SIGHUP: reloading %s", o->config ? o->config : "(built-in defaults)");
   sd_notify_text("RELOADING=1");
   if (load_config(o, &fresh, &err) < 0 || br_http_reload(http, &fresh, &err) < 0)
     br_error("reload failed, nothing changed: %s", err.msg);
+  else if (br_server_add_stores(srv, &fresh, &err) < 0) /* new [store] sections only */
+    br_error("reload: adding a store failed: %s", err.msg);
   br_config_free(&fresh);
   sd_notify_text("READY=1\nSTATUS=serving");
 }
@@ -196,7 +199,7 @@ int main(int argc, char **argv) {
   for (;;) {
     sigwait(&stop_signals, &sig);
     if (sig != SIGHUP) break;
-    reload(&o, http);
+    reload(&o, http, &srv);
   }
   br_info("signal %d: stopping", sig);
   sd_notify_text("STOPPING=1");

@@ -1,11 +1,13 @@
-/* `blobref import SOURCE -c CONFIG --store NAME [--in-place | --copy]`: brings existing files
- * under blobref. A walker lists SOURCE (never following symlinks), hashing threads read each
- * regular file (checking that its size and mtime did not change while it was read) and send
- * batches to POST /v1/import, where the server checks each key in its store and inserts the
- * records in its single batched index writer. --in-place: the record points at the file's own
- * key (its path under the fs store's root). --copy: the bytes are first written into the store's
- * content-addressed layout. Resumable: a rerun hashes again, and what is indexed already is
- * reported as such and left alone. */
+/* `blobref import SOURCE --store NAME [--in-place | --copy]`: brings existing files under blobref.
+ * Without -c it is an import job in the server (POST /v1/jobs): SOURCE is a folder under the
+ * store's root or a key prefix, and the command needs only the server URL and a token. With -c
+ * CONFIG it runs here, as before (for files on this machine outside the store, --copy): a walker
+ * lists SOURCE (never following symlinks), hashing threads read each regular file (checking that
+ * its size and mtime did not change while it was read) and send batches to POST /v1/import, where
+ * the server checks each key in its store and inserts the records in its single batched index
+ * writer. --in-place: the record points at the file's own key (its path under the fs store's root).
+ * --copy: the bytes are first written into the store's content-addressed layout. Resumable: a rerun
+ * hashes again, and what is indexed already is reported as such and left alone. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -27,10 +29,13 @@
 #include "store/internal.h"
 
 static const char import_usage[] =
-    "usage: blobref import SOURCE -c CONFIG --store NAME [--in-place | --copy] [--threads N]\n"
+    "usage: blobref import SOURCE --store NAME [--in-place | --copy] [--detach]\n"
+    "       blobref import SOURCE -c CONFIG --store NAME [--in-place | --copy] [--threads N]\n"
     "                      [--batch N]\n"
+    "  without -c: an import job in the server (SOURCE: a folder under the store's root or a\n"
+    "               key prefix); --detach prints its id and returns, Ctrl-C detaches\n"
     "  SOURCE       a directory (or one file); in place in an s3 store: a key prefix there\n"
-    "  -c CONFIG    the server's config file (to find the store's root, or to copy into it)\n"
+    "  -c CONFIG    the server's config file: hash and copy here (files outside the store)\n"
     "  --store      the store the records point at\n"
     "  --in-place   index the files where they are: SOURCE must be under the fs store's root and\n"
     "               each record's key is the file's path under it (the default); or, for an\n"
@@ -424,9 +429,62 @@ static void *progress_main(void *arg) {
   return NULL;
 }
 
+static json_int_t geti(json_t *j, const char *k) {
+  return json_integer_value(json_object_get(j, k));
+}
+
+/* The import as a job in the server, followed until it ends (or detached). */
+static int import_job(const cli_globals *g, const char *source, const char *store, int copy,
+                      int detach) {
+  char real[PATH_MAX];
+  /* a local folder (the server checks it is under the store's root), else a key prefix */
+  const char *src = realpath(source, real) ? real : source;
+  json_t *spec = json_pack("{s:s,s:s,s:s,s:s}", "kind", "import", "store", store, "source", src,
+                           "mode", copy ? "copy" : "in-place");
+  long status = 0;
+  json_t *reply = NULL;
+  br_err err;
+  int rc = br_http_json(g->server, g->token, "POST", "/v1/jobs", spec, &status, &reply, &err);
+  json_decref(spec);
+  if (rc < 0) {
+    fprintf(stderr, "blobref import: %s\n", err.msg);
+    if (status == 400 && strstr(err.msg, "not under the store's root"))
+      fprintf(stderr,
+              "blobref import: files outside the store: -c CONFIG --copy copies them "
+              "from here\n");
+    return CLI_EXIT_FAILURE;
+  }
+  long long id = (long long)geti(reply, "id");
+  json_decref(reply);
+  if (detach) {
+    printf("%lld\n", id);
+    return CLI_EXIT_OK;
+  }
+  json_t *j = NULL;
+  if (cli_job_follow(g, id, &j) < 0 || !j) return CLI_EXIT_FAILURE;
+  const char *state = json_string_value(json_object_get(j, "state")) ?: "?";
+  json_t *p = json_object_get(j, "params");
+  printf("job %lld %s: %" JSON_INTEGER_FORMAT " created, %" JSON_INTEGER_FORMAT
+         " already indexed, %" JSON_INTEGER_FORMAT " errors (%s:%s, %s)\n",
+         id, state, geti(j, "items_done"), geti(j, "items_skipped"), geti(j, "items_failed"), store,
+         json_string_value(json_object_get(p, "prefix")) ?: "",
+         json_string_value(json_object_get(p, "mode")) ?: "");
+  json_t *errs = json_object_get(j, "errors");
+  for (size_t i = 0; i < json_array_size(errs); i++) {
+    json_t *e = json_array_get(errs, i);
+    fprintf(stderr, "import: %s: %s\n", json_string_value(json_object_get(e, "item")) ?: "",
+            json_string_value(json_object_get(e, "message")) ?: "");
+  }
+  if (json_object_get(j, "message"))
+    fprintf(stderr, "blobref import: %s\n", json_string_value(json_object_get(j, "message")));
+  rc = !strcmp(state, "done") && geti(j, "items_failed") == 0 ? CLI_EXIT_OK : CLI_EXIT_FAILURE;
+  json_decref(j);
+  return rc;
+}
+
 int cmd_import(const cli_globals *g, int argc, char **argv) {
   const char *source = NULL, *conf = NULL, *store = NULL;
-  int copy = 0;
+  int copy = 0, detach = 0;
   long threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 500;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -438,6 +496,8 @@ int cmd_import(const cli_globals *g, int argc, char **argv) {
       copy = 0;
     } else if (!strcmp(a, "--copy")) {
       copy = 1;
+    } else if (!strcmp(a, "--detach")) {
+      detach = 1;
     } else if (a[0] != '-') {
       if (source) {
         fprintf(stderr, "blobref import: one SOURCE only\n%s", import_usage);
@@ -460,10 +520,11 @@ int cmd_import(const cli_globals *g, int argc, char **argv) {
       return 2;
     }
   }
-  if (!source || !conf || !store) {
-    fprintf(stderr, "blobref import: SOURCE, -c and --store are required\n%s", import_usage);
+  if (!source || !store) {
+    fprintf(stderr, "blobref import: SOURCE and --store are required\n%s", import_usage);
     return 2;
   }
+  if (!conf) return import_job(g, source, store, copy, detach);
   if (threads < 1) threads = 1;
   br_config cfg;
   br_config_init(&cfg);

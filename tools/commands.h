@@ -34,5 +34,12 @@ int cmd_export(const cli_globals *g, int argc, char **argv);
 int cmd_migrate(const cli_globals *g, int argc, char **argv);
 int cmd_import(const cli_globals *g, int argc, char **argv);
 int cmd_column(const cli_globals *g, int argc, char **argv);
+int cmd_jobs(const cli_globals *g, int argc, char **argv);
+
+/* cmd_jobs.c: polls GET /v1/jobs/ID, showing progress on stderr, until the job ends: 0 with
+ * *final its last state (json_decref it); 1 when Ctrl-C detached (the job goes on); -1 when the
+ * server refused or could not be reached (a line on stderr). Needs <jansson.h>. */
+typedef struct json_t json_t;
+int cli_job_follow(const cli_globals *g, long long id, json_t **final);
 
 #endif

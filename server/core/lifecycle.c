@@ -10,6 +10,7 @@
 #include "core/blobcache.h"
 #include "core/cdn_purge.h"
 #include "core/drain.h"
+#include "core/jobs.h"
 #include "core/reconcile_runner.h"
 #include "core/server.h"
 #include "blobref/sniff.h"
@@ -68,6 +69,30 @@ int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_er
   return 0;
 }
 
+int br_server_add_stores(br_server *srv, br_config *fresh, br_err *err) {
+  br_config *cfg = srv->cfg;
+  int added = 0;
+  for (int i = 0; i < fresh->nstores; i++) {
+    br_store_config *sc = &fresh->stores[i];
+    if (br_config_store(cfg, sc->name)) continue; /* known: changes need a restart */
+    if (cfg->nstores == BR_MAX_STORES || srv->nstores == BR_MAX_STORES)
+      return br_fail(err, "[store %s]: at most %d stores", sc->name, BR_MAX_STORES);
+    br_store *st = br_store_open(sc, err);
+    if (!st) return -1;
+    /* the new section's strings move into the daemon's config (the store points at them) */
+    cfg->stores[cfg->nstores] = *sc;
+    memset(sc, 0, sizeof *sc);
+    __atomic_store_n(&cfg->nstores, cfg->nstores + 1, __ATOMIC_RELEASE);
+    int n = srv->nstores;
+    srv->stores[n] = st;
+    atomic_store(&srv->store_ok[n], strcmp(br_store_kind(st), "fs") ? -1 : 1);
+    __atomic_store_n(&srv->nstores, n + 1, __ATOMIC_RELEASE); /* published last */
+    br_info("reload: [store %s] (%s) added", br_store_name(st), br_store_kind(st));
+    added++;
+  }
+  return added;
+}
+
 void br_server_close(br_server *srv) {
   blobcache_free(srv->cache);
   srv->cache = NULL;
@@ -89,10 +114,12 @@ int br_server_start(br_server *srv, br_err *err) {
   if (br_server_health_start(srv, err) < 0) return -1;
   if (reconcile_runner_start(srv, err) < 0) return -1;
   if (drain_start(srv, err) < 0) return -1;
+  if (jobs_start(srv, err) < 0) return -1;
   return 0;
 }
 
 void br_server_stop(br_server *srv) {
+  jobs_stop(srv); /* first: jobs move blobs, which drain and queue purges */
   drain_stop(srv);
   reconcile_runner_stop(srv); /* a run in progress completes first */
   br_server_health_stop(srv);

@@ -48,6 +48,7 @@ struct br_server {
   struct reconcile_runner *reconcile;     /* core/reconcile_runner.c */
   struct drainer *drain;                  /* core/drain.c: deletes draining copies */
   struct cdn_purger *purger;              /* core/cdn_purge.c: purges when blobs go */
+  struct job_engine *jobs;                /* core/jobs.c: migrate and import jobs */
   atomic_uint_fast64_t store_errors[BR_MAX_STORES][STORE_OPS];
   uint64_t started_ms;
 };
@@ -65,6 +66,11 @@ enum br_open_mode { BR_OPEN_SERVE, BR_OPEN_CHECK, BR_OPEN_REBUILD };
  * done. */
 int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_err *err);
 void br_server_close(br_server *srv);
+/* SIGHUP: opens the [store] sections of fresh whose names srv does not know and appends them
+ * (stores are only ever added while serving: readers of srv->stores and cfg->stores see the old
+ * count or the new one, each entry complete before it is counted). Their config strings move
+ * from fresh into srv->cfg. Returns how many were added, or -1 with err (those before it stay). */
+int br_server_add_stores(br_server *srv, br_config *fresh, br_err *err);
 
 /* Starts the core services in their order: the purge queue first (the others queue purges),
  * then the store health thread, the reconcile runner and the drain thread. Returns -1 with err

@@ -40,6 +40,11 @@ enum MHD_Result import_post(struct request *req);
 enum MHD_Result reconcile_post(struct request *req);
 enum MHD_Result reconcile_runs_get(struct request *req);
 enum MHD_Result reconcile_run_get(struct request *req);
+/* h_jobs.c: POST /v1/jobs, GET /v1/jobs[/{id}], POST /v1/jobs/{id}/cancel (admin). */
+enum MHD_Result jobs_post(struct request *req);
+enum MHD_Result jobs_get_all(struct request *req);
+enum MHD_Result job_get(struct request *req);
+enum MHD_Result job_cancel(struct request *req);
 /* h_health.c: /healthz, /readyz, /metrics. */
 enum MHD_Result health_get(struct request *req);
 enum MHD_Result ready_get(struct request *req);

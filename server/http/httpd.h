@@ -52,6 +52,7 @@ enum br_api_error {
   E_TOO_MANY_LOCATIONS,
   E_KEY_IN_USE,
   E_BLOB_DELETING,
+  E_JOB_CONFLICT,
   E_INTERNAL,
   E__COUNT
 };

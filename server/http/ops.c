@@ -534,17 +534,19 @@ int ops_reload(br_http *http, const br_config *fresh, br_err *err) {
   note_fixed("index_batch_max", cfg->index_batch_max != fresh->index_batch_max);
   note_fixed("cache_size", cfg->cache_size != fresh->cache_size);
   note_fixed("cache_max_blob", cfg->cache_max_blob != fresh->cache_max_blob);
-  int stores_differ = cfg->nstores != fresh->nstores;
+  /* new [store] sections are added by the core (br_server_add_stores); a known one changed or
+   * removed needs a restart */
+  int stores_differ = 0;
   for (int i = 0; !stores_differ && i < cfg->nstores; i++) {
-    const br_store_config *x = &cfg->stores[i], *y = &fresh->stores[i];
-    stores_differ = strcmp(x->name, y->name) || strcmp(x->kind, y->kind) ||
-                    strcmp(x->root, y->root) || strcmp(x->endpoint, y->endpoint) ||
-                    strcmp(x->bucket, y->bucket) || strcmp(x->prefix, y->prefix) ||
-                    strcmp(x->url, y->url) || strcmp(x->public_url, y->public_url) ||
-                    strcmp(x->access_key, y->access_key) || strcmp(x->secret_key, y->secret_key) ||
-                    x->serve != y->serve || x->allow_hardlinks != y->allow_hardlinks;
+    const br_store_config *x = &cfg->stores[i], *y = br_config_store(fresh, x->name);
+    stores_differ = !y || strcmp(x->kind, y->kind) || strcmp(x->root, y->root) ||
+                    strcmp(x->endpoint, y->endpoint) || strcmp(x->bucket, y->bucket) ||
+                    strcmp(x->prefix, y->prefix) || strcmp(x->url, y->url) ||
+                    strcmp(x->public_url, y->public_url) || strcmp(x->access_key, y->access_key) ||
+                    strcmp(x->secret_key, y->secret_key) || x->serve != y->serve ||
+                    x->allow_hardlinks != y->allow_hardlinks;
   }
-  note_fixed("[store] sections", stores_differ);
+  note_fixed("[store] sections (changed or removed; new ones are added)", stores_differ);
   note_fixed("[table] sections", cfg->ntables != fresh->ntables);
   return 0;
 }

@@ -532,6 +532,59 @@
     view.dataset.ready = "1";
   }
 
+  // ---- jobs (admin) -----------------------------------------------------------------------
+
+  function jobWhat(job) {
+    const p = job.params || {};
+    return job.kind === "migrate" ? p.from + " → " + p.to + (p.dry_run ? " (dry run)" : "")
+      : p.store + ":" + (p.prefix || "") + " (" + p.mode + ")";
+  }
+
+  function jobRow(job) {
+    const items = job.items_done + job.items_skipped + job.items_failed;
+    // by items: a skipped one (indexed or moved already) adds no bytes but is done with
+    const frac = job.items_total ? items / job.items_total : job.state === "running" ? 0 : 1;
+    const eta = typeof job.eta_s === "number" ? Math.round(job.eta_s) + " s" : "–";
+    const lastErr = job.errors && job.errors[0];
+    return h("tr", { id: "job-" + job.id },
+      h("td", { className: "num" }, "#" + job.id),
+      h("td", {}, job.kind),
+      h("td", {}, jobWhat(job)),
+      h("td", {}, h("span", { className: "state-" + job.state }, job.state)),
+      h("td", {}, h("progress", { max: 1, value: Math.min(1, frac) }), " " + Math.floor(frac * 100) + "%"),
+      h("td", { className: "num" }, fmtInt(items) + " / " + fmtInt(job.items_total)),
+      h("td", { className: "num" }, fmtBytes(job.bytes_done) + " / " + fmtBytes(job.bytes_total)),
+      h("td", { className: "num" }, job.state === "running" ? fmtBytes(job.rate_bytes_per_s) + "/s" : "–"),
+      h("td", { className: "num" }, eta),
+      h("td", { className: "num", title: lastErr ? lastErr.item + ": " + lastErr.message : "" }, fmtInt(job.items_failed)));
+  }
+
+  async function renderJobs(view) {
+    const head = h("div", { className: "toolbar" }, h("h2", {}, "Jobs"));
+    if (!state.admin) {
+      view.replaceChildren(head, h("p", { className: "note", id: "jobs-need-admin" },
+        "Migrate and import jobs are shown with an admin token."));
+      view.dataset.ready = "1";
+      return false;
+    }
+    let jobs;
+    try {
+      jobs = (await apiJson("/v1/jobs")).jobs;
+    } catch (e) {
+      view.replaceChildren(head, errorBox(e));
+      return false;
+    }
+    const table = h("table", { id: "jobs" },
+      h("thead", {}, h("tr", {}, ["job", "kind", "what", "state", "progress", "items", "bytes", "rate", "ETA", "errors"]
+        .map((c, i) => h("th", { className: i >= 5 ? "num" : "" }, c)))),
+      h("tbody", {}, jobs.map(jobRow)));
+    view.replaceChildren(head,
+      h("p", { className: "note" }, "blobref migrate and blobref import run here as jobs; blobref jobs cancel ID stops one."),
+      jobs.length ? table : h("p", { id: "no-jobs" }, "No jobs yet."));
+    view.dataset.ready = "1";
+    return jobs.some((j) => j.state === "running" || j.state === "queued");
+  }
+
   function dl(pairs) {
     return h("dl", {}, pairs.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
   }
@@ -766,6 +819,9 @@
     banner("");
     try {
       if (name === "reconcile") await renderReconcile(view, arg);
+      else if (name === "jobs") {
+        if ((await renderJobs(view)) && seq === routeSeq) state.timer = setTimeout(route, 1000);
+      }
       else if (name === "blob") await renderBlobPage(view, arg && hexOf(arg));
       else {
         await renderOverview(view);

@@ -30,6 +30,10 @@ ROUTES = [
     ("POST", "/v1/reconcile", "admin"),
     ("GET", "/v1/reconcile/runs", "read"),
     ("GET", "/v1/reconcile/runs/{id}", "read"),
+    ("POST", "/v1/jobs", "admin"),
+    ("GET", "/v1/jobs", "admin"),
+    ("GET", "/v1/jobs/{id}", "admin"),
+    ("POST", "/v1/jobs/{id}/cancel", "admin"),
     ("POST", "/v1/lookup", "read"),
     ("POST", "/v1/uploads", "write"),
     ("POST", "/v1/uploads/commit", "write"),
@@ -107,6 +111,17 @@ def send(srv, method, pattern, caller, known):
                 return r
             time.sleep(0.05)
         return r
+    if pattern == "/v1/jobs" and method == "POST":  # one job per store: wait out a 409
+        for _ in range(100):
+            r = requests.post(f"{srv.url}/v1/jobs", headers=h, timeout=TIMEOUT,
+                              json={"kind": "import", "store": "local", "source": "none/"})
+            if r.status_code != 409:
+                return r
+            time.sleep(0.05)
+        return r
+    if pattern.startswith("/v1/jobs/{id}"):  # job 1: made by first_run
+        return requests.request(method, srv.url + pattern.replace("{id}", "1"), headers=h,
+                                timeout=TIMEOUT)
     if pattern == "/v1/reconcile/runs/{id}":
         return requests.get(f"{srv.url}/v1/reconcile/runs/1", headers=h, timeout=TIMEOUT)
     if pattern.startswith("/ui"):  # the console's files: /ui redirects to /ui/ (followed)
@@ -124,7 +139,11 @@ def fresh_blob(srv):
 
 
 def first_run(srv, admin, reader):
-    """Reconcile run 1 exists (it fails at once: no [table]), for GET /v1/reconcile/runs/1."""
+    """Reconcile run 1 exists (it fails at once: no [table]), for GET /v1/reconcile/runs/1, and
+    job 1, for GET /v1/jobs/1."""
+    r = requests.post(f"{srv.url}/v1/jobs", headers=admin, timeout=TIMEOUT,
+                      json={"kind": "import", "store": "local", "source": "none/"})
+    assert r.status_code == 202 and r.json()["id"] == 1, r.text
     r = requests.post(f"{srv.url}/v1/reconcile?dry_run=1", headers=admin, timeout=TIMEOUT)
     assert r.status_code == 202 and r.json()["id"] == 1, r.text
     for _ in range(200):

@@ -1,7 +1,8 @@
 """blobref migrate: every blob moves (copy, verify, switch, drain) while readers see no failed
 read, fs -> fs and back (proxied reads, and redirects to a web server over the target store),
 fs -> S3 and back on radosgw (presigned redirects); SIGKILL at random points, then a rerun,
-leaves every blob at the target, verified."""
+leaves every blob at the target, verified. The moves run as a job in the server (core/jobs.c):
+the CLI only starts and follows it."""
 import functools
 import hashlib
 import http.server
@@ -193,12 +194,12 @@ def test_migrate_sigkill_and_rerun(tmp_path):
             moved_before = sum(1 for s in primaries(srv).values() if s == "b")
             if run >= 5 and moved_before > 0:
                 break
-        assert 0 < moved_before < 150, moved_before
+        assert moved_before < 150, moved_before
+        # the job lives in the server: killing its follower does not stop it, and a rerun
+        # follows the job in flight to its end (or starts one for what is left)
         r = run_migrate(srv, conf, "a", "b")
-        # a switch a killed run had asked for may complete after it died: at least those
         m = re.search(r"moved (\d+) of (\d+) .*; (\d+) already in b", r.stdout)
         assert m and int(m[1]) == int(m[2]) and int(m[2]) + int(m[3]) == 150, r.stdout
-        assert int(m[3]) >= moved_before, r.stdout
         assert set(primaries(srv).values()) == {"b"}
         reads, failures = readers.finish()
         assert failures == [], failures[:5]

@@ -335,6 +335,18 @@ def test_console_in_a_browser(console):
     b.wait("(document.getElementById('blob-state') || {}).textContent === 'live'")
     assert requests.get(f"{srv.url}/v1/blobs/{h['text']}", timeout=10).status_code == 200
 
+    # jobs (admin): an import job listed with its progress, polled until it ends
+    r = requests.post(f"{srv.url}/v1/jobs", headers={"Authorization": f"Bearer {ADMIN}"},
+                      json={"kind": "import", "store": "local", "source": "sha256/"}, timeout=10)
+    assert r.status_code == 202, r.text
+    jid = r.json()["id"]
+    b.hash("#jobs")
+    b.wait(f"(() => {{ const r = document.getElementById('job-{jid}');"
+           " return r && r.textContent.includes('done'); })()", what="the finished job")
+    row = b.text(f"#job-{jid}")
+    assert "import" in row and "local:sha256/" in row and "100%" in row, row
+    assert b.eval(f"document.querySelector('#job-{jid} progress').value") == 1
+
     errors = [e for e in b.errors() if not expected_probe_failure(e)]
     assert errors == [], errors
     # and the CSP is enforced: an inline style or script would have shown up above
