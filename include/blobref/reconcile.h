@@ -57,6 +57,14 @@ int64_t br_reconcile_finish_deletes(br_reconciler *r, br_err *err);
 
 /* Stored reports: JSON text (malloc'd) of run id, or NULL with *found = 0. */
 char *br_reconciler_report(br_reconciler *r, uint64_t id, int *found, br_err *err);
+/* A page of run id's blob list action ("quarantined", "restored", "deleted", "held" or "pending"):
+ * fn gets up to limit blobs past after (NULL: from the first), ascending, with t_ms the time a
+ * pending blob becomes eligible (0 for the others); *more = 1 when more follow. A run without
+ * lists gives none. Returns 0, or -1 + err. */
+int br_reconciler_list_page(br_reconciler *r, uint64_t id, const char *action, const uint8_t *after,
+                            size_t limit,
+                            int (*fn)(void *ud, const uint8_t d[BR_SHA256_LEN], uint64_t t_ms),
+                            void *ud, int *more, br_err *err);
 /* Up to limit reports, newest first, as a JSON array (new reference). */
 json_t *br_reconciler_reports(br_reconciler *r, size_t limit, br_err *err);
 

@@ -241,3 +241,5 @@ json_t *reconcile_runner_reports(br_server *srv, size_t max, br_err *err) {
 char *reconcile_runner_report(br_server *srv, uint64_t id, int *found, br_err *err) {
   return br_reconciler_report(srv->reconcile->rec, id, found, err);
 }
+
+br_reconciler *reconcile_runner_reconciler(br_server *srv) { return srv->reconcile->rec; }

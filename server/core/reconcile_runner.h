@@ -25,6 +25,8 @@ json_t *reconcile_runner_current(br_server *srv, uint64_t id);
 json_t *reconcile_runner_reports(br_server *srv, size_t max, br_err *err);
 /* The stored report of run id as JSON text (malloc'd), or NULL (*found = 0: no such run). */
 char *reconcile_runner_report(br_server *srv, uint64_t id, int *found, br_err *err);
+/* The reconciler itself, for reading a run's blob lists (br_reconciler_list_page). */
+br_reconciler *reconcile_runner_reconciler(br_server *srv);
 /* Appends the runner's Prometheus lines (runs by result, the last run's figures). */
 void reconcile_runner_metrics(br_server *srv, void (*emit)(void *ud, const char *line), void *ud);
 

@@ -37,6 +37,7 @@ enum MHD_Result import_post(struct request *req);
 enum MHD_Result reconcile_post(struct request *req);
 enum MHD_Result reconcile_runs_get(struct request *req);
 enum MHD_Result reconcile_run_get(struct request *req);
+enum MHD_Result reconcile_run_blobs_get(struct request *req);
 /* h_health.c: /healthz, /readyz, /metrics. */
 enum MHD_Result health_get(struct request *req);
 enum MHD_Result ready_get(struct request *req);

@@ -16,6 +16,7 @@ const struct route br_routes[] = {
     {"POST", "/v1/reconcile", BR_SCOPE_ADMIN, NULL, NULL, reconcile_post},
     {"GET", "/v1/reconcile/runs", BR_SCOPE_READ, NULL, NULL, reconcile_runs_get},
     {"GET", "/v1/reconcile/runs/{id}", BR_SCOPE_READ, NULL, NULL, reconcile_run_get},
+    {"GET", "/v1/reconcile/runs/{id}/blobs", BR_SCOPE_READ, NULL, NULL, reconcile_run_blobs_get},
     {"POST", "/v1/lookup", BR_SCOPE_READ, NULL, json_body, lookup_finish},
     {"GET", "/healthz", 0, NULL, NULL, health_get},
     {"GET", "/readyz", 0, NULL, NULL, ready_get},

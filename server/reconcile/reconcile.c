@@ -192,8 +192,9 @@ struct sweep {
   int have_next, sorter_done;
   uint64_t now, grace_cutoff, retention_cutoff;
   uint64_t live, marked, missing, n[3], bytes_delete;
-  uint64_t held_referenced;
+  uint64_t held_referenced, pending, protect;
   json_t *held_list;
+  rstate_lists *lists; /* the run's blob lists (held and pending are listed here) */
   FILE *out;
   br_err err;
   int failed;
@@ -230,12 +231,20 @@ static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
   if (rec->state == BR_STATE_DELETING) {
     kind = DO_DELETE; /* decided before: finished, referenced or not (its bytes may be gone) */
   } else if (rec->state == BR_STATE_LIVE) {
-    if (!marked && rec->last_upload_ms < s->grace_cutoff) kind = DO_QUARANTINE;
+    if (!marked && rec->last_upload_ms < s->grace_cutoff) {
+      kind = DO_QUARANTINE;
+    } else if (!marked) { /* inside grace: eligible once grace (and the touch slack) ends */
+      s->pending++;
+      if (rstate_lists_add(s->lists, RL_PENDING, digest, rec->last_upload_ms + s->protect,
+                           &s->err) < 0)
+        return s->failed = 1;
+    }
   } else if (marked) {
     if (rec->state == BR_STATE_QUARANTINED) {
       kind = DO_RESTORE;
     } else {
       s->held_referenced++;
+      if (rstate_lists_add(s->lists, RL_HELD, digest, 0, &s->err) < 0) return s->failed = 1;
       if (json_array_size(s->held_list) < MAX_HELD_LISTED) {
         char hex[BR_HEX_LEN + 1];
         br_hex_encode(digest, hex);
@@ -473,8 +482,32 @@ int64_t br_reconcile_finish_deletes(br_reconciler *r, br_err *err) {
 }
 
 /* Applies the decisions of one kind from the file, in batches. Returns the number applied. */
+static const int list_of_kind[] = {
+    [DO_QUARANTINE] = RL_QUARANTINED, [DO_RESTORE] = RL_RESTORED, [DO_DELETE] = RL_DELETED};
+
+/* Lists one applied (or, in a dry run, decided) blob; a failure is the report's, once. */
+static void list_blob(rstate_lists *lists, enum decision kind, const uint8_t d[D], json_t *errors,
+                      int *list_failed) {
+  br_err err;
+  if (*list_failed || rstate_lists_add(lists, list_of_kind[kind], d, 0, &err) == 0) return;
+  *list_failed = 1;
+  add_error(errors, "lists: %s", err.msg);
+}
+
+/* A dry run's lists: the decisions of one kind from the file, as they would be applied. */
+static void list_decided(FILE *f, enum decision kind, rstate_lists *lists, json_t *errors,
+                         int *list_failed) {
+  rewind(f);
+  struct candidate c;
+  while (fread(&c, sizeof c, 1, f) == 1)
+    if (c.kind == kind) list_blob(lists, kind, c.digest, errors, list_failed);
+}
+
+/* Applies the decisions of one kind from the file, in batches, listing each one applied. Returns
+ * the number applied. */
 static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64_t now,
-                           uint64_t grace_cutoff, uint64_t *bytes, json_t *errors) {
+                           uint64_t grace_cutoff, uint64_t *bytes, json_t *errors,
+                           rstate_lists *lists, int *list_failed) {
   const br_reconcile_env *env = &r->env;
   br_change *batch = calloc(APPLY_BATCH, sizeof *batch);
   if (!batch) {
@@ -494,6 +527,7 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
       if (rc == 1) {
         applied++;
         *bytes += c.size;
+        list_blob(lists, kind, c.digest, errors, list_failed);
       }
       continue;
     }
@@ -512,6 +546,7 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
       for (size_t i = 0; i < n; i++)
         if (batch[i].applied) {
           applied++;
+          list_blob(lists, kind, batch[i].digest, errors, list_failed);
           if (kind == DO_QUARANTINE && env->on_gone) env->on_gone(env->ud, batch[i].digest);
         }
       n = 0;
@@ -568,11 +603,18 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
 
   /* sweep: the decisions, against the index in key order */
   struct sweep s = {.r = r, .sorter = m.sorter, .now = started, .held_list = held};
+  int list_failed = 0;
+  s.lists = failed ? NULL : rstate_lists_begin(r->state, id, &err);
+  if (!failed && !s.lists) {
+    add_error(errors, "%s", err.msg);
+    failed = 1;
+  }
   /* A dedup hit refreshes last_upload_ms only once it is dedup_touch_interval old, so a blob
    * deduplicated within grace may carry a last_upload_ms up to that much older: protect it too
    * (invariant 6), or a grace shorter than the touch interval would not protect dedup hits. */
   uint64_t protect = cfg->grace_ms + cfg->dedup_touch_interval_ms;
   s.grace_cutoff = started > protect ? started - protect : 0;
+  s.protect = protect;
   s.retention_cutoff = started > cfg->retention_ms ? started - cfg->retention_ms : 0;
   uint64_t references = 0;
   if (!failed) {
@@ -620,13 +662,18 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
       restored = s.n[DO_RESTORE];
       deleted = s.n[DO_DELETE];
       reclaimed = s.bytes_delete;
+      list_decided(s.out, DO_RESTORE, s.lists, errors, &list_failed);
+      if (!refused) list_decided(s.out, DO_QUARANTINE, s.lists, errors, &list_failed);
+      list_decided(s.out, DO_DELETE, s.lists, errors, &list_failed);
     } else {
-      restored = apply_kind(r, s.out, DO_RESTORE, started, s.grace_cutoff, &reclaimed, errors);
+      restored = apply_kind(r, s.out, DO_RESTORE, started, s.grace_cutoff, &reclaimed, errors,
+                            s.lists, &list_failed);
       if (!refused)
-        quarantined =
-            apply_kind(r, s.out, DO_QUARANTINE, started, s.grace_cutoff, &reclaimed, errors);
+        quarantined = apply_kind(r, s.out, DO_QUARANTINE, started, s.grace_cutoff, &reclaimed,
+                                 errors, s.lists, &list_failed);
       reclaimed = 0;
-      deleted = apply_kind(r, s.out, DO_DELETE, started, s.grace_cutoff, &reclaimed, errors);
+      deleted = apply_kind(r, s.out, DO_DELETE, started, s.grace_cutoff, &reclaimed, errors,
+                           s.lists, &list_failed);
     }
     /* the cache keeps only files of retained snapshots */
     if (!opt->dry_run && m.nkept) {
@@ -635,6 +682,10 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
     }
   }
   if (s.out) fclose(s.out);
+  uint64_t listed[RL_NACTIONS] = {0}, list_bytes = 0;
+  if (s.lists && !list_failed && rstate_lists_flush(s.lists, listed, &list_bytes, &err) < 0)
+    add_error(errors, "lists: %s", err.msg);
+  rstate_lists_free(s.lists);
   /* deletes decided before and cut short (a crash, a full index) are decided already, whatever
    * the tables say now: the sweep finishes them (deleting records are always DO_DELETE); a run
    * that failed before its changes finishes them here */
@@ -653,11 +704,17 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   json_object_set_new(rep, "tables", tables);
   json_object_set_new(rep, "references", json_integer((json_int_t)references));
   json_object_set_new(rep, "references_missing", json_integer((json_int_t)s.missing));
-  json_object_set_new(rep, "blobs",
-                      json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "live", (json_int_t)s.live, "marked",
-                                (json_int_t)s.marked, "quarantined", (json_int_t)quarantined,
-                                "restored", (json_int_t)restored, "deleted", (json_int_t)deleted,
-                                "held_referenced", (json_int_t)s.held_referenced));
+  json_object_set_new(
+      rep, "blobs",
+      json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "live", (json_int_t)s.live, "marked",
+                (json_int_t)s.marked, "quarantined", (json_int_t)quarantined, "restored",
+                (json_int_t)restored, "deleted", (json_int_t)deleted, "held_referenced",
+                (json_int_t)s.held_referenced, "pending", (json_int_t)s.pending));
+  json_t *lists = json_object();
+  for (int a = 0; a < RL_NACTIONS; a++)
+    json_object_set_new(lists, rstate_action_name(a), json_integer((json_int_t)listed[a]));
+  json_object_set_new(lists, "bytes", json_integer((json_int_t)list_bytes));
+  json_object_set_new(rep, "lists", lists);
   json_object_set_new(rep, "bytes_reclaimed", json_integer((json_int_t)reclaimed));
   json_object_set_new(rep, "deletes_finished", json_integer((json_int_t)finished));
   json_object_set_new(rep, "refused", refused ? json_string(refused) : json_null());
@@ -678,6 +735,14 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   free(text);
   *report_out = rep;
   return failed ? -1 : 0;
+}
+
+int br_reconciler_list_page(br_reconciler *r, uint64_t id, const char *action, const uint8_t *after,
+                            size_t limit, int (*fn)(void *ud, const uint8_t d[D], uint64_t t_ms),
+                            void *ud, int *more, br_err *err) {
+  int a = rstate_action_parse(action);
+  if (a < 0) return br_fail(err, "no such list");
+  return rstate_list_page(r->state, id, a, after, limit, fn, ud, more, err);
 }
 
 char *br_reconciler_report(br_reconciler *r, uint64_t id, int *found, br_err *err) {
