@@ -38,6 +38,9 @@ typedef struct br_reconcile_options {
 br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err);
 void br_reconciler_close(br_reconciler *r);
 
+/* The upload leases reconcile honours (blobref/leases.h), kept beside its state. */
+struct br_leases *br_reconciler_leases(br_reconciler *r);
+
 /* A new run id (monotonic, kept across restarts); 0 on error. */
 uint64_t br_reconciler_next_id(br_reconciler *r, br_err *err);
 

@@ -17,6 +17,7 @@
 #include "blobref/delta.h"
 #include "blobref/iceberg.h"
 #include "blobref/iceberg_s3.h"
+#include "blobref/leases.h"
 #include "reconcile/internal.h"
 
 #define D BR_SHA256_LEN
@@ -27,6 +28,7 @@
 struct br_reconciler {
   br_reconcile_env env;
   rstate *state;
+  br_leases *leases;
   char state_dir[4096];
 };
 
@@ -44,6 +46,14 @@ br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err) {
     free(r);
     return NULL;
   }
+  char leases_dir[4200];
+  snprintf(leases_dir, sizeof leases_dir, "%s/leases", r->state_dir);
+  r->leases = br_leases_open(leases_dir, err);
+  if (!r->leases) {
+    rstate_close(r->state);
+    free(r);
+    return NULL;
+  }
   br_err ferr;
   int64_t finished = br_reconcile_finish_deletes(r, &ferr);
   if (finished < 0)
@@ -55,9 +65,12 @@ br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err) {
 
 void br_reconciler_close(br_reconciler *r) {
   if (!r) return;
+  br_leases_close(r->leases);
   rstate_close(r->state);
   free(r);
 }
+
+br_leases *br_reconciler_leases(br_reconciler *r) { return r->leases; }
 
 uint64_t br_reconciler_next_id(br_reconciler *r, br_err *err) {
   return rstate_next_run_id(r->state, err);
@@ -231,11 +244,14 @@ static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
   if (rec->state == BR_STATE_DELETING) {
     kind = DO_DELETE; /* decided before: finished, referenced or not (its bytes may be gone) */
   } else if (rec->state == BR_STATE_LIVE) {
-    if (!marked && rec->last_upload_ms < s->grace_cutoff) {
+    /* unreferenced: quarantined once past grace (and the touch slack) and every lease */
+    uint64_t leased = marked ? 0 : br_leased_until(s->r->leases, digest, br_now_ms(), NULL);
+    uint64_t eligible = rec->last_upload_ms + s->protect;
+    if (!marked && rec->last_upload_ms < s->grace_cutoff && !leased) {
       kind = DO_QUARANTINE;
-    } else if (!marked) { /* inside grace: eligible once grace (and the touch slack) ends */
+    } else if (!marked) {
       s->pending++;
-      if (rstate_lists_add(s->lists, RL_PENDING, digest, rec->last_upload_ms + s->protect,
+      if (rstate_lists_add(s->lists, RL_PENDING, digest, leased > eligible ? leased : eligible,
                            &s->err) < 0)
         return s->failed = 1;
     }
@@ -503,6 +519,27 @@ static void list_decided(FILE *f, enum decision kind, rstate_lists *lists, json_
     if (c.kind == kind) list_blob(lists, kind, c.digest, errors, list_failed);
 }
 
+/* Restores the blobs of a quarantine batch that a lease holds now. An upload, dedup hit or lookup
+ * with ?lease= attaches the blob (durably) before it reads the record, and this check runs after
+ * the batch committed: so either the lease was there for this check (the blob goes back to live,
+ * never deleted: a quarantine is only a 410 until restored), or the quarantine committed before
+ * the attach, and the caller's read sees it (a lookup reports it missing, an upload makes it live
+ * again). Restored blobs are marked not applied. */
+static void undo_leased(br_reconciler *r, br_change *batch, size_t n, uint64_t now,
+                        json_t *errors) {
+  for (size_t i = 0; i < n; i++) {
+    if (!batch[i].applied || !br_leased_until(r->leases, batch[i].digest, br_now_ms(), NULL))
+      continue;
+    br_change ch = {.kind = BR_CHANGE_RESTORE, .cutoff_ms = UINT64_MAX};
+    memcpy(ch.digest, batch[i].digest, D);
+    br_err err;
+    if (br_index_apply_changes(r->env.index, &ch, 1, now, &err) < 0)
+      add_error(errors, "index: %s (a leased blob stays quarantined)", err.msg);
+    else if (ch.applied)
+      batch[i].applied = 0;
+  }
+}
+
 /* Applies the decisions of one kind from the file, in batches, listing each one applied. Returns
  * the number applied. */
 static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64_t now,
@@ -531,6 +568,9 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
       }
       continue;
     }
+    /* a lease attached since the sweep wins (checked again after the batch, below) */
+    if (more && kind == DO_QUARANTINE && br_leased_until(r->leases, c.digest, br_now_ms(), NULL))
+      continue;
     if (more) {
       br_change *ch = &batch[n++];
       memset(ch, 0, sizeof *ch);
@@ -543,6 +583,7 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
       br_err err;
       if (br_index_apply_changes(env->index, batch, n, now, &err) < 0)
         add_error(errors, "index: %s", err.msg);
+      if (kind == DO_QUARANTINE) undo_leased(r, batch, n, now, errors);
       for (size_t i = 0; i < n; i++)
         if (batch[i].applied) {
           applied++;
@@ -573,6 +614,9 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   json_object_set_new(rep, "started_at", json_string(ts));
   br_err err = {{0}};
   int failed = 0;
+
+  if (!opt->dry_run && br_leases_prune(r->leases, started, &err) < 0)
+    add_error(errors, "%s", err.msg); /* expired leases hold nothing anyway */
 
   /* mark */
   struct mark m = {.r = r, .opt = opt};

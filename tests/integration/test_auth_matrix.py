@@ -30,7 +30,12 @@ ROUTES = [
     ("POST", "/v1/reconcile", "admin"),
     ("GET", "/v1/reconcile/runs", "read"),
     ("GET", "/v1/reconcile/runs/{id}", "read"),
+    ("GET", "/v1/reconcile/runs/{id}/blobs", "read"),
     ("POST", "/v1/lookup", "read"),
+    ("POST", "/v1/leases", "write"),
+    ("GET", "/v1/leases", "write"),
+    ("GET", "/v1/leases/{lease}", "write"),
+    ("DELETE", "/v1/leases/{lease}", "write"),
     ("GET", "/healthz", None),
     ("GET", "/readyz", None),
     ("GET", "/metrics", None),
@@ -81,6 +86,17 @@ def send(srv, method, pattern, caller, known):
     if pattern == "/v1/lookup":
         return requests.post(f"{srv.url}/v1/lookup", json={"hashes": [known, "0" * 64]},
                              headers=h, timeout=TIMEOUT)
+    if pattern == "/v1/leases" and method == "POST":
+        return requests.post(f"{srv.url}/v1/leases", json={"ttl": "1h", "name": "auth"},
+                             headers=h, timeout=TIMEOUT)
+    if pattern == "/v1/leases/{lease}":  # the write token's lease: its own, or an admin's view
+        lease = requests.post(f"{srv.url}/v1/leases", json={"ttl": "1h"},
+                              headers=headers_for("write"), timeout=TIMEOUT).json()["id"]
+        return requests.request(method, f"{srv.url}/v1/leases/{lease}", headers=h,
+                                timeout=TIMEOUT)
+    if pattern == "/v1/reconcile/runs/{id}/blobs":
+        return requests.get(f"{srv.url}/v1/reconcile/runs/1/blobs?action=pending", headers=h,
+                            timeout=TIMEOUT)
     if method == "DELETE" or pattern.endswith("/restore"):
         # a blob of its own (the shared one must stay readable for the other routes)
         own = fresh_blob(srv)
