@@ -175,3 +175,36 @@ def test_another_tokens_lease_is_not_found(tmp_path):
         assert r.status_code == 201, r.text
     finally:
         srv.stop()
+
+
+def test_python_client_lease_context_manager(tmp_path):
+    """`with client.lease(...) as l: l.put(...)`: attached while the block runs, released after."""
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "tools" / "python"))
+    import blobref
+
+    t = IceTable(tmp_path / "t")
+    srv = start(tmp_path, t, grace="1s")
+    api = Api(srv)
+    try:
+        keep = api.put(b"referenced")
+        t.write_data({"a.parquet": [keep]})
+        t.append("a.parquet")
+        old = api.put(b"old one")
+        c = blobref.Client(srv.url)
+        with c.lease("py-job", ttl="1h") as lease:
+            h = lease.put(b"under a lease")
+            assert [f["sha256"] for f in lease.lookup([old])["found"]] == [old]
+            info = api.s.get(f"{srv.url}/v1/leases/{lease.id}", timeout=30).json()
+            assert info["name"] == "py-job" and info["blobs"] == 2, info
+            time.sleep(GRACE + MARGIN)
+            rep = api.run()
+            assert quarantined(api, rep["id"]) == [] and sorted(pending(api, rep["id"])) == \
+                sorted([h, old])
+        assert api.s.get(f"{srv.url}/v1/leases", timeout=30).json()["leases"] == []
+        lease.release()  # twice: not an error
+        rep = api.run()
+        assert quarantined(api, rep["id"]) == sorted([h, old])
+    finally:
+        srv.stop()
