@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blobref/leases.h"
 #include "core/reconcile_runner.h"
 #include "http/handlers.h"
 
@@ -148,4 +149,95 @@ enum MHD_Result reconcile_run_blobs_get(struct request *req) {
   return reply_json(req, MHD_HTTP_OK,
                     json_pack("{s:I,s:s,s:o,s:o}", "run", (json_int_t)req->run_id, "action", action,
                               "blobs", blobs, "next", next));
+}
+
+/* GET /v1/blobs/{hash}/refs: why a blob is still here. The tables are read on a finisher thread
+ * (a targeted read of every retained snapshot's data files); the record and the leases say why
+ * an unreferenced blob is not quarantined yet. */
+struct refs_job {
+  json_t *tables;
+  char message[sizeof(br_err)];
+};
+
+static void refs_run(struct request *req) {
+  struct refs_job *j = req->job_data;
+  br_err err;
+  j->tables = br_reconciler_refs(reconcile_runner_reconciler(req->srv), req->digest, &err);
+  if (!j->tables) snprintf(j->message, sizeof j->message, "%s", err.msg);
+}
+
+enum MHD_Result blob_refs_get(struct request *req) {
+  if (!req->srv->reconcile) return reply_error(req, E_NOT_READY, "reconcile is not running");
+  if (req->phase != PHASE_RESUMED) {
+    struct refs_job *j = calloc(1, sizeof *j);
+    if (!j) return reply_error(req, E_INTERNAL, "out of memory");
+    req->job_data = j;
+    req->job_fn = refs_run;
+    if (request_finish_async(req, JOB_CALL) < 0)
+      return reply_error(req, E_NOT_READY, "the server is stopping");
+    return MHD_YES;
+  }
+  struct refs_job *j = req->job_data;
+  if (!j->tables) return reply_error(req, E_INTERNAL, "%s", j->message);
+  json_t *tables = j->tables;
+  j->tables = NULL;
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) {
+    json_decref(tables);
+    return reply_error(req, E_INTERNAL, "%s", err.msg);
+  }
+  int referenced = 0;
+  size_t i;
+  json_t *t;
+  json_array_foreach(tables, i, t) referenced |=
+      json_array_size(json_object_get(t, "data_files")) > 0;
+  char hex[BR_HEX_LEN + 1], ts[64], why[600];
+  br_hex_encode(req->digest, hex);
+  json_t *body =
+      json_pack("{s:s,s:o,s:b}", "sha256", hex, "tables", tables, "referenced", referenced);
+  const br_config *cfg = req->srv->cfg;
+  uint64_t now = br_now_ms();
+  br_leases *ls = br_reconciler_leases(reconcile_runner_reconciler(req->srv));
+  char lease_id[BR_LEASE_ID_LEN + 1] = "";
+  uint64_t leased = br_leased_until(ls, req->digest, now, lease_id);
+  uint64_t grace_end =
+      rc == 0 ? rec.last_upload_ms + cfg->grace_ms + cfg->dedup_touch_interval_ms : 0;
+  if (rc != 0) {
+    snprintf(why, sizeof why, "not in the index");
+  } else if (rec.state == BR_STATE_HELD) {
+    snprintf(why, sizeof why, "held by an admin: %s", rec.reason);
+  } else if (rec.state == BR_STATE_QUARANTINED) {
+    br_format_time_ms(rec.state_ms + cfg->retention_ms, ts, sizeof ts);
+    snprintf(why, sizeof why, "%s: quarantined, deleted by the first run after %s",
+             referenced ? "referenced (restored by the next run)" : "unreferenced", ts);
+  } else if (rec.state != BR_STATE_LIVE) {
+    snprintf(why, sizeof why, "being deleted");
+  } else if (referenced) {
+    snprintf(why, sizeof why, "referenced");
+  } else if (leased) {
+    br_lease l;
+    br_format_time_ms(leased, ts, sizeof ts);
+    int named = br_lease_get(ls, lease_id, now, &l, &err) == 1;
+    snprintf(why, sizeof why, "unreferenced, leased by %s (%s) until %s", lease_id,
+             named ? l.name : "?", ts);
+    json_object_set_new(
+        body, "lease",
+        json_pack("{s:s,s:s,s:s}", "id", lease_id, "name", named ? l.name : "", "until", ts));
+  } else if (grace_end > now) {
+    br_format_time_ms(grace_end, ts, sizeof ts);
+    snprintf(why, sizeof why, "unreferenced, in grace until %s", ts);
+    json_object_set_new(body, "grace_until", json_string(ts));
+  } else {
+    snprintf(why, sizeof why, "unreferenced: the next run quarantines it");
+  }
+  json_object_set_new(body, "state",
+                      json_string(rc != 0                             ? "absent"
+                                  : rec.state == BR_STATE_LIVE        ? "live"
+                                  : rec.state == BR_STATE_HELD        ? "held"
+                                  : rec.state == BR_STATE_QUARANTINED ? "quarantined"
+                                                                      : "deleting"));
+  json_object_set_new(body, "why", json_string(why));
+  return reply_json(req, MHD_HTTP_OK, body);
 }

@@ -38,6 +38,7 @@ enum MHD_Result reconcile_post(struct request *req);
 enum MHD_Result reconcile_runs_get(struct request *req);
 enum MHD_Result reconcile_run_get(struct request *req);
 enum MHD_Result reconcile_run_blobs_get(struct request *req);
+enum MHD_Result blob_refs_get(struct request *req); /* GET /v1/blobs/{hash}/refs */
 
 /* h_leases.c: POST/GET /v1/leases, GET/DELETE /v1/leases/{id}; and for uploads and lookups:
  * lease_take checks ?lease=ID (a live lease the token may use; else answers 404
