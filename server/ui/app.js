@@ -492,8 +492,34 @@
             : h("p", {}, "none"))),
       (run.tables || []).length ? h("section", { className: "panel" }, h("h3", {}, "Tables"),
         h("table", {}, h("thead", {}, h("tr", {}, Object.keys(run.tables[0]).map((k) => h("th", {}, k)))),
-          h("tbody", {}, run.tables.map((t) => h("tr", {}, Object.values(t).map((v) => h("td", {}, String(v)))))))) : null);
+          h("tbody", {}, run.tables.map((t) => h("tr", {}, Object.values(t).map((v) => h("td", {}, String(v)))))))) : null,
+      run.lists ? await runLists(run) : null);
     view.dataset.ready = "1";
+  }
+
+  // The run's blobs per action (the first RUN_LIST_PAGE of each), each linked to its blob page.
+  const RUN_LIST_PAGE = 100;
+  async function runLists(run) {
+    const actions = ["quarantined", "restored", "deleted", "held", "pending"];
+    const parts = [];
+    for (const a of actions) {
+      const n = run.lists[a] || 0;
+      if (!n) continue;
+      let page;
+      try {
+        page = await apiJson("/v1/reconcile/runs/" + run.id + "/blobs?action=" + a + "&limit=" + RUN_LIST_PAGE);
+      } catch (e) {
+        parts.push(h("div", { id: "run-list-" + a }, h("h4", {}, a), errorBox(e)));
+        continue;
+      }
+      parts.push(h("div", { id: "run-list-" + a },
+        h("h4", {}, a + " (" + fmtInt(n) + (n > page.blobs.length ? ", the first " + page.blobs.length + " shown" : "") + ")"),
+        h("ul", { className: "mono" }, page.blobs.map((x) => h("li", {},
+          h("a", { href: "#blob/" + x.sha256 }, x.sha256),
+          x.eligible_at ? " eligible at " + fmtTime(x.eligible_at) : "")))));
+    }
+    return h("section", { className: "panel", id: "run-lists" }, h("h3", {}, "Blobs"),
+      parts.length ? parts : h("p", {}, "none listed"));
   }
 
   // ---- blobs ------------------------------------------------------------------------------

@@ -290,6 +290,11 @@ def test_console_in_a_browser(console):
     # what a real run would do: the three unreferenced blobs past grace (1 s) are quarantined
     assert rep["blobs"]["quarantined"] == 3, rep
     assert "3" in b.text("#view")
+    # the run page lists those three blobs, each linked to its blob page
+    links = b.eval("Array.from(document.querySelectorAll('#run-list-quarantined a'))"
+                   ".map((a) => a.getAttribute('href'))")
+    assert sorted(links) == sorted(f"#blob/{x}" for x in h["others"]), links
+    assert "quarantined (3)" in b.text("#run-list-quarantined h4")
     b.screenshot("reconcile-run.png")
     b.hash("#reconcile")
     assert b.eval("document.querySelectorAll('#runs tbody tr').length") == 1
