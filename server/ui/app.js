@@ -385,12 +385,17 @@
 
   const RUN_COLS = ["marked", "quarantined", "restored", "deleted"];
 
+  // A run that ended but that a guard (max_fraction) refused shows as refused, not done.
+  function runState(run) {
+    return run.state === "done" && run.refused ? "refused" : run.state;
+  }
+
   function runRow(run) {
     const b = run.blobs || {};
     return h("tr", { className: "clickable", onclick: () => (location.hash = "#reconcile/" + run.id) },
       h("td", { className: "num" }, h("a", { href: "#reconcile/" + run.id }, "#" + run.id)),
       h("td", {}, fmtTime(run.started_at)),
-      h("td", {}, h("span", { className: "state-" + run.state }, run.state), run.dry_run ? " (dry run)" : ""),
+      h("td", {}, h("span", { className: "state-" + runState(run) }, runState(run)), run.dry_run ? " (dry run)" : ""),
       RUN_COLS.map((c) => h("td", { className: "num" }, b[c] === undefined ? "–" : fmtInt(b[c]))),
       h("td", { className: "num" }, run.bytes_reclaimed === undefined ? "–" : fmtBytes(run.bytes_reclaimed)),
       h("td", { className: "num" }, run.phases ? ((run.phases.mark_ms + run.phases.sweep_ms + run.phases.delete_ms) / 1000).toFixed(2) + " s" : "–"));
@@ -472,7 +477,7 @@
       h("h2", { id: "run-title" }, title),
       h("div", { className: "two" },
         h("section", { className: "panel" }, h("h3", {}, "Summary"), dl([
-          ["state", h("span", { className: "state-" + run.state, id: "run-state" }, run.state)],
+          ["state", h("span", { className: "state-" + runState(run), id: "run-state" }, runState(run))],
           ["started", fmtTime(run.started_at)], ["finished", fmtTime(run.finished_at)],
           ["options", ["dry_run", "force", "full"].filter((k) => run[k]).join(", ") || "none"],
           ["references", fmtInt(run.references)], ["references missing", fmtInt(run.references_missing)],
