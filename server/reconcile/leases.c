@@ -244,8 +244,26 @@ uint64_t br_leased_until(br_leases *l, const uint8_t d[D], uint64_t now, char id
 }
 
 int64_t br_leases_prune(br_leases *l, uint64_t now, br_err *err) {
+  int live_only = 1; /* no write (and no sync) when nothing expired */
   MDB_txn *txn;
-  int rc = mdb_txn_begin(l->env, NULL, 0, &txn);
+  int rc = mdb_txn_begin(l->env, NULL, MDB_RDONLY, &txn);
+  if (rc) return fail(err, "read", rc);
+  MDB_cursor *c;
+  if (mdb_cursor_open(txn, l->leases, &c) == 0) {
+    MDB_val k, v;
+    int op = MDB_FIRST;
+    while (live_only && mdb_cursor_get(c, &k, &v, op) == 0) {
+      op = MDB_NEXT;
+      br_lease rec;
+      if (v.mv_size != sizeof rec) continue;
+      memcpy(&rec, v.mv_data, sizeof rec);
+      if (rec.expires_ms <= now) live_only = 0;
+    }
+    mdb_cursor_close(c);
+  }
+  mdb_txn_abort(txn);
+  if (live_only) return 0;
+  rc = mdb_txn_begin(l->env, NULL, 0, &txn);
   if (rc) return fail(err, "write", rc);
   MDB_cursor *cur;
   rc = mdb_cursor_open(txn, l->leases, &cur);

@@ -469,15 +469,16 @@ rstate_lists *rstate_lists_begin(rstate *st, uint64_t run, br_err *err) {
   uint8_t prefix[LIST_KEY];
   list_key(run, 0, 0, prefix);
   MDB_val k = {sizeof prefix, prefix}, v;
-  int op = MDB_SET_RANGE;
+  int op = MDB_SET_RANGE, dropped = 0;
   while (rc == 0 && (rc = mdb_cursor_get(cur, &k, &v, op)) == 0) {
     op = MDB_NEXT;
     if (k.mv_size < 8 || memcmp(k.mv_data, prefix, 8)) break;
     rc = mdb_cursor_del(cur, 0);
+    dropped++;
   }
   if (rc == MDB_NOTFOUND) rc = 0;
   if (cur) mdb_cursor_close(cur);
-  if (rc)
+  if (rc || !dropped) /* nothing left by a crashed run (the usual case): no commit, no sync */
     mdb_txn_abort(txn);
   else
     rc = mdb_txn_commit(txn);
@@ -514,8 +515,29 @@ int rstate_lists_add(rstate_lists *l, int a, const uint8_t d[D], uint64_t t_ms, 
 
 int rstate_lists_flush(rstate_lists *l, uint64_t counts[RL_NACTIONS], uint64_t *bytes,
                        br_err *err) {
-  int rc = 0;
-  for (int a = 0; a < RL_NACTIONS && rc == 0; a++) rc = lists_flush_one(l, a, err);
+  /* the last chunks of every action in one commit (one sync per run for a small run) */
+  int rc = batch_flush(l->st, err);
+  MDB_txn *txn = NULL;
+  if (rc == 0 && (rc = mdb_txn_begin(l->st->env, NULL, 0, &txn))) rc = fail(err, "lists", rc);
+  size_t written = 0;
+  for (int a = 0; a < RL_NACTIONS && rc == 0; a++) {
+    if (!l->n[a]) continue;
+    uint8_t key[LIST_KEY];
+    list_key(l->run, a, ++l->chunks[a], key);
+    MDB_val k = {sizeof key, key}, v = {l->n[a] * list_stride(a), l->buf[a]};
+    int mrc = mdb_put(txn, l->st->lists, &k, &v, 0);
+    if (mrc) rc = fail(err, "lists", mrc);
+    written += v.mv_size;
+    l->n[a] = 0;
+  }
+  if (txn && rc) mdb_txn_abort(txn);
+  if (txn && !rc) {
+    int mrc = mdb_txn_commit(txn);
+    if (mrc)
+      rc = fail(err, "lists", mrc);
+    else
+      l->bytes += written;
+  }
   for (int a = 0; a < RL_NACTIONS; a++) counts[a] = l->count[a];
   *bytes = l->bytes;
   return rc;
