@@ -33,6 +33,10 @@ static const struct command {
      "hold HASH [--reason TEXT]                        quarantine a blob by hand (admin)", NULL},
     {"restore", cmd_restore,
      "restore HASH                                     un-quarantine a blob (admin)", NULL},
+    {"why", cmd_why,
+     "why HASH                                         what keeps a blob, or why it is not "
+     "quarantined",
+     NULL},
     {"extract-parquet", cmd_extract_parquet,
      "extract-parquet IN OUT --column NAME [--as NEW] [--form hex|binary]   binaries -> SHA-256",
      NULL},

@@ -11,7 +11,9 @@
 static const char reconcile_usage[] =
     "usage: blobref reconcile [--dry-run] [--force] [--full] [--wait]\n"
     "       blobref reconcile runs        the latest runs, newest first: ID STATE STARTED ...\n"
-    "       blobref reconcile show ID     one run's report\n"
+    "       blobref reconcile show ID [--action A]\n"
+    "                                     one run's report, or its list of blobs of action A:\n"
+    "                                     quarantined, restored, deleted, pending or held\n"
     "  --dry-run  decide and report, change nothing\n"
     "  --force    quarantine even over max_fraction\n"
     "  --full     read every data file again (ignore the cache)\n"
@@ -43,6 +45,17 @@ static void print_summary(json_t *rep) {
       json_is_true(json_object_get(rep, "dry_run")) ? " (dry run: nothing changed)" : "");
   const char *refused = json_string_value(json_object_get(rep, "refused"));
   if (refused) printf("refused: %s\n", refused);
+  json_t *l = json_object_get(rep, "lists");
+  if (json_is_object(l))
+    printf(
+        "listed: %lld quarantined, %lld restored, %lld deleted, %lld held, %lld pending (%lld "
+        "bytes); see 'blobref reconcile show ID --action A'\n",
+        (long long)json_integer_value(json_object_get(l, "quarantined")),
+        (long long)json_integer_value(json_object_get(l, "restored")),
+        (long long)json_integer_value(json_object_get(l, "deleted")),
+        (long long)json_integer_value(json_object_get(l, "held")),
+        (long long)json_integer_value(json_object_get(l, "pending")),
+        (long long)json_integer_value(json_object_get(l, "bytes")));
   json_t *errs = json_object_get(rep, "errors");
   for (size_t i = 0; i < json_array_size(errs); i++)
     printf("error: %s\n", json_string_value(json_array_get(errs, i)));
@@ -86,6 +99,50 @@ static void print_runs(json_t *reply) {
   }
 }
 
+/* Prints every blob of one run's list, page by page: one "HASH [ELIGIBLE_AT]" line each, or with
+ * --json one document {"run","action","blobs":[...]}. Returns the exit status. */
+static int show_list(const cli_globals *g, const char *id, const char *action) {
+  json_t *all = json_array();
+  char after[BR_HEX_LEN + 1] = "";
+  int rc = CLI_EXIT_OK;
+  for (;;) {
+    char path[256];
+    snprintf(path, sizeof path, "/v1/reconcile/runs/%s/blobs?action=%s&limit=1000%s%s", id, action,
+             *after ? "&after=" : "", after);
+    long status = 0;
+    json_t *reply = NULL;
+    br_err err;
+    if (br_http_json(g->server, g->token, "GET", path, NULL, &status, &reply, &err) < 0) {
+      fprintf(stderr, "blobref reconcile: %s\n", err.msg);
+      rc = CLI_EXIT_FAILURE;
+      break;
+    }
+    json_t *blobs = json_object_get(reply, "blobs");
+    for (size_t i = 0; i < json_array_size(blobs); i++) {
+      json_t *b = json_array_get(blobs, i);
+      if (g->json) {
+        json_array_append(all, b);
+        continue;
+      }
+      const char *when = json_string_value(json_object_get(b, "eligible_at"));
+      printf("%s%s%s\n", json_string_value(json_object_get(b, "sha256")), when ? " " : "",
+             when ? when : "");
+    }
+    const char *next = json_string_value(json_object_get(reply, "next"));
+    if (next) snprintf(after, sizeof after, "%s", next);
+    json_decref(reply);
+    if (!next) break;
+  }
+  if (rc == CLI_EXIT_OK && g->json) {
+    json_t *doc = json_pack("{s:I,s:s,s:O}", "run", (json_int_t)strtoll(id, NULL, 10), "action",
+                            action, "blobs", all);
+    if (print_json(doc) < 0) rc = CLI_EXIT_FAILURE;
+    json_decref(doc);
+  }
+  json_decref(all);
+  return rc == CLI_EXIT_OK && fflush(stdout) != 0 ? CLI_EXIT_FAILURE : rc;
+}
+
 int cmd_reconcile(const cli_globals *g, int argc, char **argv) {
   int dry = 0, force = 0, full = 0, wait = 0;
   if (argc >= 2 && !strcmp(argv[1], "runs")) {
@@ -94,8 +151,23 @@ int cmd_reconcile(const cli_globals *g, int argc, char **argv) {
   }
   if (argc >= 2 && !strcmp(argv[1], "show")) {
     char *end;
-    if (argc != 3 || !*argv[2] || strtoull(argv[2], &end, 10) == 0 || *end)
+    const char *action = NULL;
+    if (argc == 5 && !strcmp(argv[3], "--action")) {
+      action = argv[4];
+      static const char *const actions[] = {"quarantined", "restored", "deleted", "pending",
+                                            "held"};
+      int known = 0;
+      for (size_t i = 0; i < sizeof actions / sizeof *actions; i++)
+        known |= !strcmp(action, actions[i]);
+      if (!known)
+        return br_cli_usage_error("reconcile show",
+                                  "--action is quarantined, restored, deleted, pending or held");
+    } else if (argc != 3) {
+      return br_cli_usage_error("reconcile show", "expected one run ID [--action A]");
+    }
+    if (!*argv[2] || strtoull(argv[2], &end, 10) == 0 || *end)
       return br_cli_usage_error("reconcile show", "expected one run ID (a positive number)");
+    if (action) return show_list(g, argv[2], action);
     char path[128];
     snprintf(path, sizeof path, "/v1/reconcile/runs/%s", argv[2]);
     return reconcile_get(g, path, print_summary);

@@ -26,6 +26,7 @@ int cmd_lookup(const cli_globals *g, int argc, char **argv);
 int cmd_refs(const cli_globals *g, int argc, char **argv);
 int cmd_reconcile(const cli_globals *g, int argc, char **argv);
 int cmd_restore(const cli_globals *g, int argc, char **argv);
+int cmd_why(const cli_globals *g, int argc, char **argv);
 int cmd_ls(const cli_globals *g, int argc, char **argv);
 int cmd_hold(const cli_globals *g, int argc, char **argv);
 int cmd_token(const cli_globals *g, int argc, char **argv);

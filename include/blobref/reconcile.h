@@ -38,6 +38,9 @@ typedef struct br_reconcile_options {
 br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err);
 void br_reconciler_close(br_reconciler *r);
 
+/* The upload leases reconcile honours (blobref/leases.h), kept beside its state. */
+struct br_leases *br_reconciler_leases(br_reconciler *r);
+
 /* A new run id (monotonic, kept across restarts); 0 on error. */
 uint64_t br_reconciler_next_id(br_reconciler *r, br_err *err);
 
@@ -57,6 +60,19 @@ int64_t br_reconcile_finish_deletes(br_reconciler *r, br_err *err);
 
 /* Stored reports: JSON text (malloc'd) of run id, or NULL with *found = 0. */
 char *br_reconciler_report(br_reconciler *r, uint64_t id, int *found, br_err *err);
+/* A page of run id's blob list action ("quarantined", "restored", "deleted", "held" or "pending"):
+ * fn gets up to limit blobs past after (NULL: from the first), ascending, with t_ms the time a
+ * pending blob becomes eligible (0 for the others); *more = 1 when more follow. A run without
+ * lists gives none. Returns 0, or -1 + err. */
+int br_reconciler_list_page(br_reconciler *r, uint64_t id, const char *action, const uint8_t *after,
+                            size_t limit,
+                            int (*fn)(void *ud, const uint8_t d[BR_SHA256_LEN], uint64_t t_ms),
+                            void *ud, int *more, br_err *err);
+/* Which configured tables reference the blob, read now (every live data file of every retained
+ * snapshot, a targeted read that does not use the run's cache): a JSON array of {"name",
+ * "data_files":[{"path","snapshots":[ids]}]} or {"name","error"}. NULL + err when a table's
+ * store cannot be opened. Costs a full read of the tables: bounded by them, not by the index. */
+json_t *br_reconciler_refs(br_reconciler *r, const uint8_t digest[BR_SHA256_LEN], br_err *err);
 /* Up to limit reports, newest first, as a JSON array (new reference). */
 json_t *br_reconciler_reports(br_reconciler *r, size_t limit, br_err *err);
 

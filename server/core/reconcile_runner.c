@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "blobref/leases.h"
 #include "core/reconcile_runner.h"
 #include "core/server.h"
 
@@ -203,6 +204,16 @@ void reconcile_runner_metrics(br_server *srv, void (*emit)(void *ud, const char 
            rr->last_seconds, rr->running_id ? 1 : 0);
   emit(ud, line);
   pthread_mutex_unlock(&rr->lock);
+  uint64_t nleases = 0, nleased = 0;
+  br_leases_stats(br_reconciler_leases(rr->rec), br_now_ms(), &nleases, &nleased);
+  snprintf(line, sizeof line,
+           "# HELP blobref_leases Live upload leases.\n# TYPE blobref_leases gauge\n"
+           "blobref_leases %" PRIu64
+           "\n"
+           "# HELP blobref_leased_blobs Blobs attached to live leases (counted once per lease).\n"
+           "# TYPE blobref_leased_blobs gauge\nblobref_leased_blobs %" PRIu64 "\n",
+           nleases, nleased);
+  emit(ud, line);
 }
 
 int reconcile_runner_request(br_server *srv, const br_reconcile_options *opt, uint64_t *id,
@@ -251,3 +262,5 @@ json_t *reconcile_runner_reports(br_server *srv, size_t max, br_err *err) {
 char *reconcile_runner_report(br_server *srv, uint64_t id, int *found, br_err *err) {
   return br_reconciler_report(srv->reconcile->rec, id, found, err);
 }
+
+br_reconciler *reconcile_runner_reconciler(br_server *srv) { return srv->reconcile->rec; }

@@ -28,6 +28,8 @@ char *reconcile_runner_report(br_server *srv, uint64_t id, int *found, br_err *e
 /* When the next periodic run is due (ms since the epoch), or 0: none is scheduled (interval =
  * 0) or a run is under way (the next is scheduled when it ends). */
 uint64_t reconcile_runner_next_ms(br_server *srv);
+/* The reconciler itself, for reading a run's blob lists (br_reconciler_list_page). */
+br_reconciler *reconcile_runner_reconciler(br_server *srv);
 /* Appends the runner's Prometheus lines (runs by result, the last run's figures). */
 void reconcile_runner_metrics(br_server *srv, void (*emit)(void *ud, const char *line), void *ud);
 

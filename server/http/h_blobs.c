@@ -89,6 +89,9 @@ static enum MHD_Result refuse_held(struct request *req) {
 enum MHD_Result put_begin(struct request *req) {
   enum MHD_Result r = upload_begin_common(req);
   if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
+  r = lease_take(req); /* an unknown lease refuses the upload before its body */
+  if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
+  if (lease_attach(req, req->digest, 1, &r) < 0) return r; /* before the record is read */
   br_record rec;
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
@@ -108,6 +111,8 @@ enum MHD_Result put_begin(struct request *req) {
 
 enum MHD_Result post_begin(struct request *req) {
   enum MHD_Result r = upload_begin_common(req);
+  if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
+  r = lease_take(req);
   if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
   return open_writer(req);
 }
@@ -204,6 +209,12 @@ enum MHD_Result upload_finish(struct request *req) {
     req->has_digest = 1;
   }
   if (req->writer) br_store_write_set_digest(req->writer, req->digest);
+  enum MHD_Result lr;
+  if (req->lease[0] && req->route->begin == post_begin &&
+      lease_attach(req, req->digest, 1, &lr) < 0) { /* POST: the hash is known now */
+    request_free_upload(req);
+    return lr;
+  }
   br_record rec;
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);

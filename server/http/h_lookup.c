@@ -108,7 +108,29 @@ enum MHD_Result lookup_finish(struct request *req) {
   if (lookup_parse(req->body ? req->body : "", req->body_len, req->srv->cfg->max_lookup_hashes,
                    &digests, &n, &e, msg, sizeof msg) < 0)
     return reply_error(req, e, "%s", msg);
-  enum MHD_Result r;
+  enum MHD_Result r = lease_take(req);
+  if (req->phase == PHASE_ANSWERED || r != MHD_YES) {
+    free(digests);
+    return r;
+  }
+  /* ?lease=ID: the blobs present are attached first, then read (and reported) below */
+  if (req->lease[0]) {
+    uint8_t *present = malloc(n ? n * BR_SHA256_LEN : 1);
+    size_t npresent = 0;
+    for (size_t i = 0; present && i < n; i++) {
+      br_record rec;
+      br_err err;
+      if (br_index_get(req->srv->index, digests + i * BR_SHA256_LEN, &rec, &err) == 0 &&
+          rec.state == BR_STATE_LIVE)
+        memcpy(present + npresent++ * BR_SHA256_LEN, digests + i * BR_SHA256_LEN, BR_SHA256_LEN);
+    }
+    int rc = present ? lease_attach(req, present, npresent, &r) : -1;
+    free(present);
+    if (rc < 0) {
+      free(digests);
+      return present ? r : reply_error(req, E_INTERNAL, "out of memory");
+    }
+  }
   json_t *found = json_array(), *missing = json_array();
   for (size_t i = 0; i < n; i++) {
     const uint8_t *digest = digests + i * BR_SHA256_LEN;

@@ -1,10 +1,12 @@
-/* POST /v1/reconcile and GET /v1/reconcile/runs[/{id}]: asking the core's runner for a run and
- * reading its reports. */
+/* POST /v1/reconcile and GET /v1/reconcile/runs[/{id}[/blobs]]: asking the core's runner for a
+ * run and reading its reports and blob lists. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "blobref/leases.h"
 #include "core/reconcile_runner.h"
 #include "http/handlers.h"
 
@@ -83,4 +85,164 @@ enum MHD_Result reconcile_run_get(struct request *req) {
   free(text);
   if (!j) return reply_error(req, E_INTERNAL, "a stored report does not parse");
   return reply_json(req, MHD_HTTP_OK, j);
+}
+
+#define RUN_BLOBS_DEFAULT_LIMIT 100
+#define RUN_BLOBS_MAX_LIMIT 1000
+
+/* Appends one listed blob ({"sha256"}, pending ones with "eligible_at") to the array ud. */
+static int add_listed(void *ud, const uint8_t d[BR_SHA256_LEN], uint64_t t_ms) {
+  char hex[BR_HEX_LEN + 1], ts[64];
+  br_hex_encode(d, hex);
+  json_t *e = json_pack("{s:s}", "sha256", hex);
+  if (e && t_ms) {
+    br_format_time_ms(t_ms, ts, sizeof ts);
+    json_object_set_new(e, "eligible_at", json_string(ts));
+  }
+  return !e || json_array_append_new(ud, e) != 0;
+}
+
+/* GET /v1/reconcile/runs/{id}/blobs?action=A[&after=HEX][&limit=N]: one page of the run's list of
+ * blobs quarantined, restored, deleted, held (by an admin, while referenced) or pending. */
+enum MHD_Result reconcile_run_blobs_get(struct request *req) {
+  if (!req->srv->reconcile) return reply_error(req, E_NOT_READY, "reconcile is not running");
+  const char *action = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "action");
+  const char *after_s = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "after");
+  const char *limit_s = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "limit");
+  static const char *const actions[] = {"quarantined", "restored", "deleted", "pending", "held"};
+  int known = 0;
+  for (size_t i = 0; action && i < sizeof actions / sizeof *actions; i++)
+    known |= !strcmp(action, actions[i]);
+  if (!known)
+    return reply_error(req, E_BAD_REQUEST,
+                       "action must be quarantined, restored, deleted, pending or held");
+  uint8_t after[BR_SHA256_LEN];
+  if (after_s && *after_s && br_blob_id_parse(after_s, strlen(after_s), after) < 0)
+    return reply_error(req, E_BAD_HASH, "after must be 64 lowercase hex digits");
+  unsigned long limit = RUN_BLOBS_DEFAULT_LIMIT;
+  if (limit_s) {
+    char *end = NULL;
+    errno = 0;
+    limit = strtoul(limit_s, &end, 10);
+    if (errno || end == limit_s || *end || limit_s[0] == '-' || limit_s[0] == '+' || limit < 1 ||
+        limit > RUN_BLOBS_MAX_LIMIT)
+      return reply_error(req, E_BAD_REQUEST, "limit must be a number from 1 to %d",
+                         RUN_BLOBS_MAX_LIMIT);
+  }
+  json_t *cur = reconcile_runner_current(req->srv, req->run_id);
+  if (cur) {
+    json_decref(cur);
+    return reply_error(req, E_RECONCILE_RUNNING,
+                       "run %" PRIu64 " is running: its lists are complete when it ends",
+                       req->run_id);
+  }
+  br_err err;
+  int found = 0;
+  free(reconcile_runner_report(req->srv, req->run_id, &found, &err));
+  if (!found) return reply_error(req, E_NOT_FOUND, "no run %" PRIu64, req->run_id);
+  json_t *blobs = json_array();
+  int more = 0;
+  if (!blobs || br_reconciler_list_page(reconcile_runner_reconciler(req->srv), req->run_id, action,
+                                        after_s && *after_s ? after : NULL, limit, add_listed,
+                                        blobs, &more, &err) < 0) {
+    json_decref(blobs);
+    return reply_error(req, E_INTERNAL, "%s", blobs ? err.msg : "out of memory");
+  }
+  json_t *next = json_null();
+  size_t n = json_array_size(blobs);
+  if (more && n) next = json_incref(json_object_get(json_array_get(blobs, n - 1), "sha256"));
+  return reply_json(req, MHD_HTTP_OK,
+                    json_pack("{s:I,s:s,s:o,s:o}", "run", (json_int_t)req->run_id, "action", action,
+                              "blobs", blobs, "next", next));
+}
+
+/* GET /v1/blobs/{hash}/refs: why a blob is still here. The tables are read on a finisher thread
+ * (a targeted read of every retained snapshot's data files); the record and the leases say why
+ * an unreferenced blob is not quarantined yet. */
+struct refs_job {
+  json_t *tables;
+  char message[sizeof(br_err)];
+};
+
+static void refs_run(struct request *req) {
+  struct refs_job *j = req->job_data;
+  br_err err;
+  j->tables = br_reconciler_refs(reconcile_runner_reconciler(req->srv), req->digest, &err);
+  if (!j->tables) snprintf(j->message, sizeof j->message, "%s", err.msg);
+}
+
+enum MHD_Result blob_refs_get(struct request *req) {
+  if (!req->srv->reconcile) return reply_error(req, E_NOT_READY, "reconcile is not running");
+  if (req->phase != PHASE_RESUMED) {
+    struct refs_job *j = calloc(1, sizeof *j);
+    if (!j) return reply_error(req, E_INTERNAL, "out of memory");
+    req->job_data = j;
+    req->job_fn = refs_run;
+    if (request_finish_async(req, JOB_CALL) < 0)
+      return reply_error(req, E_NOT_READY, "the server is stopping");
+    return MHD_YES;
+  }
+  struct refs_job *j = req->job_data;
+  if (!j->tables) return reply_error(req, E_INTERNAL, "%s", j->message);
+  json_t *tables = j->tables;
+  j->tables = NULL;
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) {
+    json_decref(tables);
+    return reply_error(req, E_INTERNAL, "%s", err.msg);
+  }
+  int referenced = 0;
+  size_t i;
+  json_t *t;
+  json_array_foreach(tables, i, t) referenced |=
+      json_array_size(json_object_get(t, "data_files")) > 0;
+  char hex[BR_HEX_LEN + 1], ts[64], why[600];
+  br_hex_encode(req->digest, hex);
+  json_t *body =
+      json_pack("{s:s,s:o,s:b}", "sha256", hex, "tables", tables, "referenced", referenced);
+  const br_config *cfg = req->srv->cfg;
+  uint64_t now = br_now_ms();
+  br_leases *ls = br_reconciler_leases(reconcile_runner_reconciler(req->srv));
+  char lease_id[BR_LEASE_ID_LEN + 1] = "";
+  uint64_t leased = br_leased_until(ls, req->digest, now, lease_id);
+  uint64_t grace_end =
+      rc == 0 ? rec.last_upload_ms + cfg->grace_ms + cfg->dedup_touch_interval_ms : 0;
+  if (rc != 0) {
+    snprintf(why, sizeof why, "not in the index");
+  } else if (rec.state == BR_STATE_HELD) {
+    snprintf(why, sizeof why, "held by an admin: %s", rec.reason);
+  } else if (rec.state == BR_STATE_QUARANTINED) {
+    br_format_time_ms(rec.state_ms + cfg->retention_ms, ts, sizeof ts);
+    snprintf(why, sizeof why, "%s: quarantined, deleted by the first run after %s",
+             referenced ? "referenced (restored by the next run)" : "unreferenced", ts);
+  } else if (rec.state != BR_STATE_LIVE) {
+    snprintf(why, sizeof why, "being deleted");
+  } else if (referenced) {
+    snprintf(why, sizeof why, "referenced");
+  } else if (leased) {
+    br_lease l;
+    br_format_time_ms(leased, ts, sizeof ts);
+    int named = br_lease_get(ls, lease_id, now, &l, &err) == 1;
+    snprintf(why, sizeof why, "unreferenced, leased by %s (%s) until %s", lease_id,
+             named ? l.name : "?", ts);
+    json_object_set_new(
+        body, "lease",
+        json_pack("{s:s,s:s,s:s}", "id", lease_id, "name", named ? l.name : "", "until", ts));
+  } else if (grace_end > now) {
+    br_format_time_ms(grace_end, ts, sizeof ts);
+    snprintf(why, sizeof why, "unreferenced, in grace until %s", ts);
+    json_object_set_new(body, "grace_until", json_string(ts));
+  } else {
+    snprintf(why, sizeof why, "unreferenced: the next run quarantines it");
+  }
+  json_object_set_new(body, "state",
+                      json_string(rc != 0                             ? "absent"
+                                  : rec.state == BR_STATE_LIVE        ? "live"
+                                  : rec.state == BR_STATE_HELD        ? "held"
+                                  : rec.state == BR_STATE_QUARANTINED ? "quarantined"
+                                                                      : "deleting"));
+  json_object_set_new(body, "why", json_string(why));
+  return reply_json(req, MHD_HTTP_OK, body);
 }

@@ -45,6 +45,19 @@ enum MHD_Result jobs_post(struct request *req);
 enum MHD_Result jobs_get_all(struct request *req);
 enum MHD_Result job_get(struct request *req);
 enum MHD_Result job_cancel(struct request *req);
+enum MHD_Result reconcile_run_blobs_get(struct request *req);
+enum MHD_Result blob_refs_get(struct request *req); /* GET /v1/blobs/{hash}/refs */
+
+/* h_leases.c: POST/GET /v1/leases, GET/DELETE /v1/leases/{id}; and for uploads and lookups:
+ * lease_take checks ?lease=ID (a live lease the token may use; else answers 404
+ * lease_not_found) into req->lease, lease_attach attaches blobs to it (0, or -1 with *r the
+ * answered error). */
+enum MHD_Result leases_post(struct request *req);
+enum MHD_Result leases_get(struct request *req);
+enum MHD_Result lease_get(struct request *req);
+enum MHD_Result lease_delete(struct request *req);
+enum MHD_Result lease_take(struct request *req);
+int lease_attach(struct request *req, const uint8_t *digests, size_t n, enum MHD_Result *r);
 /* h_health.c: /healthz, /readyz, /metrics. */
 enum MHD_Result health_get(struct request *req);
 enum MHD_Result ready_get(struct request *req);

@@ -53,6 +53,8 @@ enum br_api_error {
   E_KEY_IN_USE,
   E_BLOB_DELETING,
   E_JOB_CONFLICT,
+  E_LEASE_NOT_FOUND,
+  E_LEASE_FULL,
   E_INTERNAL,
   E__COUNT
 };
@@ -158,6 +160,7 @@ struct request {
   char request_id[BR_MAX_REQUEST_ID + 1];
   char remote[48];
   char token_name[128];     /* the matched [token NAME], never the token */
+  char lease[33];           /* the ?lease= of an upload or lookup, checked (h_leases.c) */
   uint64_t json_reserved;   /* bytes of max_json_inflight this request holds */
   struct conn_track *track; /* the connection's slow-client record */
 };

@@ -52,6 +52,8 @@ static const struct {
     [E_KEY_IN_USE] = {"key_in_use", 409},
     [E_BLOB_DELETING] = {"blob_deleting", 409},
     [E_JOB_CONFLICT] = {"job_conflict", 409},
+    [E_LEASE_NOT_FOUND] = {"lease_not_found", 404},
+    [E_LEASE_FULL] = {"lease_full", 409},
     [E_INTERNAL] = {"internal", 500},
 };
 

@@ -64,4 +64,36 @@ char *rstate_get_report(rstate *st, uint64_t id, int *found, br_err *err);
 int rstate_each_report(rstate *st, size_t limit, int (*fn)(void *ud, uint64_t id, const char *json),
                        void *ud, br_err *err);
 
+/* --- per-run blob lists ------------------------------------------------------------------------
+ * Each run's blobs per action, in chunks of raw digests (32 bytes a blob; pending ones carry the
+ * u64 time they become eligible: 40 bytes), keyed by (run, action, chunk). Added in ascending
+ * digest order per action; pruned with the run's report. */
+
+enum rstate_action {
+  RL_QUARANTINED,
+  RL_RESTORED,
+  RL_DELETED,
+  RL_HELD,    /* held by an admin while referenced */
+  RL_PENDING, /* unreferenced, left because inside grace or leased: with its eligibility time */
+  RL_NACTIONS
+};
+const char *rstate_action_name(int action);
+int rstate_action_parse(const char *name); /* -1 when unknown */
+
+typedef struct rstate_lists rstate_lists;
+/* Starts the lists of run (dropping any a crashed run left under the same id). */
+rstate_lists *rstate_lists_begin(rstate *st, uint64_t run, br_err *err);
+/* Appends one blob (t_ms: the eligibility time, pending only). Digests ascending per action. */
+int rstate_lists_add(rstate_lists *l, int action, const uint8_t d[BR_SHA256_LEN], uint64_t t_ms,
+                     br_err *err);
+/* Writes what is buffered; counts[action] and *bytes (the values stored) as written so far. */
+int rstate_lists_flush(rstate_lists *l, uint64_t counts[RL_NACTIONS], uint64_t *bytes, br_err *err);
+void rstate_lists_free(rstate_lists *l); /* NULL allowed; does not flush */
+
+/* Calls fn for up to limit blobs of (run, action) after the digest after (NULL: from the start),
+ * ascending; *more = 1 when blobs follow. Returns 0 or -1 + err (a fn result != 0 stops). */
+int rstate_list_page(rstate *st, uint64_t run, int action, const uint8_t *after, size_t limit,
+                     int (*fn)(void *ud, const uint8_t d[BR_SHA256_LEN], uint64_t t_ms), void *ud,
+                     int *more, br_err *err);
+
 #endif

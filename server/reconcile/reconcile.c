@@ -17,6 +17,7 @@
 #include "blobref/delta.h"
 #include "blobref/iceberg.h"
 #include "blobref/iceberg_s3.h"
+#include "blobref/leases.h"
 #include "reconcile/internal.h"
 
 #define D BR_SHA256_LEN
@@ -27,6 +28,7 @@
 struct br_reconciler {
   br_reconcile_env env;
   rstate *state;
+  br_leases *leases;
   char state_dir[4096];
 };
 
@@ -44,6 +46,14 @@ br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err) {
     free(r);
     return NULL;
   }
+  char leases_dir[4200];
+  snprintf(leases_dir, sizeof leases_dir, "%s/leases", r->state_dir);
+  r->leases = br_leases_open(leases_dir, err);
+  if (!r->leases) {
+    rstate_close(r->state);
+    free(r);
+    return NULL;
+  }
   br_err ferr;
   int64_t finished = br_reconcile_finish_deletes(r, &ferr);
   if (finished < 0)
@@ -55,9 +65,12 @@ br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err) {
 
 void br_reconciler_close(br_reconciler *r) {
   if (!r) return;
+  br_leases_close(r->leases);
   rstate_close(r->state);
   free(r);
 }
+
+br_leases *br_reconciler_leases(br_reconciler *r) { return r->leases; }
 
 uint64_t br_reconciler_next_id(br_reconciler *r, br_err *err) {
   return rstate_next_run_id(r->state, err);
@@ -192,8 +205,9 @@ struct sweep {
   int have_next, sorter_done;
   uint64_t now, grace_cutoff, retention_cutoff;
   uint64_t live, marked, missing, n[3], bytes_delete;
-  uint64_t held_referenced;
+  uint64_t held_referenced, pending, protect;
   json_t *held_list;
+  rstate_lists *lists; /* the run's blob lists (held and pending are listed here) */
   FILE *out;
   br_err err;
   int failed;
@@ -230,12 +244,23 @@ static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
   if (rec->state == BR_STATE_DELETING) {
     kind = DO_DELETE; /* decided before: finished, referenced or not (its bytes may be gone) */
   } else if (rec->state == BR_STATE_LIVE) {
-    if (!marked && rec->last_upload_ms < s->grace_cutoff) kind = DO_QUARANTINE;
+    /* unreferenced: quarantined once past grace (and the touch slack) and every lease */
+    uint64_t leased = marked ? 0 : br_leased_until(s->r->leases, digest, br_now_ms(), NULL);
+    uint64_t eligible = rec->last_upload_ms + s->protect;
+    if (!marked && rec->last_upload_ms < s->grace_cutoff && !leased) {
+      kind = DO_QUARANTINE;
+    } else if (!marked) {
+      s->pending++;
+      if (rstate_lists_add(s->lists, RL_PENDING, digest, leased > eligible ? leased : eligible,
+                           &s->err) < 0)
+        return s->failed = 1;
+    }
   } else if (marked) {
     if (rec->state == BR_STATE_QUARANTINED) {
       kind = DO_RESTORE;
     } else {
       s->held_referenced++;
+      if (rstate_lists_add(s->lists, RL_HELD, digest, 0, &s->err) < 0) return s->failed = 1;
       if (json_array_size(s->held_list) < MAX_HELD_LISTED) {
         char hex[BR_HEX_LEN + 1];
         br_hex_encode(digest, hex);
@@ -473,8 +498,53 @@ int64_t br_reconcile_finish_deletes(br_reconciler *r, br_err *err) {
 }
 
 /* Applies the decisions of one kind from the file, in batches. Returns the number applied. */
+static const int list_of_kind[] = {
+    [DO_QUARANTINE] = RL_QUARANTINED, [DO_RESTORE] = RL_RESTORED, [DO_DELETE] = RL_DELETED};
+
+/* Lists one applied (or, in a dry run, decided) blob; a failure is the report's, once. */
+static void list_blob(rstate_lists *lists, enum decision kind, const uint8_t d[D], json_t *errors,
+                      int *list_failed) {
+  br_err err;
+  if (*list_failed || rstate_lists_add(lists, list_of_kind[kind], d, 0, &err) == 0) return;
+  *list_failed = 1;
+  add_error(errors, "lists: %s", err.msg);
+}
+
+/* A dry run's lists: the decisions of one kind from the file, as they would be applied. */
+static void list_decided(FILE *f, enum decision kind, rstate_lists *lists, json_t *errors,
+                         int *list_failed) {
+  rewind(f);
+  struct candidate c;
+  while (fread(&c, sizeof c, 1, f) == 1)
+    if (c.kind == kind) list_blob(lists, kind, c.digest, errors, list_failed);
+}
+
+/* Restores the blobs of a quarantine batch that a lease holds now. An upload, dedup hit or lookup
+ * with ?lease= attaches the blob (durably) before it reads the record, and this check runs after
+ * the batch committed: so either the lease was there for this check (the blob goes back to live,
+ * never deleted: a quarantine is only a 410 until restored), or the quarantine committed before
+ * the attach, and the caller's read sees it (a lookup reports it missing, an upload makes it live
+ * again). Restored blobs are marked not applied. */
+static void undo_leased(br_reconciler *r, br_change *batch, size_t n, uint64_t now,
+                        json_t *errors) {
+  for (size_t i = 0; i < n; i++) {
+    if (!batch[i].applied || !br_leased_until(r->leases, batch[i].digest, br_now_ms(), NULL))
+      continue;
+    br_change ch = {.kind = BR_CHANGE_RESTORE, .cutoff_ms = UINT64_MAX};
+    memcpy(ch.digest, batch[i].digest, D);
+    br_err err;
+    if (br_index_apply_changes(r->env.index, &ch, 1, now, &err) < 0)
+      add_error(errors, "index: %s (a leased blob stays quarantined)", err.msg);
+    else if (ch.applied)
+      batch[i].applied = 0;
+  }
+}
+
+/* Applies the decisions of one kind from the file, in batches, listing each one applied. Returns
+ * the number applied. */
 static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64_t now,
-                           uint64_t grace_cutoff, uint64_t *bytes, json_t *errors) {
+                           uint64_t grace_cutoff, uint64_t *bytes, json_t *errors,
+                           rstate_lists *lists, int *list_failed) {
   const br_reconcile_env *env = &r->env;
   br_change *batch = calloc(APPLY_BATCH, sizeof *batch);
   if (!batch) {
@@ -494,9 +564,13 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
       if (rc == 1) {
         applied++;
         *bytes += c.size;
+        list_blob(lists, kind, c.digest, errors, list_failed);
       }
       continue;
     }
+    /* a lease attached since the sweep wins (checked again after the batch, below) */
+    if (more && kind == DO_QUARANTINE && br_leased_until(r->leases, c.digest, br_now_ms(), NULL))
+      continue;
     if (more) {
       br_change *ch = &batch[n++];
       memset(ch, 0, sizeof *ch);
@@ -509,9 +583,11 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
       br_err err;
       if (br_index_apply_changes(env->index, batch, n, now, &err) < 0)
         add_error(errors, "index: %s", err.msg);
+      if (kind == DO_QUARANTINE) undo_leased(r, batch, n, now, errors);
       for (size_t i = 0; i < n; i++)
         if (batch[i].applied) {
           applied++;
+          list_blob(lists, kind, batch[i].digest, errors, list_failed);
           if (kind == DO_QUARANTINE && env->on_gone) env->on_gone(env->ud, batch[i].digest);
         }
       n = 0;
@@ -538,6 +614,9 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   json_object_set_new(rep, "started_at", json_string(ts));
   br_err err = {{0}};
   int failed = 0;
+
+  if (!opt->dry_run && br_leases_prune(r->leases, started, &err) < 0)
+    add_error(errors, "%s", err.msg); /* expired leases hold nothing anyway */
 
   /* mark */
   struct mark m = {.r = r, .opt = opt};
@@ -568,11 +647,18 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
 
   /* sweep: the decisions, against the index in key order */
   struct sweep s = {.r = r, .sorter = m.sorter, .now = started, .held_list = held};
+  int list_failed = 0;
+  s.lists = failed ? NULL : rstate_lists_begin(r->state, id, &err);
+  if (!failed && !s.lists) {
+    add_error(errors, "%s", err.msg);
+    failed = 1;
+  }
   /* A dedup hit refreshes last_upload_ms only once it is dedup_touch_interval old, so a blob
    * deduplicated within grace may carry a last_upload_ms up to that much older: protect it too
    * (invariant 6), or a grace shorter than the touch interval would not protect dedup hits. */
   uint64_t protect = cfg->grace_ms + cfg->dedup_touch_interval_ms;
   s.grace_cutoff = started > protect ? started - protect : 0;
+  s.protect = protect;
   s.retention_cutoff = started > cfg->retention_ms ? started - cfg->retention_ms : 0;
   uint64_t references = 0;
   if (!failed) {
@@ -620,13 +706,18 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
       restored = s.n[DO_RESTORE];
       deleted = s.n[DO_DELETE];
       reclaimed = s.bytes_delete;
+      list_decided(s.out, DO_RESTORE, s.lists, errors, &list_failed);
+      if (!refused) list_decided(s.out, DO_QUARANTINE, s.lists, errors, &list_failed);
+      list_decided(s.out, DO_DELETE, s.lists, errors, &list_failed);
     } else {
-      restored = apply_kind(r, s.out, DO_RESTORE, started, s.grace_cutoff, &reclaimed, errors);
+      restored = apply_kind(r, s.out, DO_RESTORE, started, s.grace_cutoff, &reclaimed, errors,
+                            s.lists, &list_failed);
       if (!refused)
-        quarantined =
-            apply_kind(r, s.out, DO_QUARANTINE, started, s.grace_cutoff, &reclaimed, errors);
+        quarantined = apply_kind(r, s.out, DO_QUARANTINE, started, s.grace_cutoff, &reclaimed,
+                                 errors, s.lists, &list_failed);
       reclaimed = 0;
-      deleted = apply_kind(r, s.out, DO_DELETE, started, s.grace_cutoff, &reclaimed, errors);
+      deleted = apply_kind(r, s.out, DO_DELETE, started, s.grace_cutoff, &reclaimed, errors,
+                           s.lists, &list_failed);
     }
     /* the cache keeps only files of retained snapshots */
     if (!opt->dry_run && m.nkept) {
@@ -635,6 +726,10 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
     }
   }
   if (s.out) fclose(s.out);
+  uint64_t listed[RL_NACTIONS] = {0}, list_bytes = 0;
+  if (s.lists && !list_failed && rstate_lists_flush(s.lists, listed, &list_bytes, &err) < 0)
+    add_error(errors, "lists: %s", err.msg);
+  rstate_lists_free(s.lists);
   /* deletes decided before and cut short (a crash, a full index) are decided already, whatever
    * the tables say now: the sweep finishes them (deleting records are always DO_DELETE); a run
    * that failed before its changes finishes them here */
@@ -653,11 +748,17 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   json_object_set_new(rep, "tables", tables);
   json_object_set_new(rep, "references", json_integer((json_int_t)references));
   json_object_set_new(rep, "references_missing", json_integer((json_int_t)s.missing));
-  json_object_set_new(rep, "blobs",
-                      json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "live", (json_int_t)s.live, "marked",
-                                (json_int_t)s.marked, "quarantined", (json_int_t)quarantined,
-                                "restored", (json_int_t)restored, "deleted", (json_int_t)deleted,
-                                "held_referenced", (json_int_t)s.held_referenced));
+  json_object_set_new(
+      rep, "blobs",
+      json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "live", (json_int_t)s.live, "marked",
+                (json_int_t)s.marked, "quarantined", (json_int_t)quarantined, "restored",
+                (json_int_t)restored, "deleted", (json_int_t)deleted, "held_referenced",
+                (json_int_t)s.held_referenced, "pending", (json_int_t)s.pending));
+  json_t *lists = json_object();
+  for (int a = 0; a < RL_NACTIONS; a++)
+    json_object_set_new(lists, rstate_action_name(a), json_integer((json_int_t)listed[a]));
+  json_object_set_new(lists, "bytes", json_integer((json_int_t)list_bytes));
+  json_object_set_new(rep, "lists", lists);
   json_object_set_new(rep, "bytes_reclaimed", json_integer((json_int_t)reclaimed));
   json_object_set_new(rep, "deletes_finished", json_integer((json_int_t)finished));
   json_object_set_new(rep, "refused", refused ? json_string(refused) : json_null());
@@ -678,6 +779,102 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   free(text);
   *report_out = rep;
   return failed ? -1 : 0;
+}
+
+int br_reconciler_list_page(br_reconciler *r, uint64_t id, const char *action, const uint8_t *after,
+                            size_t limit, int (*fn)(void *ud, const uint8_t d[D], uint64_t t_ms),
+                            void *ud, int *more, br_err *err) {
+  int a = rstate_action_parse(action);
+  if (a < 0) return br_fail(err, "no such list");
+  return rstate_list_page(r->state, id, a, after, limit, fn, ud, more, err);
+}
+
+/* ---- refs: which tables, snapshots and data files reference one blob ---------------------- */
+
+struct refs_ctx {
+  const br_iceberg_table_config *tcfg;
+  const uint8_t *want;
+  int hit;
+  json_t *files; /* path -> [snapshot ids] */
+  br_err err;
+};
+
+static int refs_hash(void *ud, const uint8_t d[D]) {
+  struct refs_ctx *c = ud;
+  if (!memcmp(d, c->want, D)) c->hit = 1;
+  return 0;
+}
+
+static int refs_file(void *ud, const br_iceberg_data_file *f) {
+  struct refs_ctx *c = ud;
+  c->hit = 0;
+  br_iceberg_stats st = {0};
+  if (br_iceberg_read_file_hashes(c->tcfg, f, refs_hash, c, &st, &c->err) < 0) return -1;
+  if (c->hit) json_object_set_new(c->files, f->path, json_array());
+  return 0;
+}
+
+static int refs_snapshot(void *ud, int64_t snapshot_id, const char *path) {
+  struct refs_ctx *c = ud;
+  json_t *a = json_object_get(c->files, path);
+  if (a) json_array_append_new(a, json_integer((json_int_t)snapshot_id));
+  return 0;
+}
+
+json_t *br_reconciler_refs(br_reconciler *r, const uint8_t digest[D], br_err *err) {
+  const br_config *cfg = r->env.cfg;
+  json_t *tables = json_array();
+  for (int i = 0; i < cfg->ntables; i++) {
+    const br_table_config *t = &cfg->tables[i];
+    br_iceberg_rewrite rw[BR_MAX_REWRITES];
+    for (int k = 0; k < t->nrewrites; k++)
+      rw[k] = (br_iceberg_rewrite){t->rewrite_from[k], t->rewrite_to[k]};
+    br_iceberg_table_config tc = {.location = t->location,
+                                  .column = t->column,
+                                  .form = t->form,
+                                  .rewrites = rw,
+                                  .nrewrites = (size_t)t->nrewrites};
+    br_iceberg_s3 *s3 = NULL;
+    const br_store_config *sc = *t->store ? br_config_store(cfg, t->store) : NULL;
+    if (sc && !strcmp(sc->kind, "s3")) {
+      s3 = br_iceberg_s3_new(sc, err);
+      if (!s3) {
+        json_decref(tables);
+        return NULL;
+      }
+      tc.open = br_iceberg_open_s3;
+      tc.open_ud = s3;
+    }
+    json_t *entry = json_pack("{s:s}", "name", t->name);
+    int s3_table = s3 && !strncmp(t->location, "s3", 2) && strstr(t->location, "://");
+    int delta =
+        t->format == BR_TABLE_DELTA ||
+        (t->format == BR_TABLE_AUTO && (br_delta_is_local_table(t->location) ||
+                                        (s3_table && br_delta_s3_is_table(s3, t->location))));
+    if (delta) { /* Delta's versions are not snapshots of this reader: not answered yet */
+      json_object_set_new(entry, "error", json_string("refs reads Iceberg tables only"));
+    } else {
+      struct refs_ctx c = {.tcfg = &tc, .want = digest, .files = json_object()};
+      br_iceberg_stats ws;
+      int rc = br_iceberg_walk_data_files(&tc, refs_file, &c, &ws, &c.err);
+      if (rc == 0 && json_object_size(c.files))
+        rc = br_iceberg_list_files(&tc, refs_snapshot, &c, &ws, &c.err);
+      if (rc != 0) {
+        json_object_set_new(entry, "error", json_string(c.err.msg));
+      } else {
+        json_t *files = json_array();
+        const char *path;
+        json_t *snaps;
+        json_object_foreach(c.files, path, snaps)
+            json_array_append_new(files, json_pack("{s:s,s:O}", "path", path, "snapshots", snaps));
+        json_object_set_new(entry, "data_files", files);
+      }
+      json_decref(c.files);
+    }
+    br_iceberg_s3_free(s3);
+    json_array_append_new(tables, entry);
+  }
+  return tables;
 }
 
 char *br_reconciler_report(br_reconciler *r, uint64_t id, int *found, br_err *err) {

@@ -1,6 +1,7 @@
 /* Reconcile's state between runs, in an LMDB environment of its own (DATA_DIR/reconcile) so that
  * its writes never queue behind or in front of uploads: the data-file cache (each data file's
- * hashes, by file identity, in chunks of at most 65,536) and the run reports (JSON by run id). */
+ * hashes, by file identity, in chunks of at most 65,536), the run reports (JSON by run id) and
+ * each run's blob lists (raw digests by run and action, in chunks of at most 16,384). */
 #include <errno.h>
 #include <lmdb.h>
 #include <openssl/evp.h>
@@ -23,7 +24,7 @@
  * the next run reads again. */
 struct rstate {
   MDB_env *env;
-  MDB_dbi files, runs;
+  MDB_dbi files, runs, lists;
   MDB_txn *batch;
   unsigned batch_entries;
 };
@@ -53,12 +54,13 @@ rstate *rstate_open(const char *dir, br_err *err) {
   }
   MDB_txn *txn = NULL;
   int rc;
-  if ((rc = mdb_env_create(&st->env)) || (rc = mdb_env_set_maxdbs(st->env, 4)) ||
+  if ((rc = mdb_env_create(&st->env)) || (rc = mdb_env_set_maxdbs(st->env, 8)) ||
       (rc = mdb_env_set_mapsize(st->env, (size_t)64 << 30)) ||
       (rc = mdb_env_open(st->env, dir, MDB_NOTLS, 0600)) ||
       (rc = mdb_txn_begin(st->env, NULL, 0, &txn)) ||
       (rc = mdb_dbi_open(txn, "files", MDB_CREATE, &st->files)) ||
-      (rc = mdb_dbi_open(txn, "runs", MDB_CREATE, &st->runs)) || (rc = mdb_txn_commit(txn))) {
+      (rc = mdb_dbi_open(txn, "runs", MDB_CREATE, &st->runs)) ||
+      (rc = mdb_dbi_open(txn, "lists", MDB_CREATE, &st->lists)) || (rc = mdb_txn_commit(txn))) {
     if (txn && rc) mdb_txn_abort(txn);
     fail(err, dir, rc);
     if (st->env) mdb_env_close(st->env);
@@ -329,6 +331,19 @@ int rstate_put_report(rstate *st, uint64_t id, const char *json, br_err *err) {
         }
         mdb_cursor_close(cur);
       }
+      if (mdb_cursor_open(txn, st->lists, &cur) == 0) { /* and their lists */
+        MDB_val k, v;
+        int op = MDB_FIRST;
+        while (mdb_cursor_get(cur, &k, &v, op) == 0) {
+          op = MDB_NEXT;
+          const uint8_t *p = k.mv_data;
+          uint64_t kid = 0;
+          for (int i = 0; i < 8 && k.mv_size >= 8; i++) kid = kid << 8 | p[i];
+          if (kid + KEEP_REPORTS > id) break;
+          mdb_cursor_del(cur, 0);
+        }
+        mdb_cursor_close(cur);
+      }
       mdb_txn_commit(txn);
     }
   }
@@ -393,6 +408,205 @@ int rstate_each_report(rstate *st, size_t limit, int (*fn)(void *ud, uint64_t id
     if (stop) break;
   }
   if (rc == 0) mdb_cursor_close(cur);
+  mdb_txn_abort(txn);
+  return out;
+}
+
+/* ---- per-run blob lists ---------------------------------------------------------------------- */
+
+#define LIST_CHUNK 16384 /* blobs per list value: 512 KiB (640 KiB pending) */
+#define LIST_KEY 13      /* run (u64 BE), action (u8), chunk number (u32 BE, from 1) */
+
+static const char *const action_names[RL_NACTIONS] = {"quarantined", "restored", "deleted", "held",
+                                                      "pending"};
+
+const char *rstate_action_name(int action) {
+  return action >= 0 && action < RL_NACTIONS ? action_names[action] : "?";
+}
+
+int rstate_action_parse(const char *name) {
+  for (int i = 0; i < RL_NACTIONS; i++)
+    if (name && !strcmp(name, action_names[i])) return i;
+  return -1;
+}
+
+static size_t list_stride(int action) { return action == RL_PENDING ? D + 8 : D; }
+
+static void list_key(uint64_t run, int action, uint32_t chunk, uint8_t key[LIST_KEY]) {
+  id_key(run, key);
+  key[8] = (uint8_t)action;
+  key[9] = (uint8_t)(chunk >> 24), key[10] = (uint8_t)(chunk >> 16);
+  key[11] = (uint8_t)(chunk >> 8), key[12] = (uint8_t)chunk;
+}
+
+struct rstate_lists {
+  rstate *st;
+  uint64_t run;
+  uint8_t *buf[RL_NACTIONS];
+  size_t n[RL_NACTIONS];
+  uint32_t chunks[RL_NACTIONS];
+  uint64_t count[RL_NACTIONS], bytes;
+};
+
+rstate_lists *rstate_lists_begin(rstate *st, uint64_t run, br_err *err) {
+  if (batch_flush(st, err) < 0) return NULL;
+  rstate_lists *l = calloc(1, sizeof *l);
+  if (!l) {
+    br_fail(err, "out of memory");
+    return NULL;
+  }
+  l->st = st;
+  l->run = run;
+  MDB_txn *txn;
+  int rc = mdb_txn_begin(st->env, NULL, 0, &txn);
+  if (rc) {
+    free(l);
+    fail(err, "lists", rc);
+    return NULL;
+  }
+  MDB_cursor *cur = NULL;
+  rc = mdb_cursor_open(txn, st->lists, &cur);
+  uint8_t prefix[LIST_KEY];
+  list_key(run, 0, 0, prefix);
+  MDB_val k = {sizeof prefix, prefix}, v;
+  int op = MDB_SET_RANGE, dropped = 0;
+  while (rc == 0 && (rc = mdb_cursor_get(cur, &k, &v, op)) == 0) {
+    op = MDB_NEXT;
+    if (k.mv_size < 8 || memcmp(k.mv_data, prefix, 8)) break;
+    rc = mdb_cursor_del(cur, 0);
+    dropped++;
+  }
+  if (rc == MDB_NOTFOUND) rc = 0;
+  if (cur) mdb_cursor_close(cur);
+  if (rc || !dropped) /* nothing left by a crashed run (the usual case): no commit, no sync */
+    mdb_txn_abort(txn);
+  else
+    rc = mdb_txn_commit(txn);
+  if (rc) {
+    free(l);
+    fail(err, "lists", rc);
+    return NULL;
+  }
+  return l;
+}
+
+static int lists_flush_one(rstate_lists *l, int a, br_err *err) {
+  if (!l->n[a]) return 0;
+  uint8_t key[LIST_KEY];
+  list_key(l->run, a, ++l->chunks[a], key);
+  size_t len = l->n[a] * list_stride(a);
+  int rc = put_one(l->st, l->st->lists, key, sizeof key, l->buf[a], len, err);
+  l->n[a] = 0;
+  if (rc == 0) l->bytes += len;
+  return rc;
+}
+
+int rstate_lists_add(rstate_lists *l, int a, const uint8_t d[D], uint64_t t_ms, br_err *err) {
+  if (!l->buf[a] && !(l->buf[a] = malloc(LIST_CHUNK * list_stride(a))))
+    return br_fail(err, "out of memory");
+  if (l->n[a] == LIST_CHUNK && lists_flush_one(l, a, err) < 0) return -1;
+  uint8_t *p = l->buf[a] + l->n[a]++ * list_stride(a);
+  memcpy(p, d, D);
+  if (a == RL_PENDING)
+    for (int i = 0; i < 8; i++) p[D + i] = (uint8_t)(t_ms >> (56 - 8 * i));
+  l->count[a]++;
+  return 0;
+}
+
+int rstate_lists_flush(rstate_lists *l, uint64_t counts[RL_NACTIONS], uint64_t *bytes,
+                       br_err *err) {
+  /* the last chunks of every action in one commit (one sync per run for a small run) */
+  int rc = batch_flush(l->st, err);
+  MDB_txn *txn = NULL;
+  if (rc == 0 && (rc = mdb_txn_begin(l->st->env, NULL, 0, &txn))) rc = fail(err, "lists", rc);
+  size_t written = 0;
+  for (int a = 0; a < RL_NACTIONS && rc == 0; a++) {
+    if (!l->n[a]) continue;
+    uint8_t key[LIST_KEY];
+    list_key(l->run, a, ++l->chunks[a], key);
+    MDB_val k = {sizeof key, key}, v = {l->n[a] * list_stride(a), l->buf[a]};
+    int mrc = mdb_put(txn, l->st->lists, &k, &v, 0);
+    if (mrc) rc = fail(err, "lists", mrc);
+    written += v.mv_size;
+    l->n[a] = 0;
+  }
+  if (txn && rc) mdb_txn_abort(txn);
+  if (txn && !rc) {
+    int mrc = mdb_txn_commit(txn);
+    if (mrc)
+      rc = fail(err, "lists", mrc);
+    else
+      l->bytes += written;
+  }
+  for (int a = 0; a < RL_NACTIONS; a++) counts[a] = l->count[a];
+  *bytes = l->bytes;
+  return rc;
+}
+
+void rstate_lists_free(rstate_lists *l) {
+  if (!l) return;
+  for (int a = 0; a < RL_NACTIONS; a++) free(l->buf[a]);
+  free(l);
+}
+
+int rstate_list_page(rstate *st, uint64_t run, int action, const uint8_t *after, size_t limit,
+                     int (*fn)(void *ud, const uint8_t d[D], uint64_t t_ms), void *ud, int *more,
+                     br_err *err) {
+  *more = 0;
+  if (action < 0 || action >= RL_NACTIONS) return br_fail(err, "no such action");
+  MDB_txn *txn;
+  int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
+  if (rc) return fail(err, "read", rc);
+  MDB_cursor *cur;
+  rc = mdb_cursor_open(txn, st->lists, &cur);
+  if (rc) {
+    mdb_txn_abort(txn);
+    return fail(err, "read", rc);
+  }
+  size_t stride = list_stride(action), given = 0;
+  uint8_t key[LIST_KEY];
+  list_key(run, action, 1, key);
+  MDB_val k = {sizeof key, key}, v;
+  int op = MDB_SET_RANGE, out = 0;
+  while ((rc = mdb_cursor_get(cur, &k, &v, op)) == 0) {
+    op = MDB_NEXT;
+    if (k.mv_size != LIST_KEY || memcmp(k.mv_data, key, 9)) break; /* another run or action */
+    if (v.mv_size % stride) {
+      out = br_fail(err, "reconcile state: damaged list chunk");
+      break;
+    }
+    const uint8_t *p = v.mv_data;
+    size_t n = v.mv_size / stride, i = 0;
+    if (after) { /* the first entry past after (entries ascend) */
+      size_t lo = 0, hi = n;
+      while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (memcmp(p + mid * stride, after, D) <= 0)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      i = lo;
+    }
+    for (; i < n; i++) {
+      if (given == limit) {
+        *more = 1;
+        break;
+      }
+      const uint8_t *e = p + i * stride;
+      uint64_t t = 0;
+      if (action == RL_PENDING)
+        for (int j = 0; j < 8; j++) t = t << 8 | e[D + j];
+      if (fn(ud, e, t) != 0) {
+        out = -1;
+        break;
+      }
+      given++;
+    }
+    if (*more || out) break;
+  }
+  if (rc && rc != MDB_NOTFOUND) out = fail(err, "read", rc);
+  mdb_cursor_close(cur);
   mdb_txn_abort(txn);
   return out;
 }

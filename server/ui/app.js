@@ -460,12 +460,17 @@
 
   const RUN_COLS = ["marked", "quarantined", "restored", "deleted"];
 
+  // A run that ended but that a guard (max_fraction) refused shows as refused, not done.
+  function runState(run) {
+    return run.state === "done" && run.refused ? "refused" : run.state;
+  }
+
   function runRow(run) {
     const b = run.blobs || {};
     return h("tr", { className: "clickable", onclick: () => (location.hash = "#reconcile/" + run.id) },
       h("td", { className: "num" }, h("a", { href: "#reconcile/" + run.id }, "#" + run.id)),
       h("td", {}, fmtTime(run.started_at)),
-      h("td", {}, h("span", { className: "state-" + run.state }, run.state), run.dry_run ? " (dry run)" : ""),
+      h("td", {}, h("span", { className: "state-" + runState(run) }, runState(run)), run.dry_run ? " (dry run)" : ""),
       RUN_COLS.map((c) => h("td", { className: "num" }, b[c] === undefined ? "–" : fmtInt(b[c]))),
       h("td", { className: "num" }, run.bytes_reclaimed === undefined ? "–" : fmtBytes(run.bytes_reclaimed)),
       h("td", { className: "num" }, run.phases ? ((run.phases.mark_ms + run.phases.sweep_ms + run.phases.delete_ms) / 1000).toFixed(2) + " s" : "–"));
@@ -606,7 +611,7 @@
       h("h2", { id: "run-title" }, title),
       h("div", { className: "two" },
         h("section", { className: "panel" }, h("h3", {}, "Summary"), dl([
-          ["state", h("span", { className: "state-" + run.state, id: "run-state" }, run.state)],
+          ["state", h("span", { className: "state-" + runState(run), id: "run-state" }, runState(run))],
           ["started", fmtTime(run.started_at)], ["finished", fmtTime(run.finished_at)],
           ["options", ["dry_run", "force", "full"].filter((k) => run[k]).join(", ") || "none"],
           ["references", fmtInt(run.references)], ["references missing", fmtInt(run.references_missing)],
@@ -626,8 +631,34 @@
             : h("p", {}, "none"))),
       (run.tables || []).length ? h("section", { className: "panel" }, h("h3", {}, "Tables"),
         h("table", {}, h("thead", {}, h("tr", {}, Object.keys(run.tables[0]).map((k) => h("th", {}, k)))),
-          h("tbody", {}, run.tables.map((t) => h("tr", {}, Object.values(t).map((v) => h("td", {}, String(v)))))))) : null);
+          h("tbody", {}, run.tables.map((t) => h("tr", {}, Object.values(t).map((v) => h("td", {}, String(v)))))))) : null,
+      run.lists ? await runLists(run) : null);
     view.dataset.ready = "1";
+  }
+
+  // The run's blobs per action (the first RUN_LIST_PAGE of each), each linked to its blob page.
+  const RUN_LIST_PAGE = 100;
+  async function runLists(run) {
+    const actions = ["quarantined", "restored", "deleted", "held", "pending"];
+    const parts = [];
+    for (const a of actions) {
+      const n = run.lists[a] || 0;
+      if (!n) continue;
+      let page;
+      try {
+        page = await apiJson("/v1/reconcile/runs/" + run.id + "/blobs?action=" + a + "&limit=" + RUN_LIST_PAGE);
+      } catch (e) {
+        parts.push(h("div", { id: "run-list-" + a }, h("h4", {}, a), errorBox(e)));
+        continue;
+      }
+      parts.push(h("div", { id: "run-list-" + a },
+        h("h4", {}, a + " (" + fmtInt(n) + (n > page.blobs.length ? ", the first " + page.blobs.length + " shown" : "") + ")"),
+        h("ul", { className: "mono" }, page.blobs.map((x) => h("li", {},
+          h("a", { href: "#blob/" + x.sha256 }, x.sha256),
+          x.eligible_at ? " eligible at " + fmtTime(x.eligible_at) : "")))));
+    }
+    return h("section", { className: "panel", id: "run-lists" }, h("h3", {}, "Blobs"),
+      parts.length ? parts : h("p", {}, "none listed"));
   }
 
   // ---- blobs ------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ ROUTES = [
     ("POST", "/v1/blobs", "write"),
     ("GET", "/v1/blobs", "read"),
     ("GET", "/v1/blobs/{hash}/meta", "read"),
+    ("GET", "/v1/blobs/{hash}/refs", "read"),
     ("DELETE", "/v1/blobs/{hash}", "admin"),
     ("POST", "/v1/blobs/{hash}/restore", "admin"),
     ("PUT", "/v1/blobs/{hash}/location", "admin"),
@@ -37,6 +38,11 @@ ROUTES = [
     ("POST", "/v1/lookup", "read"),
     ("POST", "/v1/uploads", "write"),
     ("POST", "/v1/uploads/commit", "write"),
+    ("GET", "/v1/reconcile/runs/{id}/blobs", "read"),
+    ("POST", "/v1/leases", "write"),
+    ("GET", "/v1/leases", "write"),
+    ("GET", "/v1/leases/{lease}", "write"),
+    ("DELETE", "/v1/leases/{lease}", "write"),
     ("GET", "/healthz", None),
     ("GET", "/readyz", None),
     ("GET", "/metrics", None),
@@ -90,6 +96,17 @@ def send(srv, method, pattern, caller, known):
     if pattern.startswith("/v1/uploads"):  # the known blob: present either way
         return requests.post(srv.url + pattern, json={"blobs": [{"sha256": known, "size": 500}]},
                              headers=h, timeout=TIMEOUT)
+    if pattern == "/v1/leases" and method == "POST":
+        return requests.post(f"{srv.url}/v1/leases", json={"ttl": "1h", "name": "auth"},
+                             headers=h, timeout=TIMEOUT)
+    if pattern == "/v1/leases/{lease}":  # the write token's lease: its own, or an admin's view
+        lease = requests.post(f"{srv.url}/v1/leases", json={"ttl": "1h"},
+                              headers=headers_for("write"), timeout=TIMEOUT).json()["id"]
+        return requests.request(method, f"{srv.url}/v1/leases/{lease}", headers=h,
+                                timeout=TIMEOUT)
+    if pattern == "/v1/reconcile/runs/{id}/blobs":
+        return requests.get(f"{srv.url}/v1/reconcile/runs/1/blobs?action=pending", headers=h,
+                            timeout=TIMEOUT)
     if method == "DELETE" or pattern.endswith("/restore"):
         # a blob of its own (the shared one must stay readable for the other routes)
         own = fresh_blob(srv)

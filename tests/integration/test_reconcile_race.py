@@ -319,3 +319,93 @@ def test_reuploads_vs_deletes(tmp_path):
     final_checks(srv, api, tr, runner, referenced, pool)
     assert runner.total("deleted") > 50 and tr.stats["created"] > len(pool) + 50, tr.stats
     assert tr.stats["quarantined_reads"] > 0 and tr.stats["gone_reads"] > 0, tr.stats
+
+
+def test_leases_vs_back_to_back_runs(tmp_path):
+    """Leases under the runs' feet (issue 22): two pipelines each take a 3 s lease, attach 10
+    blobs with `POST /v1/lookup?lease=` (the present ones, long past grace, which the runs are
+    quarantining at the same time) and re-upload the missing ones with `PUT ?lease=`, over and
+    over. A blob reported found, or acknowledged, under a lease must read back until that lease
+    ends, whatever its age; the blobs nobody leases go through quarantine and deletion."""
+    duration = 14.0
+    srv, api, data, referenced = start_pool(tmp_path, 60, "lease", [100, 3000, 20000])
+    pool = [h for h in data if h not in referenced]
+    for h in pool:
+        api.put(data[h])
+    tr = Tracker(data)
+    tr.stats.update({"lease_found": 0, "lease_uploads": 0, "lease_protected_reads": 0})
+    stop = threading.Event()
+    runner = Runner(srv, tr, stop)
+    until = {}  # blob -> monotonic time up to which a lease holds it (conservative)
+    ul = threading.Lock()
+    ttl = 3.0
+
+    def hold(h, t):
+        with ul:
+            until[h] = max(until.get(h, 0), t)
+
+    def pipeline(seed):
+        rng = random.Random(seed)
+        s = requests.Session()
+        while not stop.is_set():
+            sent = time.monotonic()
+            r = s.post(f"{srv.url}/v1/leases", json={"ttl": f"{ttl:g}s", "name": f"p{seed}"},
+                       timeout=30)
+            if r.status_code != 201:
+                tr.fail(f"POST /v1/leases: {r.status_code} {r.text[:150]}")
+                return
+            lid, end = r.json()["id"], sent + ttl - SLACK
+            batch = rng.sample(pool, 10)
+            r = s.post(f"{srv.url}/v1/lookup", params={"lease": lid}, json={"hashes": batch},
+                       timeout=30)
+            if r.status_code != 200:
+                tr.fail(f"lookup ?lease: {r.status_code} {r.text[:150]}")
+                continue
+            for f in r.json()["found"]:
+                hold(f["sha256"], end)
+                tr.count("lease_found")
+                verify_read(tr, s, srv, f["sha256"], True, "found under a lease")
+            for h in r.json()["missing"]:
+                r2 = s.put(f"{srv.url}/v1/blobs/{h}", params={"lease": lid}, data=data[h],
+                           timeout=30)
+                if r2.status_code in (200, 201):
+                    hold(h, end)
+                    tr.ack(h, time.monotonic(), r2.status_code)
+                    tr.count("lease_uploads")
+                    verify_read(tr, s, srv, h, True, "uploaded under a lease")
+                elif not (r2.status_code == 503 and b"try_again" in r2.content):
+                    tr.fail(f"PUT ?lease {h[:12]}: {r2.status_code} {r2.text[:150]}")
+            time.sleep(rng.uniform(0.2, 1.0))
+
+    def lease_checker():
+        s = requests.Session()
+        while not stop.is_set():
+            for h in pool:
+                r = s.get(f"{srv.url}/v1/blobs/{h}", timeout=30)
+                got = time.monotonic()
+                with ul:
+                    held = until.get(h, 0) > got
+                if held:
+                    tr.count("lease_protected_reads")
+                    if r.status_code != 200:
+                        tr.fail(f"{h[:12]} leased until {until[h] - got:.2f} s from now, "
+                                f"answered {r.status_code} {r.text[:150]!r}")
+                if r.status_code == 200 and r.content != data[h]:
+                    tr.fail(f"{h[:12]} read bytes that are not its own")
+
+    threads = [threading.Thread(target=pipeline, args=(i,), daemon=True) for i in (1, 2)]
+    threads.append(threading.Thread(target=lease_checker, daemon=True))
+    try:
+        for th in threads:
+            th.start()
+        runner.start()
+        time.sleep(duration)
+    finally:
+        stop.set()
+        for th in threads + [runner]:
+            th.join(60)
+    print(f"\n{len(runner.reports)} runs; quarantined {runner.total('quarantined')}, deleted "
+          f"{runner.total('deleted')}; {tr.stats}")
+    final_checks(srv, api, tr, runner, referenced, pool)
+    assert runner.total("quarantined") > 0 and tr.stats["lease_found"] > 20, tr.stats
+    assert tr.stats["lease_protected_reads"] > 100, tr.stats

@@ -297,6 +297,11 @@ def test_console_in_a_browser(console):
     # what a real run would do: the three unreferenced blobs past grace (1 s) are quarantined
     assert rep["blobs"]["quarantined"] == 3, rep
     assert "3" in b.text("#view")
+    # the run page lists those three blobs, each linked to its blob page
+    links = b.eval("Array.from(document.querySelectorAll('#run-list-quarantined a'))"
+                   ".map((a) => a.getAttribute('href'))")
+    assert sorted(links) == sorted(f"#blob/{x}" for x in h["others"]), links
+    assert "quarantined (3)" in b.text("#run-list-quarantined h4")
     b.screenshot("reconcile-run.png")
     b.hash("#reconcile")
     assert b.eval("document.querySelectorAll('#runs tbody tr').length") == 1
@@ -416,3 +421,42 @@ def test_console_files_headers(console):
     assert raw.startswith(b"HTTP/1.1 200 ") and b"uPlot" in raw
     # hash routes still parse their segment
     assert requests.get(f"{srv.url}/v1/blobs/nothex/meta", timeout=10).json()["error"]["code"] == "bad_hash"
+
+
+def test_refused_dry_run_shows_as_refused(tmp_path):
+    """A dry run that max_fraction refuses is shown as refused on the run page and in the list
+    (its state is "done": the run completed; its `refused` says why nothing would change)."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (tools/install-deps.sh test installs it)")
+    table = IceTable(tmp_path / "t")
+    kept = os.urandom(100)
+    table.write_data({"a.parquet": [sha(kept)]})
+    table.append("a.parquet")
+    srv = Server(tmp_path / "data", config_text=recon_conf(table, grace="1s",
+                                                            max_fraction="0.1")).start()
+    browser = None
+    try:
+        for data in [kept] + [os.urandom(200 + i) for i in range(3)]:
+            assert requests.put(f"{srv.url}/v1/blobs/{sha(data)}", data=data,
+                                timeout=10).status_code == 201
+        time.sleep(1.3)  # past grace
+        rid = requests.post(f"{srv.url}/v1/reconcile?dry_run=1", timeout=10).json()["id"]
+        for _ in range(300):
+            rep = requests.get(f"{srv.url}/v1/reconcile/runs/{rid}", timeout=10).json()
+            if rep["state"] != "running":
+                break
+            time.sleep(0.05)
+        assert rep["state"] == "done" and rep["refused"], rep
+        browser = Browser(tmp_path / "chromium")
+        browser.goto(f"{srv.url}/ui/#reconcile/{rid}")
+        browser.wait("document.getElementById('view') && document.getElementById('view')"
+                     ".dataset.ready === '1' && !!document.getElementById('run-state')",
+                     what="the run page")
+        assert browser.text("#run-state") == "refused"
+        assert "max_fraction" in browser.text("#view")
+        browser.hash("#reconcile")
+        assert "refused" in browser.text("#runs tbody")
+    finally:
+        if browser:
+            browser.close()
+        srv.stop()

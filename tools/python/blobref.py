@@ -319,7 +319,7 @@ class Client:
 
     # ---- uploads -----------------------------------------------------------------------------
 
-    def put(self, data, content_type=None):
+    def put(self, data, content_type=None, lease=None):
         """Uploads bytes, a path (str or os.PathLike) or a binary file object and returns the
         blob's SHA-256 (hex). The hash is computed locally first; the upload is
         `PUT /v1/blobs/{hash}` with `Expect: 100-continue`, so when the server already has the
@@ -329,12 +329,13 @@ class Client:
         `application/octet-stream`."""
         if isinstance(data, (bytes, bytearray, memoryview)):
             data = bytes(data)
-            return self._put_stream(sha256_hex(data), len(data), io.BytesIO(data), content_type)
+            return self._put_stream(sha256_hex(data), len(data), io.BytesIO(data), content_type,
+                                    lease)
         if isinstance(data, (str, os.PathLike)):
             if content_type is None:  # from the file name's extension, as `blobref put` does
                 content_type = mimetypes.guess_type(os.fspath(data), strict=False)[0]
             with open(data, "rb") as f:
-                return self.put(f, content_type)
+                return self.put(f, content_type, lease)
         if not hasattr(data, "read"):
             raise TypeError("put() takes bytes, a path or a binary file object")
         spool = None
@@ -358,13 +359,15 @@ class Client:
                 if spool is not None:
                     spool.write(chunk)
             src.seek(0 if spool is not None else start)
-            return self._put_stream(h.hexdigest(), size, src, content_type)
+            return self._put_stream(h.hexdigest(), size, src, content_type, lease)
         finally:
             if spool is not None:
                 spool.close()
 
-    def _put_stream(self, hexd, size, src, content_type):
+    def _put_stream(self, hexd, size, src, content_type, lease=None):
         target = f"{self._base_path}/v1/blobs/{hexd}"
+        if lease:
+            target += "?lease=" + urllib.parse.quote(lease, safe="")
         conn = self._new_conn(self._origin)   # its own connection: it may be closed early
         fp = None
         try:
@@ -504,14 +507,16 @@ class Client:
         "state","locations":[...]}` (and `quarantine` for a quarantined blob)."""
         return self._json("GET", f"/v1/blobs/{_norm_hash(h)}/meta")
 
-    def lookup(self, hashes, batch_size=LOOKUP_BATCH):
+    def lookup(self, hashes, batch_size=LOOKUP_BATCH, lease=None):
         """Which of the hashes the server has: `{"found": [{"sha256","size","url"}],
-        "missing": [hex, ...]}`, asked in batches of batch_size (10,000)."""
+        "missing": [hex, ...]}`, asked in batches of batch_size (10,000). With a lease id, the
+        blobs found are attached to that lease."""
         found, missing = [], []
         batch = []
+        path = "/v1/lookup" + ("?lease=" + urllib.parse.quote(lease, safe="") if lease else "")
 
         def flush():
-            r = self._json("POST", "/v1/lookup", {"hashes": batch})
+            r = self._json("POST", path, {"hashes": batch})
             found.extend(r.get("found", []))
             missing.extend(r.get("missing", []))
             batch.clear()
@@ -603,6 +608,14 @@ class Client:
     def _put_via_server(self, path, it):
         self.put(path, it["content_type"])
         return "server", it, it["size"]
+
+    def lease(self, name, ttl="2h"):
+        """A new upload lease (`POST /v1/leases`), as a context manager that releases it on
+        exit: `with client.lease("flink-job-42", ttl="2h") as l: l.put(b"...")`, then commit the
+        table inside the block. Blobs put or looked up through it are never quarantined by
+        reconcile while it lives."""
+        return Lease(self, self._json("POST", "/v1/leases", {"ttl": ttl, "name": name},
+                                      ok=(201,)))
 
     def iter_blobs(self, state=None, after=None, limit=1000):
         """Every blob the index holds, in key order, as the listing's records
@@ -845,3 +858,32 @@ def _main(argv=None):
 
 if __name__ == "__main__":
     raise SystemExit(_main())
+
+
+class Lease:
+    """An upload lease of a Client (Client.lease): put and lookup attach their blobs to it;
+    release() (or leaving the with block) ends it. `info` is the server's record."""
+
+    def __init__(self, client, info):
+        self.client, self.info, self.id = client, info, info["id"]
+
+    def put(self, data, content_type=None):
+        return self.client.put(data, content_type, lease=self.id)
+
+    def lookup(self, hashes):
+        return self.client.lookup(hashes, lease=self.id)
+
+    def release(self):
+        """Ends the lease (a lease already ended or expired is not an error)."""
+        try:
+            self.client._json("DELETE", f"/v1/leases/{self.id}")
+        except BlobrefError as e:
+            if e.code != "lease_not_found":
+                raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False

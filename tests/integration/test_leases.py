@@ -1,0 +1,210 @@
+"""Upload leases (issue 22): a blob attached to a live lease (PUT/POST ?lease=, lookup ?lease=)
+is never quarantined by reconcile whatever its age, until the lease expires or is released; then
+the next run quarantines it. Unknown and other tokens' leases are 404 `lease_not_found` (an upload
+refused before its body), leases survive a restart, bounds are checked, metrics count them."""
+import datetime
+import hashlib
+import time
+
+import requests
+
+from reconcile_util import Api, IceTable, blob, recon_conf, sha, start
+from conftest import Server
+
+GRACE = 1.0
+MARGIN = 0.3
+
+
+def parse_ts(s):
+    return datetime.datetime.strptime(s, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc)
+
+
+def new_lease(api, ttl, name="job"):
+    r = api.s.post(f"{api.url}/v1/leases", json={"ttl": ttl, "name": name}, timeout=30)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def pending(api, rid):
+    r = api.s.get(f"{api.url}/v1/reconcile/runs/{rid}/blobs", params={"action": "pending"},
+                  timeout=30)
+    assert r.status_code == 200, r.text
+    return {e["sha256"]: e["eligible_at"] for e in r.json()["blobs"]}
+
+
+def quarantined(api, rid):
+    r = api.s.get(f"{api.url}/v1/reconcile/runs/{rid}/blobs", params={"action": "quarantined"},
+                  timeout=30)
+    return sorted(e["sha256"] for e in r.json()["blobs"])
+
+
+def test_leased_blobs_survive_until_the_lease_ends(tmp_path):
+    t = IceTable(tmp_path / "t")
+    srv = start(tmp_path, t, grace="1s")
+    api = Api(srv)
+    try:
+        keep = api.put(b"referenced")
+        t.write_data({"a.parquet": [keep]})
+        t.append("a.parquet")
+        old = api.put(b"present before the lease")  # attached by a lookup
+        ctl = api.put(b"never leased")
+        lease = new_lease(api, "4s", "flink-job-42")
+        assert lease["blobs"] == 0 and lease["name"] == "flink-job-42"
+        put_b = blob("put", 0)
+        r = api.s.put(f"{api.url}/v1/blobs/{sha(put_b)}", params={"lease": lease["id"]},
+                      data=put_b, timeout=30)
+        assert r.status_code == 201, r.text
+        post_b = blob("post", 0)
+        r = api.s.post(f"{api.url}/v1/blobs", params={"lease": lease["id"]}, data=post_b,
+                       timeout=30)
+        assert r.status_code == 201, r.text
+        r = api.s.post(f"{api.url}/v1/lookup", params={"lease": lease["id"]},
+                       json={"hashes": [old, "0" * 64]}, timeout=30)
+        assert r.status_code == 200 and [f["sha256"] for f in r.json()["found"]] == [old], r.text
+        leased = sorted([old, sha(put_b), sha(post_b)])
+        r = api.s.get(f"{api.url}/v1/leases/{lease['id']}", timeout=30)
+        assert r.status_code == 200 and r.json()["blobs"] == 3, r.text
+        m = api.metrics()
+        assert m["blobref_leases"] == 1 and m["blobref_leased_blobs"] == 3, m
+
+        time.sleep(GRACE + MARGIN)  # every blob is past grace now
+        rep = api.run()
+        assert quarantined(api, rep["id"]) == [ctl], rep
+        p = pending(api, rep["id"])
+        assert sorted(p) == leased and set(p.values()) == {lease["expires_at"]}, p
+        for h in leased:
+            assert api.code(h) == 200
+
+        srv.stop()  # leases are durable
+        srv.start()
+        r = api.s.get(f"{api.url}/v1/leases", timeout=30)
+        assert [x["id"] for x in r.json()["leases"]] == [lease["id"]], r.text
+        rep = api.run()
+        assert quarantined(api, rep["id"]) == [] and sorted(pending(api, rep["id"])) == leased
+
+        wait = (parse_ts(lease["expires_at"]) -
+                datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+        time.sleep(max(0, wait) + 0.1)
+        assert api.s.get(f"{api.url}/v1/leases/{lease['id']}",
+                         timeout=30).json()["error"]["code"] == "lease_not_found"
+        rep = api.run()  # the lease ended: quarantined by the next run
+        assert quarantined(api, rep["id"]) == leased, rep
+        assert api.metrics()["blobref_leases"] == 0
+    finally:
+        srv.stop()
+
+
+def test_released_lease_protects_no_more(tmp_path):
+    t = IceTable(tmp_path / "t")
+    srv = start(tmp_path, t, grace="1s")
+    api = Api(srv)
+    try:
+        keep = api.put(b"referenced")
+        t.write_data({"a.parquet": [keep]})
+        t.append("a.parquet")
+        lease = new_lease(api, "1h")
+        b = blob("r", 0)
+        r = api.s.put(f"{api.url}/v1/blobs/{sha(b)}", params={"lease": lease["id"]}, data=b,
+                      timeout=30)
+        assert r.status_code == 201
+        time.sleep(GRACE + MARGIN)
+        rep = api.run()
+        assert quarantined(api, rep["id"]) == [] and list(pending(api, rep["id"])) == [sha(b)]
+        r = api.s.delete(f"{api.url}/v1/leases/{lease['id']}", timeout=30)
+        assert r.status_code == 200 and r.json()["released"] is True, r.text
+        r = api.s.delete(f"{api.url}/v1/leases/{lease['id']}", timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "lease_not_found"
+        rep = api.run()
+        assert quarantined(api, rep["id"]) == [sha(b)]
+    finally:
+        srv.stop()
+
+
+def test_unknown_and_bad_leases(tmp_path):
+    t = IceTable(tmp_path / "t")
+    srv = start(tmp_path, t)
+    api = Api(srv)
+    try:
+        b = blob("u", 0)
+        for params in ({"lease": "0" * 32}, {"lease": "nope"}):
+            r = api.s.put(f"{api.url}/v1/blobs/{sha(b)}", params=params, data=b, timeout=30)
+            assert r.status_code == 404 and r.json()["error"]["code"] == "lease_not_found", r.text
+            r = api.s.post(f"{api.url}/v1/blobs", params=params, data=b, timeout=30)
+            assert r.status_code == 404 and r.json()["error"]["code"] == "lease_not_found", r.text
+            r = api.s.post(f"{api.url}/v1/lookup", params=params, json={"hashes": []},
+                           timeout=30)
+            assert r.status_code == 404 and r.json()["error"]["code"] == "lease_not_found"
+        assert api.code(sha(b)) == 404  # nothing was stored
+        for body in ({"ttl": "8d"}, {"ttl": "0s"}, {"ttl": "soon"}, {}, {"ttl": "1h", "x": 1},
+                     {"ttl": "1h", "name": "n" * 129}, {"ttl": "1h", "name": "a\nb"},
+                     {"ttl": 3600}):
+            r = api.s.post(f"{api.url}/v1/leases", json=body, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request", (body,
+                                                                                         r.text)
+        assert api.s.get(f"{api.url}/v1/leases", timeout=30).json()["leases"] == []
+    finally:
+        srv.stop()
+
+
+def test_another_tokens_lease_is_not_found(tmp_path):
+    tokens = {"a": "read, write", "b": "read, write", "boss": "write, admin"}
+    text = recon_conf(IceTable(tmp_path / "t"))
+    for name, scopes in tokens.items():
+        text += (f"[token {name}]\nsha256 = {hashlib.sha256(f'secret-{name}'.encode()).hexdigest()}"
+                 f"\nscopes = {scopes}\n")
+    srv = Server(tmp_path / "data", config_text=text).start()
+    try:
+        a, b, boss = (Api(srv, token=f"secret-{n}") for n in ("a", "b", "boss"))
+        la = new_lease(a, "1h", "a-job")
+        assert la["owner"] == "a"
+        data = blob("tok", 0)
+        r = b.s.put(f"{srv.url}/v1/blobs/{sha(data)}", params={"lease": la["id"]}, data=data,
+                    timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "lease_not_found"
+        for method in ("GET", "DELETE"):
+            r = b.s.request(method, f"{srv.url}/v1/leases/{la['id']}", timeout=30)
+            assert r.status_code == 404 and r.json()["error"]["code"] == "lease_not_found"
+        assert b.s.get(f"{srv.url}/v1/leases", timeout=30).json()["leases"] == []
+        assert [x["id"] for x in a.s.get(f"{srv.url}/v1/leases",
+                                         timeout=30).json()["leases"]] == [la["id"]]
+        assert [x["id"] for x in boss.s.get(f"{srv.url}/v1/leases",
+                                            timeout=30).json()["leases"]] == [la["id"]]
+        r = a.s.put(f"{srv.url}/v1/blobs/{sha(data)}", params={"lease": la["id"]}, data=data,
+                    timeout=30)
+        assert r.status_code == 201, r.text
+    finally:
+        srv.stop()
+
+
+def test_python_client_lease_context_manager(tmp_path):
+    """`with client.lease(...) as l: l.put(...)`: attached while the block runs, released after."""
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "tools" / "python"))
+    import blobref
+
+    t = IceTable(tmp_path / "t")
+    srv = start(tmp_path, t, grace="1s")
+    api = Api(srv)
+    try:
+        keep = api.put(b"referenced")
+        t.write_data({"a.parquet": [keep]})
+        t.append("a.parquet")
+        old = api.put(b"old one")
+        c = blobref.Client(srv.url)
+        with c.lease("py-job", ttl="1h") as lease:
+            h = lease.put(b"under a lease")
+            assert [f["sha256"] for f in lease.lookup([old])["found"]] == [old]
+            info = api.s.get(f"{srv.url}/v1/leases/{lease.id}", timeout=30).json()
+            assert info["name"] == "py-job" and info["blobs"] == 2, info
+            time.sleep(GRACE + MARGIN)
+            rep = api.run()
+            assert quarantined(api, rep["id"]) == [] and sorted(pending(api, rep["id"])) == \
+                sorted([h, old])
+        assert api.s.get(f"{srv.url}/v1/leases", timeout=30).json()["leases"] == []
+        lease.release()  # twice: not an error
+        rep = api.run()
+        assert quarantined(api, rep["id"]) == sorted([h, old])
+    finally:
+        srv.stop()
