@@ -38,6 +38,7 @@ class BlobrefFileSystem(AbstractFileSystem):
     `timeout` (seconds), `block_size` (default read block: one Range request each)."""
 
     protocol = "blobref"
+    cachable = False        # the defaults come from the environment, which may change
     root_marker = ""
     DEFAULT_BLOCK_SIZE = 1 << 20
 
@@ -174,7 +175,7 @@ class BlobrefFileSystem(AbstractFileSystem):
                 raise _not_found(path, e)
             return BlobrefFile(self, h, mode, block, size=reader.size, reader=reader,
                                cache_options=cache_options,
-                               cache_type=kwargs.pop("cache_type", "readahead"))
+                               cache_type=kwargs.pop("cache_type", "block"))
         if mode == "wb":
             return BlobrefFile(self, self._strip_protocol(path), mode, block_size or "default",
                                autocommit=autocommit)
@@ -182,8 +183,9 @@ class BlobrefFileSystem(AbstractFileSystem):
 
 
 class BlobrefFile(AbstractBufferedFile):
-    """A blob opened through fsspec. Read mode: every block the cache lacks is one Range
-    request (`_fetch_range`); reading the whole blob in order verifies it (DigestMismatch at
+    """A blob opened through fsspec. Read mode: fsspec's block cache over aligned blocks of
+    `block_size`, every block it lacks one Range request (`_fetch_range`; block 0 comes with
+    the open); reading the whole blob in order verifies it (DigestMismatch at
     the end). Write mode buffers in memory and uploads on close (the path must be the hash of
     what was written, or the root)."""
 
@@ -221,6 +223,14 @@ class BlobrefFile(AbstractBufferedFile):
                         f"{self.path}: the bytes read hash to {self._hasher.hexdigest()}")
                 self.verified = True
         return data
+
+    def read(self, length=-1):
+        """Up to `length` bytes (all that remain when negative); clipped at the end of the blob,
+        which fsspec 2022.11's block cache does not do itself (it raises past the last block)."""
+        length = -1 if length is None else int(length)
+        if self.mode == "rb" and (length < 0 or self.loc + length > self.size):
+            length = max(0, self.size - self.loc)
+        return super().read(length)
 
     @property
     def bytes_fetched(self):
