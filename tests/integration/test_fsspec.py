@@ -54,9 +54,7 @@ def test_open_seek_read_ranges(env_server):
 
 def test_pil_image_through_fsspec(env_server):
     from PIL import Image
-    rng = random.Random(5)
-    im = Image.new("RGB", (1600, 1200))
-    im.putdata([tuple(rng.randrange(256) for _ in range(3)) for _ in range(1600 * 1200)])
+    im = Image.frombytes("RGB", (1600, 1200), random.Random(5).randbytes(1600 * 1200 * 3))
     buf = io.BytesIO()
     im.save(buf, "JPEG", quality=90)
     jpeg = buf.getvalue()
@@ -161,3 +159,25 @@ def test_corrupted_body_refused_by_cat(env_server):
         assert f.read(1000) == big[:1000]     # a part is not verified...
         with pytest.raises(blobref.DigestMismatch):
             f.read()                          # ...reading it all in order is
+
+
+def test_corrupted_body_from_an_http_origin_refused_by_cat(tmp_path):
+    """A test origin (tests/integration/test_http_store.py's web server) behind an http store
+    serves a blob whose bytes were changed on it: blobrefd proxies them, fsspec refuses them."""
+    from s3util import stop_checked
+    from test_http_store import http_site, key_of
+    big = random.Random(7).randbytes(700 * 1024 + 3)   # above cache_max_blob: streamed through
+    srv, origin = http_site(tmp_path, [big])
+    try:
+        h = sha(big)
+        bad = bytearray(big)
+        bad[600_000] ^= 0x01
+        (tmp_path / "site" / key_of(h)).write_bytes(bytes(bad))
+        fs = fsspec.filesystem("blobref", server=srv.url)
+        with pytest.raises(blobref.DigestMismatch):
+            fs.cat(f"blobref://{h}")
+        assert fs.cat_file(h, start=0, end=100) == big[:100]   # a range is not verifiable
+        assert any(m == "GET" for m, _, _ in origin.requests), origin.requests
+    finally:
+        stop_checked(srv)
+        origin.close()
