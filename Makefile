@@ -45,11 +45,15 @@ UI_DIR := server/ui
 UI_GEN := $(BUILD_ROOT)/gen/ui_assets.c
 UI_OBJ := $(OBJ)/gen/ui_assets.o
 UPLOT := $(UI_DIR)/node_modules/uplot/dist/uPlot.iife.min.js
+# The OpenAPI description (conf/openapi.json, served at /v1/openapi.json): one generated C file,
+# linked into blobrefd alone, like the console.
+OPENAPI_GEN := $(BUILD_ROOT)/gen/openapi.c
+OPENAPI_OBJ := $(OBJ)/gen/openapi.o
 LIB_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o)
 HTTP_OBJS := $(HTTP_SRCS:%.c=$(OBJ)/%.o)
 LIB := $(BUILD_ROOT)/$(MODE)/libblobref.a
 HTTP_LIB := $(BUILD_ROOT)/$(MODE)/libblobref-http.a
-DAEMON_OBJS := $(OBJ)/server/blobrefd.o $(UI_OBJ)
+DAEMON_OBJS := $(OBJ)/server/blobrefd.o $(UI_OBJ) $(OPENAPI_OBJ)
 TOOL_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(wildcard tools/*.c))
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD_ROOT)/$(MODE)/tests/%)
@@ -81,6 +85,14 @@ $(UI_GEN): tools/ui-embed.sh $(UI_DIR)/index.html $(UI_DIR)/app.js $(UI_DIR)/sty
 	tools/ui-embed.sh $@ $(UI_DIR)
 
 $(UI_OBJ): $(UI_GEN)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
+
+$(OPENAPI_GEN): tools/openapi-embed.sh conf/openapi.json
+	@mkdir -p $(dir $@)
+	tools/openapi-embed.sh $@ conf/openapi.json
+
+$(OPENAPI_OBJ): $(OPENAPI_GEN)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
 

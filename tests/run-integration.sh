@@ -9,7 +9,8 @@
 set -eu
 bin=${1:?usage: run-integration.sh BIN_DIR [FILE[::TEST]...] [pytest args]}; shift
 export BLOBREF_BIN_DIR=$(cd "$bin" && pwd)
-if [ ! -d tests/js/node_modules/@duckdb/node-api ] || [ ! -d tests/js/node_modules/avsc ]; then
+if [ ! -d tests/js/node_modules/@duckdb/node-api ] || [ ! -d tests/js/node_modules/avsc ] ||
+  [ ! -d tests/js/node_modules/@seriousme/openapi-schema-validator ]; then
   (cd tests/js && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
 # The whole suite unless a test file or node id is named.

@@ -65,5 +65,7 @@ enum MHD_Result metrics_get(struct request *req);
 /* h_ui.c: the operator console's files. */
 enum MHD_Result ui_get(struct request *req);
 enum MHD_Result ui_redirect(struct request *req);
+/* h_openapi.c: the OpenAPI description. */
+enum MHD_Result openapi_get(struct request *req);
 
 #endif

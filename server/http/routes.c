@@ -32,6 +32,7 @@ const struct route br_routes[] = {
     {"GET", "/healthz", 0, NULL, NULL, health_get},
     {"GET", "/readyz", 0, NULL, NULL, ready_get},
     {"GET", "/metrics", 0, NULL, NULL, metrics_get},
+    {"GET", "/v1/openapi.json", 0, NULL, NULL, openapi_get},
     {"GET", "/ui", 0, NULL, NULL, ui_redirect},
     {"GET", "/ui/{file}", 0, NULL, NULL, ui_get},
 };

@@ -46,6 +46,7 @@ ROUTES = [
     ("GET", "/healthz", None),
     ("GET", "/readyz", None),
     ("GET", "/metrics", None),
+    ("GET", "/v1/openapi.json", None),
     ("GET", "/ui", None),
     ("GET", "/ui/{file}", None),
 ]
