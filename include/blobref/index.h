@@ -89,6 +89,14 @@ int br_index_ready(br_index *idx);
 #define BR_INDEX_LOCK_CLASS 0x62726c6b /* "brlk" */
 int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int lock, br_err *err);
 
+/* Work that runs once cluster-wide: take (1) or give back (0) the lease `which` (a
+ * BR_INDEX_LEASE_*). On PostgreSQL a session advisory lock on (BR_INDEX_LEASE_CLASS, which) held
+ * on a connection of its own (a node that dies loses it with its session); on LMDB always had.
+ * take: 1 taken, 0 another node holds it, or a negative code + err. Give back: 0. */
+#define BR_INDEX_LEASE_CLASS 0x62726c73 /* "brls" */
+#define BR_INDEX_LEASE_RECONCILE 1
+int br_index_lease(br_index *idx, int which, int take, br_err *err);
+
 /* Stops the writer (after finishing queued operations) and closes the environment. */
 void br_index_close(br_index *idx);
 

@@ -20,7 +20,7 @@
 
 /* A held blob lock: the connection that holds it. */
 struct held_lock {
-  uint8_t digest[BR_SHA256_LEN];
+  int32_t cls, key;
   PGconn *conn;
   struct held_lock *next;
 };
@@ -581,52 +581,55 @@ static void pg_close(idx_backend *be) {
   free(be);
 }
 
-static int pg_lock_blob(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], int lock,
-                        br_err *err) {
-  char key[16];
-  snprintf(key, sizeof key, "%d",
-           (int32_t)((uint32_t)digest[0] << 24 | (uint32_t)digest[1] << 16 |
-                     (uint32_t)digest[2] << 8 | digest[3]));
-  char cls[16];
-  snprintf(cls, sizeof cls, "%d", BR_INDEX_LOCK_CLASS);
-  const char *v[2] = {cls, key};
-  if (lock) {
+enum lock_mode { LOCK_WAIT, LOCK_TRY, LOCK_RELEASE };
+
+/* A session advisory lock on (cls, key), each held on a connection of its own (not from the
+ * readers' budget: a holder may read while it holds it). Returns 1 held (LOCK_TRY: 0 when another
+ * session has it), 0 released, or a negative code + err. */
+static int advisory(idx_backend *be, int32_t cls, int32_t key, enum lock_mode mode, br_err *err) {
+  char k[16], c[16];
+  snprintf(k, sizeof k, "%d", key);
+  snprintf(c, sizeof c, "%d", cls);
+  const char *v[2] = {c, k};
+  if (mode != LOCK_RELEASE) {
     struct held_lock *h = calloc(1, sizeof *h);
     if (!h) return br_fail(err, "out of memory");
-    /* not from the readers' budget: a holder may read while it holds the lock */
     h->conn = pool_take(be, 1, err);
     if (!h->conn) {
       free(h);
       return BR_INDEX_UNAVAILABLE;
     }
-    PGresult *r = PQexecParams(h->conn, "SELECT pg_advisory_lock($1::int4, $2::int4)", 2, NULL, v,
-                               NULL, NULL, 0);
+    PGresult *r = PQexecParams(h->conn,
+                               mode == LOCK_TRY ? "SELECT pg_try_advisory_lock($1::int4, $2::int4)"
+                                                : "SELECT pg_advisory_lock($1::int4, $2::int4)",
+                               2, NULL, v, NULL, NULL, 0);
     int ok = r && PQresultStatus(r) == PGRES_TUPLES_OK;
-    int rc = ok ? 0 : read_fail(be, h->conn, r, "blob lock", err);
+    int rc = ok ? 1 : read_fail(be, h->conn, r, "advisory lock", err);
+    if (ok && mode == LOCK_TRY && strcmp(PQgetvalue(r, 0, 0), "t")) rc = 0;
     PQclear(r);
-    if (!ok) {
+    if (rc != 1) {
       pool_give(be, h->conn);
       free(h);
       return rc;
     }
-    memcpy(h->digest, digest, BR_SHA256_LEN);
+    h->cls = cls, h->key = key;
     pthread_mutex_lock(&be->lock);
     h->next = be->held;
     be->held = h;
     pthread_mutex_unlock(&be->lock);
-    return 0;
+    return 1;
   }
   pthread_mutex_lock(&be->lock);
   struct held_lock **p = &be->held;
-  while (*p && memcmp((*p)->digest, digest, BR_SHA256_LEN)) p = &(*p)->next;
+  while (*p && ((*p)->cls != cls || (*p)->key != key)) p = &(*p)->next;
   struct held_lock *h = *p;
   if (h) *p = h->next;
   pthread_mutex_unlock(&be->lock);
-  if (!h) return 0; /* its lock was never taken (the database was down) */
+  if (!h) return 0; /* never taken (the database was down) */
   PGresult *r = PQexecParams(h->conn, "SELECT pg_advisory_unlock($1::int4, $2::int4)", 2, NULL, v,
                              NULL, NULL, 0);
   if (!r || PQresultStatus(r) != PGRES_TUPLES_OK) {
-    read_fail(be, h->conn, r, "blob unlock", err);
+    read_fail(be, h->conn, r, "advisory unlock", err);
     PQfinish(h->conn); /* the session's end releases it */
     h->conn = NULL;
     pthread_mutex_lock(&be->lock);
@@ -640,6 +643,18 @@ static int pg_lock_blob(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], in
   return 0;
 }
 
+static int pg_lock_blob(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], int lock,
+                        br_err *err) {
+  int32_t key = (int32_t)((uint32_t)digest[0] << 24 | (uint32_t)digest[1] << 16 |
+                          (uint32_t)digest[2] << 8 | digest[3]);
+  int rc = advisory(be, BR_INDEX_LOCK_CLASS, key, lock ? LOCK_WAIT : LOCK_RELEASE, err);
+  return rc < 0 ? rc : 0;
+}
+
+static int pg_lease(idx_backend *be, int which, int take, br_err *err) {
+  return advisory(be, BR_INDEX_LEASE_CLASS, which, take ? LOCK_TRY : LOCK_RELEASE, err);
+}
+
 static const idx_ops pg_ops = {
     .name = "postgres",
     .get = pg_get,
@@ -650,6 +665,7 @@ static const idx_ops pg_ops = {
     .has_purges = pg_has_purges,
     .ready = pg_ready,
     .lock_blob = pg_lock_blob,
+    .lease = pg_lease,
     .begin = pg_begin,
     .commit = pg_commit,
     .abort = pg_abort,

@@ -185,3 +185,31 @@ def test_upload_commit_waits_for_the_blob_lock_another_node_holds(two_nodes, pos
         holder.stdin.close()
         holder.wait(10)
     assert requests.get(f"{a.url}/v1/blobs/{h}", timeout=TIMEOUT).content == data
+
+
+def test_reconcile_runs_once_cluster_wide(two_nodes, postgres):
+    """While another node holds the reconcile lease (an advisory lock held for the whole run),
+    POST /v1/reconcile on any node is 409; once it is given back, a run starts."""
+    import subprocess
+    from pgutil import PG_BIN
+    a, b, dsn = two_nodes
+    lease = "1651666035, 1"
+    holder = subprocess.Popen([str(PG_BIN / "psql"), "-X", "-q", "-d", dsn], stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, text=True)
+    held = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1651666035"
+            " AND objid = 1 AND objsubid = 2 AND granted")
+    try:
+        holder.stdin.write(f"SELECT pg_advisory_lock({lease});\n")
+        holder.stdin.flush()
+        assert wait_until(lambda: rows(postgres, dsn, held) == [["1"]])
+        for s in (a, b):
+            assert_error(requests.post(f"{s.url}/v1/reconcile", timeout=TIMEOUT), 409,
+                         "reconcile_running")
+        holder.stdin.write(f"SELECT pg_advisory_unlock({lease});\n")
+        holder.stdin.flush()
+        assert wait_until(lambda: rows(postgres, dsn, held) == [["0"]])
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+    r = requests.post(f"{b.url}/v1/reconcile", timeout=TIMEOUT)
+    assert r.status_code == 202, r.text
