@@ -446,3 +446,72 @@ def test_primary_killed_and_standby_promoted_under_load(pg_supported, make_clust
         check_all_readable(c.nodes, load.acked)
     finally:
         pair.remove()
+
+
+def test_harness_standby_is_synchronous_and_keeps_every_acknowledged_commit():
+    """The PostgreSQL pair itself (psycopg2, no blobrefd): with the standby down a commit on the
+    primary waits for it (SyncRep) and completes once it is back; then under four writers the
+    primary is killed -9 and the standby promoted: every commit the primary acknowledged is on
+    the promoted server, which takes writes at once."""
+    psycopg2 = pytest.importorskip("psycopg2")
+    pair = PgPair().start()
+    try:
+        p, sb = pair.primary, pair.standby
+        p.sql("CREATE TABLE acked (id bigint PRIMARY KEY, at timestamptz DEFAULT now())")
+
+        def connect(inst):
+            conn = psycopg2.connect(host="127.0.0.1", port=inst.port, user="postgres",
+                                    dbname="postgres", connect_timeout=2)
+            conn.autocommit = True
+            return conn
+
+        sb.stop()
+        done = threading.Event()
+
+        def blocked_commit():
+            with connect(p) as conn, conn.cursor() as cur:
+                cur.execute("INSERT INTO acked (id) VALUES (-1)")
+            done.set()
+
+        t = threading.Thread(target=blocked_commit, daemon=True)
+        t.start()
+        wait_for(lambda: p.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = "
+                               "'SyncRep'") == "1", 15, "the commit to wait for the standby")
+        assert not done.is_set()
+        sb.start()
+        wait_for(done.is_set, 30, "the commit once the standby is back")
+
+        acked, lock, stop = [], threading.Lock(), threading.Event()
+
+        def writer(k):
+            try:
+                conn = connect(p)
+                cur = conn.cursor()
+                i = 0
+                while not stop.is_set():
+                    cur.execute("INSERT INTO acked (id) VALUES (%s)", (k * 10**9 + i,))
+                    with lock:
+                        acked.append(k * 10**9 + i)
+                    i += 1
+            except psycopg2.Error:
+                return  # the primary is gone: this commit was not acknowledged
+
+        ws = [threading.Thread(target=writer, args=(k,), daemon=True) for k in range(4)]
+        for w in ws:
+            w.start()
+        wait_for(lambda: len(acked) >= 200, 30, "200 acknowledged commits")
+        pair.kill_primary()
+        for w in ws:
+            w.join(30)
+        stop.set()
+        took = pair.promote_standby()
+        with connect(sb) as conn, conn.cursor() as cur:
+            cur.execute("SELECT id FROM acked")
+            present = {r[0] for r in cur.fetchall()}
+            cur.execute("INSERT INTO acked (id) VALUES (-2)")
+        missing = set(acked) - present
+        print(f"\n{len(acked)} commits acknowledged before the kill, promotion {took:.2f} s")
+        assert not missing, f"{len(missing)} acknowledged commits lost: {sorted(missing)[:5]}"
+        assert -1 in present
+    finally:
+        pair.remove()
