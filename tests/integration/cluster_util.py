@@ -452,3 +452,225 @@ class UploadLoad:
     def failures_since(self, since):
         with self._lock:
             return sum(1 for t in self.fail_times if t >= since)
+
+
+PATRONI_TEMPLATE = ROOT / "conf" / "patroni" / "patroni.yml"
+
+
+def _chown_postgres(path):
+    if os.geteuid() == 0:
+        pw = pwd.getpwnam("postgres")
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+class Etcd:
+    """Three etcd members on 127.0.0.1 (the DCS that Patroni's leader lease lives in)."""
+
+    def __init__(self, base, n=3):
+        self.base = pathlib.Path(base)
+        self.members = [{"name": f"etcd{i + 1}", "client": free_port(), "peer": free_port()}
+                        for i in range(n)]
+        self.procs = []
+
+    @property
+    def hosts(self):
+        return ",".join(f"127.0.0.1:{m['client']}" for m in self.members)
+
+    def start(self, timeout=60):
+        cluster = ",".join(f"{m['name']}=http://127.0.0.1:{m['peer']}" for m in self.members)
+        token = f"blobref-{os.getpid()}-{self.members[0]['client']}"  # the same for all three
+        for m in self.members:
+            d = self.base / m["name"]
+            log = open(self.base / f"{m['name']}.log", "ab")
+            self.procs.append(subprocess.Popen(
+                ["etcd", "--name", m["name"], "--data-dir", str(d),
+                 "--listen-client-urls", f"http://127.0.0.1:{m['client']}",
+                 "--advertise-client-urls", f"http://127.0.0.1:{m['client']}",
+                 "--listen-peer-urls", f"http://127.0.0.1:{m['peer']}",
+                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{m['peer']}",
+                 "--initial-cluster", cluster, "--initial-cluster-state", "new",
+                 "--initial-cluster-token", token],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+
+        def healthy():
+            for m in self.members:
+                try:
+                    r = requests.get(f"http://127.0.0.1:{m['client']}/health", timeout=1)
+                    if r.status_code != 200 or r.json().get("health") != "true":
+                        return False
+                except (requests.RequestException, ValueError):
+                    return False
+            return True
+
+        wait_for(healthy, timeout, "three healthy etcd members", step=0.1)
+        return self
+
+    def stop(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self.procs = []
+
+
+class PatroniMember:
+    """One Patroni (run as postgres, in its own session so that kill9() takes Patroni and its
+    PostgreSQL down together, as a lost machine would) managing one PostgreSQL 15."""
+
+    def __init__(self, base, name, etcd_hosts, passwords, ttl=10, loop_wait=1, retry_timeout=4):
+        self.name = name
+        self.dir = pathlib.Path(base) / name
+        self.dir.mkdir(parents=True)
+        _chown_postgres(self.dir)
+        self.pg_port, self.rest_port = free_port(), free_port()
+        self.cfg = self.dir / "patroni.yml"
+        values = {"NAME": name, "HOST": "127.0.0.1", "REST_PORT": self.rest_port,
+                  "PG_PORT": self.pg_port, "ETCD_HOSTS": etcd_hosts,
+                  "DATA_DIR": self.dir / "pgdata", "SOCKET_DIR": self.dir, "BIN_DIR": PG_BIN,
+                  "PGPASS": self.dir / "pgpass",
+                  "TTL": ttl, "LOOP_WAIT": loop_wait, "RETRY_TIMEOUT": retry_timeout,
+                  "SUPERUSER_PASSWORD": passwords[0], "REPLICATION_PASSWORD": passwords[1]}
+        import string
+        text = string.Template(PATRONI_TEMPLATE.read_text()).substitute(
+            {k: str(v) for k, v in values.items()})
+        self.cfg.write_text(text)
+        _chown_postgres(self.cfg)
+        self.log_path = pathlib.Path(base) / f"{name}.log"
+        self.proc = None
+        self.rest = f"http://127.0.0.1:{self.rest_port}"
+
+    def start(self):
+        cmd = ["patroni", str(self.cfg)]
+        if os.geteuid() == 0:
+            cmd = ["runuser", "-u", "postgres", "--"] + cmd
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def role(self):
+        """Patroni's own word: 'primary' when GET /primary answers 200, else 'replica' or None."""
+        try:
+            r = requests.get(self.rest + "/primary", timeout=1)
+        except requests.RequestException:
+            return None
+        return "primary" if r.status_code == 200 else "replica"
+
+    def postmaster_pid(self):
+        try:
+            return int((self.dir / "pgdata" / "postmaster.pid").read_text().split("\n")[0])
+        except (OSError, ValueError):
+            return None
+
+    def kill9(self, timeout=10):
+        """SIGKILL to Patroni and to its PostgreSQL (which Patroni starts detached, in a session
+        of its own) with every backend, at once; waits until none of them runs."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        victims = [int(d) for d in os.listdir("/proc") if d.isdigit() and _pgid(int(d)) == pgid]
+        pm = self.postmaster_pid()
+        if pm is not None and pid_running(pm):
+            victims += [pm] + children_of(pm)
+        for p in victims:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout)
+        wait_for(lambda: not any(pid_running(p) for p in victims), timeout,
+                 f"{self.name}'s processes to die")
+        self.proc = None
+        self.log.close()
+
+    def stop(self):
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # anything Patroni left behind
+        except ProcessLookupError:
+            pass
+        self.proc = None
+        self.log.close()
+
+
+def _pgid(pid):
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+class PatroniCluster:
+    """Three etcd members and two Patroni members (synchronous_mode) over PostgreSQL 15, all on
+    127.0.0.1, from conf/patroni/patroni.yml."""
+
+    def __init__(self, base=None, ttl=10, loop_wait=1, retry_timeout=4):
+        self.base = pathlib.Path(base or tempfile.mkdtemp(prefix="blobref-patroni-", dir="/tmp"))
+        os.chmod(self.base, 0o755)
+        _chown_postgres(self.base)
+        self.password = hashlib.sha256(os.urandom(16)).hexdigest()[:24]
+        self.etcd = Etcd(self.base / "etcd-dirs")
+        (self.base / "etcd-dirs").mkdir()
+        self.members = []
+        self.timing = dict(ttl=ttl, loop_wait=loop_wait, retry_timeout=retry_timeout)
+
+    def start(self, timeout=120):
+        t0 = time.monotonic()
+        self.etcd.start()
+        pw = (self.password, self.password + "r")
+        self.members = [PatroniMember(self.base, f"pg{i + 1}", self.etcd.hosts, pw, **self.timing)
+                        for i in range(2)]
+        self.members[0].start()
+        wait_for(lambda: self.members[0].role() == "primary", timeout, "pg1 to bootstrap",
+                 step=0.2)
+        self.members[1].start()
+        wait_for(self.synchronous, timeout, "pg2 to be the synchronous standby", step=0.2)
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def cluster_state(self):
+        for m in self.members:
+            try:
+                return requests.get(m.rest + "/cluster", timeout=1).json()
+            except (requests.RequestException, ValueError):
+                continue
+        return None
+
+    def synchronous(self):
+        st = self.cluster_state()
+        if not st:
+            return False
+        roles = sorted((x.get("role"), x.get("state")) for x in st.get("members", []))
+        return roles == [("leader", "running"), ("sync_standby", "streaming")] or \
+            roles == [("leader", "running"), ("sync_standby", "running")]
+
+    def leader(self):
+        for m in self.members:
+            if m.proc is not None and m.role() == "primary":
+                return m
+        return None
+
+    def dsn(self, db="postgres"):
+        hosts = ",".join("127.0.0.1" for _ in self.members)
+        ports = ",".join(str(m.pg_port) for m in self.members)
+        return (f"host={hosts} port={ports} dbname={db} user=postgres password={self.password} "
+                "target_session_attrs=read-write connect_timeout=2")
+
+    def stop(self):
+        for m in self.members:
+            m.stop()
+        self.etcd.stop()
+
+    def remove(self, keep_logs=None):
+        """Stops everything and deletes the directory, copying the logs to keep_logs first."""
+        self.stop()
+        if keep_logs is not None:
+            for f in list(self.base.glob("*.log")) + list(self.base.glob("etcd-dirs/*.log")):
+                shutil.copy(f, pathlib.Path(keep_logs) / f.name)
+        shutil.rmtree(self.base, ignore_errors=True)
