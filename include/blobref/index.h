@@ -1,5 +1,6 @@
-/* The blob index: SHA-256 -> record (size, type, times, state, locations) in LMDB, with one
- * group-committing writer thread so that many uploads share one durable transaction. */
+/* The blob index: SHA-256 -> record (size, type, times, state, locations) in LMDB (one node) or
+ * PostgreSQL (shared by several nodes), with one group-committing writer thread so that many
+ * uploads share one durable transaction. */
 #ifndef BLOBREF_INDEX_H
 #define BLOBREF_INDEX_H
 
@@ -49,6 +50,7 @@ typedef struct br_record {
 #define BR_INDEX_NO_SPACE (-3) /* the index's file system is full (ENOSPC, EDQUOT) */
 /* br_index_record_upload: the location's (store, key) is another record's (invariant 10). */
 #define BR_INDEX_KEY_TAKEN (-4)
+#define BR_INDEX_UNAVAILABLE (-5) /* the database cannot be reached (nothing was written) */
 
 /* Serialises rec (format version 1, little-endian, length-prefixed strings) into buf.
  * Returns the encoded length, or 0 if it does not fit in cap or rec is invalid. */
@@ -67,10 +69,17 @@ typedef struct br_index_options {
   unsigned batch_max; /* most operations per transaction (1 = no group commit) */
   int read_only;      /* open without the writer thread (fsck, tools) */
   int queue_purges;   /* state and location changes that make CDN copies stale queue a purge */
+  const char *dsn;    /* non-empty: a PostgreSQL index (libpq conninfo or URI), not LMDB in dir */
 } br_index_options;
 
 /* Opens (creating) the index in directory dir and starts the writer thread. NULL + err. */
 br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err);
+
+/* "lmdb" or "postgres". */
+const char *br_index_kind(br_index *idx);
+
+/* 1 when the index can serve: always for LMDB; for PostgreSQL, while the database answers. */
+int br_index_ready(br_index *idx);
 
 /* Stops the writer (after finishing queued operations) and closes the environment. */
 void br_index_close(br_index *idx);

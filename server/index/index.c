@@ -1,19 +1,16 @@
-/* The blob index on LMDB: record encoding, lock-free reads on per-thread reusable read
- * transactions, and one writer thread that applies queued operations in group commits. */
-#include "blobref/index.h"
+/* The blob index, whatever its backend: record encoding, the record cache, and one writer thread
+ * that applies queued operations in group commits, deciding each change the same way on LMDB and
+ * PostgreSQL (backend.h). */
+#include "backend.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <lmdb.h>
-#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stddef.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <time.h>
 
 /* ---- record encoding (version 1) ------------------------------------------------------------
@@ -165,18 +162,19 @@ const br_location *br_record_primary(const br_record *rec) {
   return rec->nlocations ? &rec->locations[0] : NULL;
 }
 
-/* ---- environment and reads ------------------------------------------------------------------ */
+/* ---- the record cache and reads ------------------------------------------------------------- */
 
 struct op;
 
 /* The record cache: the encoded records of recently read blobs, so that a hot read takes neither
- * an LMDB read transaction nor a B-tree search. It is exact, never merely recent: the writer, after
+ * a backend read nor a B-tree search. It is exact, never merely recent: the writer, after
  * each commit and before any writer's caller is told, advances `epoch` and then clears the slots
- * of every key its batch wrote. A reader notes the epoch before its LMDB read and fills a slot
+ * of every key its batch wrote. A reader notes the epoch before its backend read and fills a slot
  * only if no commit came in between (under the slot's lock, which the clearing also takes), so a
  * record read from a snapshot older than a commit can never land in the cache after that
- * commit's clearing has passed. Only blobrefd's own writer writes the index while it runs
- * (--rebuild-index needs the server stopped). */
+ * commit's clearing has passed. On LMDB only blobrefd's own writer writes the index while it runs
+ * (--rebuild-index needs the server stopped); on a shared PostgreSQL index there is no record
+ * cache (other nodes write too). */
 #define RCACHE_SLOTS 16384   /* direct-mapped by the digest's first bytes (uniformly random) */
 #define RCACHE_LOCKS 256     /* slot i is guarded by lock i % RCACHE_LOCKS */
 #define RCACHE_MAX_BYTES 320 /* larger records (many locations, long strings) are not cached */
@@ -195,97 +193,21 @@ struct rcache {
 };
 
 struct br_index {
-  MDB_env *env;
-  MDB_dbi dbi;
-  MDB_dbi keys;           /* the reverse map: SHA-256(store NUL key) -> owner digest (see KEYS_*) */
-  int has_keys;           /* 0 only in a read-only open of an index not upgraded yet */
-  MDB_dbi purges;         /* pending CDN purges: digest -> PURGE_VALUE bytes (see put_purge) */
-  int has_purges;         /* 0 only in a read-only open of an index from before it */
+  const idx_ops *ops;
+  idx_backend *be;
   int queue_purges;       /* changes that make CDN copies stale queue a purge */
   uint64_t last_purge_ns; /* the writer's: the last queued_ns given */
-  unsigned writes_since_check; /* the writer's: write transactions since mdb_reader_check */
-  uint64_t last_check_ns;
-  atomic_uint_fast64_t stale_readers;
   unsigned batch_max;
-  uint64_t generation; /* distinguishes this index from closed ones in per-thread caches */
   pthread_mutex_t lock;
   pthread_cond_t work_cv, done_cv;
   struct op *head, *tail;
   int stopping, has_writer;
   pthread_t writer;
-  /* read transactions cached by threads, aborted at close */
   struct op **batch; /* the writer's scratch: batch_max operations */
-  MDB_txn **readers;
-  size_t nreaders, readers_cap;
-  atomic_uint_fast64_t commits, ops;
+  atomic_uint_fast64_t commits, ops_applied;
   struct rcache
       *rcache; /* NULL for read-only opens (fsck), which have no writer to keep it exact */
 };
-
-static atomic_uint_fast64_t next_generation = 1;
-
-struct reader_cache {
-  uint64_t generation;
-  MDB_txn *txn;
-};
-static __thread struct reader_cache tl_reader;
-
-static int lmdb_fail(br_err *err, const char *what, int rc) {
-  br_fail(err, "index: %s: %s", what, mdb_strerror(rc));
-  if (rc == MDB_MAP_FULL) return BR_INDEX_FULL;
-  return rc == ENOSPC || rc == EDQUOT ? BR_INDEX_NO_SPACE : -1;
-}
-
-/* LMDB reports a short write, which is what a file system that fills up in the middle of one
- * gives, as EIO: it is a full volume when next to no space is left there. */
-static int volume_full(br_index *idx) {
-  const char *path = NULL;
-  struct statvfs vfs;
-  return mdb_env_get_path(idx->env, &path) == 0 && statvfs(path, &vfs) == 0 &&
-         (uint64_t)vfs.f_bavail * vfs.f_frsize < (1u << 20);
-}
-
-/* Returns a read transaction ready for use on this thread (renewed from the cache). */
-static MDB_txn *reader_begin(br_index *idx, br_err *err) {
-  if (tl_reader.generation == idx->generation && tl_reader.txn) {
-    int rc = mdb_txn_renew(tl_reader.txn);
-    if (rc == 0) return tl_reader.txn;
-    lmdb_fail(err, "renew read transaction", rc);
-    return NULL;
-  }
-  MDB_txn *txn = NULL;
-  int rc = mdb_txn_begin(idx->env, NULL, MDB_RDONLY, &txn);
-  if (rc) {
-    lmdb_fail(err, "begin read transaction", rc);
-    return NULL;
-  }
-  pthread_mutex_lock(&idx->lock);
-  if (idx->nreaders == idx->readers_cap) {
-    size_t cap = idx->readers_cap ? idx->readers_cap * 2 : 16;
-    MDB_txn **grown = realloc(idx->readers, cap * sizeof *grown);
-    if (grown) idx->readers = grown, idx->readers_cap = cap;
-  }
-  int cached = idx->nreaders < idx->readers_cap;
-  if (cached) idx->readers[idx->nreaders++] = txn;
-  pthread_mutex_unlock(&idx->lock);
-  if (cached) {
-    tl_reader.generation = idx->generation;
-    tl_reader.txn = txn;
-  }
-  return txn;
-}
-
-static void reader_end(br_index *idx, MDB_txn *txn) {
-  if (tl_reader.txn == txn && tl_reader.generation == idx->generation)
-    mdb_txn_reset(txn);
-  else
-    mdb_txn_abort(txn);
-}
-
-static MDB_val key_of(const uint8_t digest[BR_SHA256_LEN]) {
-  MDB_val k = {BR_SHA256_LEN, (void *)digest};
-  return k;
-}
 
 static size_t rcache_slot_of(const uint8_t digest[BR_SHA256_LEN]) {
   uint32_t h;
@@ -340,39 +262,24 @@ int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *
     atomic_fetch_add_explicit(&rc->misses, 1, memory_order_relaxed);
     epoch = atomic_load(&rc->epoch); /* before the snapshot is taken */
   }
-  MDB_txn *txn = reader_begin(idx, err);
-  if (!txn) return -1;
-  MDB_val k = key_of(digest), v;
-  int rc_get = mdb_get(txn, idx->dbi, &k, &v);
-  int out;
-  if (rc_get == MDB_NOTFOUND) {
-    out = 1;
-  } else if (rc_get) {
-    out = lmdb_fail(err, "get", rc_get);
-  } else {
-    out = br_record_decode(v.mv_data, v.mv_size, rec, err); /* copies out of the map */
-    if (out == 0 && rc) rcache_fill(rc, digest, v.mv_data, v.mv_size, epoch);
-  }
-  reader_end(idx, txn);
+  const void *val;
+  size_t len;
+  void *hold;
+  int out = idx->ops->get(idx->be, digest, &val, &len, &hold, err);
+  if (out) return out;
+  out = br_record_decode(val, len, rec, err); /* copies out of the backend's buffer */
+  if (out == 0 && rc) rcache_fill(rc, digest, val, len, epoch);
+  idx->ops->get_done(idx->be, hold);
   return out;
 }
 
-/* Positions cur on the first key after `after` (NULL: the first key). Returns LMDB's code. */
-static int cursor_seek_after(MDB_cursor *cur, const uint8_t *after, MDB_val *k, MDB_val *v) {
-  if (!after) return mdb_cursor_get(cur, k, v, MDB_FIRST);
-  *k = key_of(after);
-  int rc = mdb_cursor_get(cur, k, v, MDB_SET_RANGE);
-  if (rc == 0 && k->mv_size == BR_SHA256_LEN && !memcmp(k->mv_data, after, BR_SHA256_LEN))
-    rc = mdb_cursor_get(cur, k, v, MDB_NEXT);
-  return rc;
-}
-
-/* Decodes the record at the cursor; an error names the blob. Returns 0 or -1 (err). */
-static int decode_at(const MDB_val *k, const MDB_val *v, br_record *rec, br_err *err) {
-  if (k->mv_size != BR_SHA256_LEN) return br_fail(err, "index: key of %zu bytes", k->mv_size);
-  if (br_record_decode(v->mv_data, v->mv_size, rec, err) == 0) return 0;
+/* Decodes a scanned record; an error names the blob. Returns 0 or -1 (err). */
+static int decode_at(const uint8_t *key, size_t klen, const void *val, size_t vlen, br_record *rec,
+                     br_err *err) {
+  if (klen != BR_SHA256_LEN) return br_fail(err, "index: key of %zu bytes", klen);
+  if (br_record_decode(val, vlen, rec, err) == 0) return 0;
   char hex[BR_HEX_LEN + 1], why[sizeof err->msg];
-  br_hex_encode(k->mv_data, hex);
+  br_hex_encode(key, hex);
   snprintf(why, sizeof why, "%s", err ? err->msg : "");
   return br_fail(err, "%s: %s", hex, why);
 }
@@ -381,100 +288,89 @@ int br_index_foreach(br_index *idx, br_index_each_fn fn, void *ud, br_err *err) 
   return br_index_foreach_after(idx, NULL, fn, ud, err);
 }
 
-int br_index_foreach_after(br_index *idx, const uint8_t *after, br_index_each_fn fn, void *ud,
-                           br_err *err) {
-  MDB_txn *txn = NULL;
-  int rc = mdb_txn_begin(idx->env, NULL, MDB_RDONLY, &txn);
-  if (rc) return lmdb_fail(err, "begin read transaction", rc);
-  MDB_cursor *cur = NULL;
-  rc = mdb_cursor_open(txn, idx->dbi, &cur);
-  if (rc) {
-    mdb_txn_abort(txn);
-    return lmdb_fail(err, "open cursor", rc);
+struct each_state {
+  br_index_each_fn fn;
+  void *ud;
+  br_record *rec;
+  br_err *err;
+  int failed;
+  /* list_after */
+  size_t limit, listed, scanned;
+  int state, has_next;
+  uint8_t *next;
+};
+
+static int each_entry(void *arg, const uint8_t *key, size_t klen, const void *val, size_t vlen) {
+  struct each_state *st = arg;
+  if (decode_at(key, klen, val, vlen, st->rec, st->err) < 0) {
+    st->failed = 1;
+    return 1;
   }
-  MDB_val k, v;
-  int out = 0;
-  br_record *rec = malloc(sizeof *rec);
-  if (!rec) out = br_fail(err, "out of memory");
-  for (rc = cursor_seek_after(cur, after, &k, &v); out == 0 && rc == 0;
-       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    if (decode_at(&k, &v, rec, err) < 0) {
-      out = -1;
-      break;
-    }
-    if (fn(ud, k.mv_data, rec)) break;
-  }
-  if (out == 0 && rc && rc != MDB_NOTFOUND) out = lmdb_fail(err, "cursor", rc);
-  free(rec);
-  mdb_cursor_close(cur);
-  mdb_txn_abort(txn);
-  return out;
+  return st->fn(st->ud, key, st->rec);
 }
 
-/* A read transaction (reader_begin) with a cursor on dbi. Returns the transaction, or NULL with
- * err; the caller closes the cursor (mdb_cursor_close), then calls reader_end. */
-static MDB_txn *reader_cursor(br_index *idx, MDB_dbi dbi, MDB_cursor **cur, br_err *err) {
-  MDB_txn *txn = reader_begin(idx, err);
-  if (!txn) return NULL;
-  int rc = mdb_cursor_open(txn, dbi, cur);
-  if (rc) {
-    reader_end(idx, txn);
-    lmdb_fail(err, "open cursor", rc);
-    return NULL;
+int br_index_foreach_after(br_index *idx, const uint8_t *after, br_index_each_fn fn, void *ud,
+                           br_err *err) {
+  struct each_state st = {.fn = fn, .ud = ud, .err = err, .rec = malloc(sizeof(br_record))};
+  if (!st.rec) return br_fail(err, "out of memory");
+  int out = idx->ops->scan(idx->be, IDX_BLOBS, after, each_entry, &st, err);
+  free(st.rec);
+  return out ? out : st.failed ? -1 : 0;
+}
+
+static int list_entry(void *arg, const uint8_t *key, size_t klen, const void *val, size_t vlen) {
+  struct each_state *st = arg;
+  if (st->listed == st->limit || st->scanned == BR_INDEX_LIST_MAX_SCAN) {
+    /* more follow: the caller goes on after the last key it has seen */
+    st->has_next = 1;
+    return 1;
   }
-  return txn;
+  st->scanned++;
+  if (decode_at(key, klen, val, vlen, st->rec, st->err) < 0) {
+    st->failed = 1;
+    return 1;
+  }
+  memcpy(st->next, key, BR_SHA256_LEN);
+  /* "quarantined" covers every kind: by reconcile, held by an admin, being deleted */
+  br_record *rec = st->rec;
+  int s = rec->state == BR_STATE_HELD || rec->state == BR_STATE_DELETING ? BR_STATE_QUARANTINED
+                                                                         : (int)rec->state;
+  if (st->state >= 0 && s != st->state) return 0;
+  st->listed++;
+  if (st->fn(st->ud, key, rec)) {
+    br_fail(st->err, "index: listing stopped by its caller");
+    st->failed = 1;
+    return 1;
+  }
+  return 0;
 }
 
 int br_index_list_after(br_index *idx, const uint8_t *after, size_t limit, int state,
                         br_index_each_fn fn, void *ud, uint8_t next[BR_SHA256_LEN], int *has_next,
                         br_err *err) {
   *has_next = 0;
-  MDB_cursor *cur = NULL;
-  MDB_txn *txn = reader_cursor(idx, idx->dbi, &cur, err);
-  if (!txn) return -1;
-  int rc;
-  MDB_val k, v;
-  int out = 0;
-  size_t listed = 0, scanned = 0;
-  br_record *rec = malloc(sizeof *rec);
-  if (!rec) out = br_fail(err, "out of memory");
-  for (rc = cursor_seek_after(cur, after, &k, &v); out == 0 && rc == 0;
-       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    if (listed == limit || scanned == BR_INDEX_LIST_MAX_SCAN) {
-      /* more follow: the caller goes on after the last key it has seen */
-      *has_next = 1;
-      break;
-    }
-    scanned++;
-    if (decode_at(&k, &v, rec, err) < 0) {
-      out = -1;
-      break;
-    }
-    memcpy(next, k.mv_data, BR_SHA256_LEN);
-    /* "quarantined" covers every kind: by reconcile, held by an admin, being deleted */
-    int st = rec->state == BR_STATE_HELD || rec->state == BR_STATE_DELETING ? BR_STATE_QUARANTINED
-                                                                            : (int)rec->state;
-    if (state >= 0 && st != state) continue;
-    listed++;
-    if (fn(ud, k.mv_data, rec)) {
-      out = br_fail(err, "index: listing stopped by its caller");
-      break;
-    }
-  }
-  if (out == 0 && rc && rc != MDB_NOTFOUND) out = lmdb_fail(err, "cursor", rc);
-  if (out) *has_next = 0;
-  free(rec);
-  mdb_cursor_close(cur);
-  reader_end(idx, txn);
+  struct each_state st = {.fn = fn,
+                          .ud = ud,
+                          .err = err,
+                          .limit = limit,
+                          .state = state,
+                          .next = next,
+                          .rec = malloc(sizeof(br_record))};
+  if (!st.rec) return br_fail(err, "out of memory");
+  int out = idx->ops->scan(idx->be, IDX_BLOBS, after, list_entry, &st, err);
+  free(st.rec);
+  if (!out && st.failed) out = -1;
+  if (!out) *has_next = st.has_next;
   return out;
 }
 
 /* ---- the writer: queued operations, group commit ------------------------------------------- */
 
 struct op {
-  /* Applies the operation in txn. Returns 0; -1 for an error of this operation only (err
-   * filled, transaction still usable); or an LMDB error code that spoils the transaction. */
-  int (*apply)(br_index *idx, MDB_txn *txn, struct op *op);
+  /* Applies the operation in the writer's transaction. Returns 0; -1 for an error of this
+   * operation only (err filled, transaction still usable); or a backend code that spoils the
+   * transaction. */
+  int (*apply)(br_index *idx, struct op *op);
   const uint8_t *digest;
   const br_record *rec;
   br_record *stored;
@@ -492,37 +388,6 @@ struct op {
   struct op *next;
 };
 
-/* ---- the reverse map (store, key) -> digest ---------------------------------------------------
- * Keys are SHA-256(store NUL key) (an object key may be longer than LMDB's 511-byte keys); values
- * the owner's 32-byte digest, or 32 zero bytes for a key that several records had when an older
- * index was upgraded (it is never deleted then). KEYS_DONE, a key of another length, says the
- * map is complete (it is built once, in chunks, when an index without it is opened). */
-
-static const char KEYS_DONE[] = "keys-complete-v1";
-static const uint8_t SHARED_OWNER[BR_SHA256_LEN] = {0};
-
-static void place_id(const char *store, const char *key, uint8_t id[BR_SHA256_LEN]) {
-  EVP_MD_CTX *c = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(c, EVP_sha256(), NULL);
-  EVP_DigestUpdate(c, store, strlen(store) + 1);
-  EVP_DigestUpdate(c, key, strlen(key));
-  EVP_DigestFinal_ex(c, id, NULL);
-  EVP_MD_CTX_free(c);
-}
-
-/* The owner of l's place in txn: 0 (owner filled), MDB_NOTFOUND, or another LMDB code. */
-static int place_owner(br_index *idx, MDB_txn *txn, const br_location *l,
-                       uint8_t owner[BR_SHA256_LEN]) {
-  uint8_t id[BR_SHA256_LEN];
-  place_id(l->store, l->key, id);
-  MDB_val k = {sizeof id, id}, v;
-  int rc = mdb_get(txn, idx->keys, &k, &v);
-  if (rc) return rc;
-  if (v.mv_size != BR_SHA256_LEN) return MDB_CORRUPTED;
-  memcpy(owner, v.mv_data, BR_SHA256_LEN);
-  return 0;
-}
-
 static int has_place(const br_record *rec, const br_location *l) {
   for (int i = 0; rec && i < rec->nlocations; i++)
     if (!strcmp(rec->locations[i].store, l->store) && !strcmp(rec->locations[i].key, l->key))
@@ -532,16 +397,16 @@ static int has_place(const br_record *rec, const br_location *l) {
 
 /* The reverse map follows digest's record from old (NULL: none) to next (NULL: deleted): every
  * place next adds must be free or digest's already, else *taken = 1 and nothing is written.
- * Places old had and next has not are freed (when digest owns them). 0 or an LMDB code. */
-static int sync_places(br_index *idx, MDB_txn *txn, const uint8_t digest[BR_SHA256_LEN],
-                       const br_record *old, const br_record *next, int *taken) {
-  uint8_t owner[BR_SHA256_LEN], id[BR_SHA256_LEN];
+ * Places old had and next has not are freed (when digest owns them). 0 or a backend code. */
+static int sync_places(br_index *idx, const uint8_t digest[BR_SHA256_LEN], const br_record *old,
+                       const br_record *next, int *taken) {
+  uint8_t owner[BR_SHA256_LEN];
   *taken = 0;
   for (int i = 0; next && i < next->nlocations; i++) {
     const br_location *l = &next->locations[i];
     if (has_place(old, l)) continue;
-    int rc = place_owner(idx, txn, l, owner);
-    if (rc == MDB_NOTFOUND) continue;
+    int rc = idx->ops->owner_get(idx->be, l, owner);
+    if (rc == IDX_ABSENT) continue;
     if (rc) return rc;
     if (memcmp(owner, digest, BR_SHA256_LEN)) {
       *taken = 1;
@@ -551,29 +416,23 @@ static int sync_places(br_index *idx, MDB_txn *txn, const uint8_t digest[BR_SHA2
   for (int i = 0; next && i < next->nlocations; i++) {
     const br_location *l = &next->locations[i];
     if (has_place(old, l)) continue;
-    place_id(l->store, l->key, id);
-    MDB_val k = {sizeof id, id}, v = {BR_SHA256_LEN, (void *)digest};
-    int rc = mdb_put(txn, idx->keys, &k, &v, 0);
+    int rc = idx->ops->owner_put(idx->be, l, digest);
     if (rc) return rc;
   }
   for (int i = 0; old && i < old->nlocations; i++) {
     const br_location *l = &old->locations[i];
     if (has_place(next, l)) continue;
-    int rc = place_owner(idx, txn, l, owner);
-    if (rc == MDB_NOTFOUND) continue;
+    int rc = idx->ops->owner_get(idx->be, l, owner);
+    if (rc == IDX_ABSENT) continue;
     if (rc) return rc;
     if (memcmp(owner, digest, BR_SHA256_LEN)) continue; /* shared (upgrade) or not ours */
-    place_id(l->store, l->key, id);
-    MDB_val k = {sizeof id, id};
-    rc = mdb_del(txn, idx->keys, &k, NULL);
-    if (rc && rc != MDB_NOTFOUND) return rc;
+    rc = idx->ops->owner_del(idx->be, l);
+    if (rc && rc != IDX_ABSENT) return rc;
   }
   return 0;
 }
 
 /* ---- pending purges: digest -> u64 queued_ns, u64 next_ms, u32 attempts, u32 acked (LE) ---- */
-
-#define PURGE_VALUE 24
 
 static void purge_encode(const br_purge *p, uint8_t out[PURGE_VALUE]) {
   uint64_t f[2] = {p->queued_ns, p->next_ms};
@@ -585,9 +444,9 @@ static void purge_encode(const br_purge *p, uint8_t out[PURGE_VALUE]) {
 }
 
 /* Decodes a stored purge value; 0, or -1 when it is not PURGE_VALUE bytes. */
-static int purge_decode(const MDB_val *v, br_purge *p) {
-  if (v->mv_size != PURGE_VALUE) return -1;
-  const uint8_t *b = v->mv_data;
+static int purge_decode(const void *val, size_t len, br_purge *p) {
+  if (len != PURGE_VALUE) return -1;
+  const uint8_t *b = val;
   uint64_t f[2] = {0, 0};
   uint32_t g[2] = {0, 0};
   for (int j = 0; j < 2; j++)
@@ -605,55 +464,56 @@ static uint64_t realtime_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Queues (or queues again, from scratch) a purge of digest in txn. 0 or an LMDB code. */
-static int put_purge(br_index *idx, MDB_txn *txn, const uint8_t *digest) {
+/* Queues (or queues again, from scratch) a purge of digest in the writer's transaction. 0 or a
+ * backend code. */
+static int put_purge(br_index *idx, const uint8_t *digest) {
   uint64_t now = realtime_ns(); /* each queuing gets a distinct queued_ns */
   idx->last_purge_ns = now > idx->last_purge_ns ? now : idx->last_purge_ns + 1;
   br_purge p = {.queued_ns = idx->last_purge_ns};
   uint8_t buf[PURGE_VALUE];
   purge_encode(&p, buf);
-  MDB_val k = key_of(digest), v = {sizeof buf, buf};
-  return mdb_put(txn, idx->purges, &k, &v, 0);
+  return idx->ops->purge_put(idx->be, digest, buf, sizeof buf);
 }
 
 /* A change that makes CDN copies of digest stale queues a purge when the index does that. */
-static int stale_at_cdn(br_index *idx, MDB_txn *txn, const uint8_t *digest) {
-  return idx->queue_purges && idx->has_purges ? put_purge(idx, txn, digest) : 0;
+static int stale_at_cdn(br_index *idx, const uint8_t *digest) {
+  return idx->queue_purges && idx->ops->has_purges(idx->be) ? put_purge(idx, digest) : 0;
 }
 
-static int apply_queue_purge(br_index *idx, MDB_txn *txn, struct op *op) {
-  return put_purge(idx, txn, op->digest);
-}
+static int apply_queue_purge(br_index *idx, struct op *op) { return put_purge(idx, op->digest); }
 
-static int apply_settle_purge(br_index *idx, MDB_txn *txn, struct op *op) {
-  MDB_val k = key_of(op->digest), v;
+static int apply_settle_purge(br_index *idx, struct op *op) {
+  const void *val;
+  size_t vlen;
   br_purge cur;
-  int rc = mdb_get(txn, idx->purges, &k, &v);
-  if (rc == MDB_NOTFOUND) return 0;
+  int rc = idx->ops->purge_get(idx->be, op->digest, &val, &vlen);
+  if (rc == IDX_ABSENT) return 0;
   if (rc) return rc;
-  int malformed = purge_decode(&v, &cur) < 0; /* was read as due from scratch */
+  int malformed = purge_decode(val, vlen, &cur) < 0; /* was read as due from scratch */
   if (!malformed && cur.queued_ns != op->purge->queued_ns) return 0; /* queued again meanwhile */
-  if (op->purge->done) return mdb_del(txn, idx->purges, &k, NULL);
+  if (op->purge->done) {
+    rc = idx->ops->purge_del(idx->be, op->digest);
+    return rc == IDX_ABSENT ? 0 : rc;
+  }
   uint8_t buf[PURGE_VALUE];
   purge_encode(op->purge, buf);
-  MDB_val nv = {sizeof buf, buf};
-  return mdb_put(txn, idx->purges, &k, &nv, 0);
+  return idx->ops->purge_put(idx->be, op->digest, buf, sizeof buf);
 }
 
-/* The record stored under digest in txn, decoded into out: 0, MDB_NOTFOUND, -1 (err), or an
+/* The record stored under digest, decoded into out: 0, IDX_ABSENT, -1 (err), or an
  * LMDB code. */
-static int current_record(br_index *idx, MDB_txn *txn, const uint8_t *digest, br_record *out,
-                          br_err *err) {
-  MDB_val k = key_of(digest), v;
-  int rc = mdb_get(txn, idx->dbi, &k, &v);
+static int current_record(br_index *idx, const uint8_t *digest, br_record *out, br_err *err) {
+  const void *val;
+  size_t vlen;
+  int rc = idx->ops->rec_get(idx->be, digest, &val, &vlen);
   if (rc) return rc;
-  return br_record_decode(v.mv_data, v.mv_size, out, err) < 0 ? -1 : 0;
+  return br_record_decode(val, vlen, out, err) < 0 ? -1 : 0;
 }
 
 /* Encodes rec and stores it under op's digest, with its places in the reverse map: 0 (op->taken
  * = 1 when a place is another record's: nothing written), -1 (op->err), or an LMDB error code
  * (the transaction is spoiled then). */
-static int put_record(br_index *idx, MDB_txn *txn, struct op *op, const br_record *rec) {
+static int put_record(br_index *idx, struct op *op, const br_record *rec) {
   uint8_t buf[BR_RECORD_MAX_ENCODED];
   size_t len = br_record_encode(rec, buf, sizeof buf);
   if (!len) {
@@ -661,33 +521,33 @@ static int put_record(br_index *idx, MDB_txn *txn, struct op *op, const br_recor
     return -1;
   }
   br_record old;
-  int rc = current_record(idx, txn, op->digest, &old, &op->err);
-  if (rc && rc != MDB_NOTFOUND) return rc;
-  rc = sync_places(idx, txn, op->digest, rc == 0 ? &old : NULL, rec, &op->taken);
+  int rc = current_record(idx, op->digest, &old, &op->err);
+  if (rc && rc != IDX_ABSENT) return rc;
+  rc = sync_places(idx, op->digest, rc == 0 ? &old : NULL, rec, &op->taken);
   if (rc || op->taken) return rc;
-  MDB_val k = key_of(op->digest), v = {len, buf};
-  return mdb_put(txn, idx->dbi, &k, &v, 0);
+  return idx->ops->rec_put(idx->be, op->digest, buf, len);
 }
 
 /* Deletes op's record (as found: rec) and frees its places. 0 or an LMDB code. */
-static int del_record(br_index *idx, MDB_txn *txn, struct op *op, const br_record *rec) {
+static int del_record(br_index *idx, struct op *op, const br_record *rec) {
   int taken = 0;
-  int rc = sync_places(idx, txn, op->digest, rec, NULL, &taken);
+  int rc = sync_places(idx, op->digest, rec, NULL, &taken);
   if (rc) return rc;
-  MDB_val k = key_of(op->digest);
-  return mdb_del(txn, idx->dbi, &k, NULL);
+  rc = idx->ops->rec_del(idx->be, op->digest);
+  return rc == IDX_ABSENT ? 0 : rc;
 }
 
-static int apply_upload(br_index *idx, MDB_txn *txn, struct op *op) {
-  MDB_val k = key_of(op->digest), v;
-  int rc = mdb_get(txn, idx->dbi, &k, &v);
+static int apply_upload(br_index *idx, struct op *op) {
+  const void *val;
+  size_t vlen;
+  int rc = idx->ops->rec_get(idx->be, op->digest, &val, &vlen);
   br_record *merged = op->stored;
-  if (rc == MDB_NOTFOUND) {
+  if (rc == IDX_ABSENT) {
     *merged = *op->rec;
     op->created = 1;
   } else if (rc) {
     return rc;
-  } else if (br_record_decode(v.mv_data, v.mv_size, merged, &op->err) < 0) {
+  } else if (br_record_decode(val, vlen, merged, &op->err) < 0) {
     return -1;
   } else if (merged->state == BR_STATE_DELETING) {
     /* its bytes are gone or going: the upload has just written them again, under the lock that
@@ -715,7 +575,7 @@ static int apply_upload(br_index *idx, MDB_txn *txn, struct op *op) {
       merged->nlocations++;
     }
   }
-  rc = put_record(idx, txn, op, merged);
+  rc = put_record(idx, op, merged);
   if (rc == 0 && op->taken) {
     const br_location *l = br_record_primary(op->rec);
     br_fail(&op->err, "index: %s:%s is the location of another blob", l ? l->store : "",
@@ -726,35 +586,37 @@ static int apply_upload(br_index *idx, MDB_txn *txn, struct op *op) {
   return rc;
 }
 
-static int apply_touch(br_index *idx, MDB_txn *txn, struct op *op) {
-  MDB_val k = key_of(op->digest), v;
-  int rc = mdb_get(txn, idx->dbi, &k, &v);
+static int apply_touch(br_index *idx, struct op *op) {
+  const void *val;
+  size_t vlen;
+  int rc = idx->ops->rec_get(idx->be, op->digest, &val, &vlen);
   op->created = 0;
-  if (rc == MDB_NOTFOUND) {
+  if (rc == IDX_ABSENT) {
     op->gone = 1;
     return 0;
   }
   if (rc) return rc;
   br_record *rec = op->stored;
-  if (br_record_decode(v.mv_data, v.mv_size, rec, &op->err) < 0) return -1;
+  if (br_record_decode(val, vlen, rec, &op->err) < 0) return -1;
   if (rec->state != BR_STATE_LIVE) {
     op->gone = 1;
     return 0;
   }
   if (op->rec->last_upload_ms <= rec->last_upload_ms) return 0;
   rec->last_upload_ms = op->rec->last_upload_ms;
-  return put_record(idx, txn, op, rec);
+  return put_record(idx, op, rec);
 }
 
-static int apply_change(br_index *idx, MDB_txn *txn, struct op *op) {
+static int apply_change(br_index *idx, struct op *op) {
   br_change *c = op->change;
-  MDB_val k = key_of(op->digest), v;
+  const void *val;
+  size_t vlen;
   c->applied = 0;
-  int rc = mdb_get(txn, idx->dbi, &k, &v);
-  if (rc == MDB_NOTFOUND) return 0;
+  int rc = idx->ops->rec_get(idx->be, op->digest, &val, &vlen);
+  if (rc == IDX_ABSENT) return 0;
   if (rc) return rc;
   br_record *rec = &c->before;
-  if (br_record_decode(v.mv_data, v.mv_size, rec, &op->err) < 0) return -1;
+  if (br_record_decode(val, vlen, rec, &op->err) < 0) return -1;
   br_record next = *rec;
   switch (c->kind) {
     case BR_CHANGE_QUARANTINE:
@@ -778,8 +640,8 @@ static int apply_change(br_index *idx, MDB_txn *txn, struct op *op) {
       if (rec->state == BR_STATE_LIVE || rec->state_ms != c->expect_state_ms ||
           rec->state_ms >= c->cutoff_ms)
         return 0;
-      rc = del_record(idx, txn, op, rec);
-      if (!rc) rc = stale_at_cdn(idx, txn, op->digest);
+      rc = del_record(idx, op, rec);
+      if (!rc) rc = stale_at_cdn(idx, op->digest);
       if (rc) return rc;
       c->applied = 1;
       return 0;
@@ -796,9 +658,9 @@ static int apply_change(br_index *idx, MDB_txn *txn, struct op *op) {
            : c->reason                       ? c->reason
            : next.state == BR_STATE_DELETING ? "being deleted for good"
                                              : "");
-  rc = put_record(idx, txn, op, &next);
+  rc = put_record(idx, op, &next);
   if (rc == 0 && (c->kind == BR_CHANGE_QUARANTINE || c->kind == BR_CHANGE_HOLD))
-    rc = stale_at_cdn(idx, txn, op->digest);
+    rc = stale_at_cdn(idx, op->digest);
   if (rc == 0) c->applied = 1;
   return rc;
 }
@@ -807,24 +669,25 @@ static int same_place(const br_location *a, const br_location *b) {
   return !strcmp(a->store, b->store) && !strcmp(a->key, b->key);
 }
 
-static int apply_location(br_index *idx, MDB_txn *txn, struct op *op) {
+static int apply_location(br_index *idx, struct op *op) {
   br_loc_change *c = op->loc;
-  MDB_val k = key_of(op->digest), v;
-  int rc = mdb_get(txn, idx->dbi, &k, &v);
-  if (rc && rc != MDB_NOTFOUND) return rc;
+  const void *val;
+  size_t vlen;
+  int rc = idx->ops->rec_get(idx->be, op->digest, &val, &vlen);
+  if (rc && rc != IDX_ABSENT) return rc;
   br_record *rec = &c->after;
-  if (rc == MDB_NOTFOUND) {
+  if (rc == IDX_ABSENT) {
     memset(rec, 0, sizeof *rec);
     if (c->kind != BR_LOC_INSERT) {
       c->outcome = BR_LOC_ABSENT;
       return 0;
     }
-    rc = put_record(idx, txn, op, c->rec);
+    rc = put_record(idx, op, c->rec);
     c->outcome = op->taken ? BR_LOC_KEY_TAKEN : BR_LOC_APPLIED;
     if (rc == 0 && !op->taken) *rec = *c->rec;
     return rc;
   }
-  if (br_record_decode(v.mv_data, v.mv_size, rec, &op->err) < 0) return -1;
+  if (br_record_decode(val, vlen, rec, &op->err) < 0) return -1;
   if (c->kind == BR_LOC_INSERT) {
     const br_location *want = br_record_primary(c->rec);
     c->outcome = BR_LOC_DUPLICATE;
@@ -842,7 +705,7 @@ static int apply_location(br_index *idx, MDB_txn *txn, struct op *op) {
       memmove(l, l + 1, (size_t)(rec->nlocations - i - 1) * sizeof *l);
       rec->nlocations--;
       c->outcome = BR_LOC_APPLIED;
-      return put_record(idx, txn, op, rec);
+      return put_record(idx, op, rec);
     }
     return 0;
   }
@@ -857,7 +720,7 @@ static int apply_location(br_index *idx, MDB_txn *txn, struct op *op) {
   if (same_place(primary, &c->to)) {
     primary->verified_at_ms = c->to.verified_at_ms;
     c->outcome = BR_LOC_APPLIED;
-    return put_record(idx, txn, op, rec);
+    return put_record(idx, op, rec);
   }
   br_record next = *rec;
   next.nlocations = 0;
@@ -880,88 +743,55 @@ static int apply_location(br_index *idx, MDB_txn *txn, struct op *op) {
   next.locations[0] = c->to;
   next.locations[0].role = BR_ROLE_PRIMARY;
   next.nlocations++;
-  rc = put_record(idx, txn, op, &next);
+  rc = put_record(idx, op, &next);
   if (rc) return rc;
   if (op->taken) {
     c->outcome = BR_LOC_KEY_TAKEN; /* `after` stays the record as found */
     return 0;
   }
-  rc = stale_at_cdn(idx, txn, op->digest); /* cached redirects point at the old place */
+  rc = stale_at_cdn(idx, op->digest); /* cached redirects point at the old place */
   if (rc) return rc;
   *rec = next;
   c->outcome = BR_LOC_APPLIED;
   return 0;
 }
 
-/* Frees the reader slots of dead processes (a killed `blobrefd --fsck` leaves one, pinning its
- * snapshot: no page freed since could be reused, and the map would fill). Returns how many. */
-static int clear_stale_readers(br_index *idx) {
-  int dead = 0;
-  if (mdb_reader_check(idx->env, &dead) != 0 || dead <= 0) return 0;
-  atomic_fetch_add(&idx->stale_readers, (uint64_t)dead);
-  br_warn("index: cleared %d reader slot(s) left by dead processes", dead);
-  return dead;
-}
-
-#define READER_CHECK_WRITES 64                      /* write transactions between checks */
-#define READER_CHECK_NS (2ull * 1000 * 1000 * 1000) /* or this long */
-
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* The writer's periodic check, before a write transaction. */
-static void maybe_check_readers(br_index *idx) {
-  uint64_t now = mono_ns();
-  if (++idx->writes_since_check < READER_CHECK_WRITES && now - idx->last_check_ns < READER_CHECK_NS)
-    return;
-  idx->writes_since_check = 0;
-  idx->last_check_ns = now;
-  clear_stale_readers(idx);
-}
-
 /* Runs ops[0..n) in one transaction. An operation's apply returning -1 failed alone (nothing of
- * it was written); any other non-zero code (LMDB's are negative, errno's positive) spoils the
- * transaction, which is then aborted, never used again. A full map is retried once after stale
- * readers were cleared (their snapshots may hold the pages it lacks). If the transaction fails as
- * a whole and holds several operations, each is retried alone so that one bad operation cannot
- * fail its neighbours. */
+ * it was written); any other non-zero code spoils the transaction, which is then aborted, never
+ * used again. The backend may ask for the batch to run again (LMDB: a full map after stale readers
+ * were cleared; PostgreSQL: a conflict with another node). If the transaction fails as a whole
+ * and holds several operations, each is retried alone so that one bad operation cannot fail its
+ * neighbours. */
 static void run_batch(br_index *idx, struct op **ops, size_t n) {
   int spoiled = 0;
-  for (int attempt = 0; attempt < 2; attempt++) {
-    MDB_txn *txn = NULL;
-    maybe_check_readers(idx);
-    spoiled = mdb_txn_begin(idx->env, NULL, 0, &txn);
+  for (int attempt = 0;; attempt++) {
+    spoiled = idx->ops->begin(idx->be);
     for (size_t i = 0; i < n && !spoiled; i++) {
       ops[i]->rc = 0;
       ops[i]->taken = 0;
       ops[i]->fail_rc = 0;
-      int r = ops[i]->apply(idx, txn, ops[i]);
+      int r = ops[i]->apply(idx, ops[i]);
       if (r == -1)
         ops[i]->rc = ops[i]->fail_rc ? ops[i]->fail_rc : -1;
       else if (r != 0)
         spoiled = r;
     }
-    if (!spoiled) {
-      spoiled = mdb_txn_commit(txn);
-      txn = NULL;
-    }
-    if (txn) mdb_txn_abort(txn);
+    if (!spoiled)
+      spoiled = idx->ops->commit(idx->be);
+    else
+      idx->ops->abort(idx->be);
     if (!spoiled) {
       atomic_fetch_add(&idx->commits, 1);
-      atomic_fetch_add(&idx->ops, n);
+      atomic_fetch_add(&idx->ops_applied, n);
       return;
     }
-    if (spoiled != MDB_MAP_FULL || clear_stale_readers(idx) == 0) break;
+    if (!idx->ops->retry(idx->be, spoiled, attempt)) break;
   }
   if (n > 1) {
     for (size_t i = 0; i < n; i++) run_batch(idx, &ops[i], 1);
     return;
   }
-  if (spoiled == EIO && volume_full(idx)) spoiled = ENOSPC;
-  ops[0]->rc = lmdb_fail(&ops[0]->err, "write", spoiled);
+  ops[0]->rc = idx->ops->fail(idx->be, spoiled, "write", &ops[0]->err);
 }
 
 /* The writer's side, after a batch: no reader may fill from an older snapshot any more, and
@@ -1116,7 +946,7 @@ int br_index_touch(br_index *idx, const uint8_t digest[BR_SHA256_LEN], uint64_t 
 int br_index_queue_purges(br_index *idx, const uint8_t (*digests)[BR_SHA256_LEN], size_t n,
                           br_err *err) {
   enum { CHUNK = 1024 };
-  if (!idx->has_purges) return br_fail(err, "index: no purges database (read-only)");
+  if (!idx->ops->has_purges(idx->be)) return br_fail(err, "index: no purges database (read-only)");
   struct op *ops = calloc(n < CHUNK ? (n ? n : 1) : CHUNK, sizeof *ops);
   if (!ops) return br_fail(err, "out of memory");
   int out = 0;
@@ -1130,32 +960,39 @@ int br_index_queue_purges(br_index *idx, const uint8_t (*digests)[BR_SHA256_LEN]
   return out;
 }
 
+struct due_state {
+  uint64_t now_ms;
+  br_purge *out;
+  size_t max, n, scanned;
+  uint8_t *next;
+  int stopped;
+};
+
+static int due_entry(void *arg, const uint8_t *key, size_t klen, const void *val, size_t vlen) {
+  struct due_state *st = arg;
+  if (st->n == st->max || st->scanned++ == BR_INDEX_PURGE_SCAN) {
+    st->stopped = 1; /* entries remain after next */
+    return 1;
+  }
+  if (klen != BR_SHA256_LEN) return 0;
+  memcpy(st->next, key, BR_SHA256_LEN);
+  br_purge p;
+  if (purge_decode(val, vlen, &p) < 0) p = (br_purge){0}; /* malformed: due, settled anew */
+  if (p.next_ms > st->now_ms) return 0;
+  memcpy(p.digest, key, BR_SHA256_LEN);
+  st->out[st->n++] = p;
+  return 0;
+}
+
 int br_index_purges_due(br_index *idx, const uint8_t *after, uint64_t now_ms, br_purge *out,
                         size_t max, uint8_t next[BR_SHA256_LEN], int *wrapped, br_err *err) {
   *wrapped = 1;
-  if (!idx->has_purges) return 0;
-  MDB_cursor *cur = NULL;
-  MDB_txn *txn = reader_cursor(idx, idx->purges, &cur, err);
-  if (!txn) return -1;
-  int rc;
-  MDB_val k, v;
-  size_t n = 0, scanned = 0;
-  for (rc = cursor_seek_after(cur, after, &k, &v); rc == 0 && n < max;
-       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    if (scanned++ == BR_INDEX_PURGE_SCAN) break;
-    if (k.mv_size != BR_SHA256_LEN) continue;
-    memcpy(next, k.mv_data, BR_SHA256_LEN);
-    br_purge p;
-    if (purge_decode(&v, &p) < 0) p = (br_purge){0}; /* malformed: due, settled anew */
-    if (p.next_ms > now_ms) continue;
-    memcpy(p.digest, k.mv_data, BR_SHA256_LEN);
-    out[n++] = p;
-  }
-  if (rc == 0) *wrapped = 0; /* stopped early: entries remain after next */
-  int res = rc == 0 || rc == MDB_NOTFOUND ? (int)n : lmdb_fail(err, "cursor", rc);
-  mdb_cursor_close(cur);
-  reader_end(idx, txn);
-  return res;
+  if (!idx->ops->has_purges(idx->be)) return 0;
+  struct due_state st = {.now_ms = now_ms, .out = out, .max = max, .next = next};
+  int rc = idx->ops->scan(idx->be, IDX_PURGES, after, due_entry, &st, err);
+  if (rc) return rc;
+  if (st.stopped) *wrapped = 0;
+  return (int)st.n;
 }
 
 int br_index_settle_purges(br_index *idx, const br_purge *purges, size_t n, br_err *err) {
@@ -1175,106 +1012,14 @@ int br_index_settle_purges(br_index *idx, const br_purge *purges, size_t n, br_e
   return out;
 }
 
-#define BUILD_CHUNK 50000 /* records per transaction while the reverse map is built */
-
-/* Builds the reverse map once, for an index written before it existed (or whose build was cut
- * short): from scratch, in transactions of BUILD_CHUNK records, then KEYS_DONE. A place several
- * records have gets the shared owner (its bytes are never deleted) and a warning. 0 or -1 + err. */
-static int build_places(br_index *idx, br_err *err) {
-  MDB_txn *txn = NULL;
-  MDB_cursor *cur = NULL;
-  MDB_val done = {sizeof KEYS_DONE - 1, (void *)KEYS_DONE}, k, v;
-  uint8_t last[BR_SHA256_LEN];
-  uint64_t records = 0, shared = 0;
-  int have_last = 0, out = 0;
-  br_record *rec = malloc(sizeof *rec);
-  int rc = rec ? mdb_txn_begin(idx->env, NULL, 0, &txn) : ENOMEM;
-  if (!rc) rc = mdb_get(txn, idx->keys, &done, &v);
-  if (rc == 0) { /* complete already */
-    mdb_txn_abort(txn);
-    free(rec);
-    return 0;
-  }
-  if (rc == MDB_NOTFOUND) rc = mdb_drop(txn, idx->keys, 0);
-  if (!rc) br_info("index: building the store-key map (once, for an index from before it)");
-  for (int more = 1; !rc && more;) {
-    size_t n = 0;
-    if (!txn) rc = mdb_txn_begin(idx->env, NULL, 0, &txn);
-    if (!rc) rc = mdb_cursor_open(txn, idx->dbi, &cur);
-    if (!rc) rc = cursor_seek_after(cur, have_last ? last : NULL, &k, &v);
-    for (; !rc && n < BUILD_CHUNK; n++) {
-      if (decode_at(&k, &v, rec, err) < 0) {
-        out = -1;
-        break;
-      }
-      memcpy(last, k.mv_data, BR_SHA256_LEN);
-      have_last = 1;
-      records++;
-      for (int i = 0; i < rec->nlocations && !rc; i++) {
-        uint8_t owner[BR_SHA256_LEN], id[BR_SHA256_LEN];
-        const br_location *l = &rec->locations[i];
-        int o = place_owner(idx, txn, l, owner);
-        if (o == 0 && !memcmp(owner, last, BR_SHA256_LEN)) continue;
-        if (o && o != MDB_NOTFOUND) {
-          rc = o;
-          break;
-        }
-        if (o == 0 && memcmp(owner, SHARED_OWNER, BR_SHA256_LEN)) {
-          char hex[BR_HEX_LEN + 1];
-          br_hex_encode(last, hex);
-          br_warn(
-              "index: %s:%s is the location of several blobs (%s among them): its bytes will "
-              "never be deleted",
-              l->store, l->key, hex);
-          shared++;
-        }
-        place_id(l->store, l->key, id);
-        MDB_val pk = {sizeof id, id};
-        MDB_val pv = {BR_SHA256_LEN, o == 0 ? (void *)SHARED_OWNER : (void *)last};
-        rc = mdb_put(txn, idx->keys, &pk, &pv, 0);
-      }
-      if (!rc) rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
-    }
-    more = rc == 0; /* stopped at BUILD_CHUNK with records left */
-    if (rc == MDB_NOTFOUND) rc = 0;
-    if (cur) mdb_cursor_close(cur);
-    cur = NULL;
-    if (out) break;
-    if (!rc && !more) {
-      MDB_val empty = {0, (void *)""};
-      rc = mdb_put(txn, idx->keys, &done, &empty, 0);
-    }
-    if (!rc) {
-      rc = mdb_txn_commit(txn);
-      txn = NULL;
-    }
-  }
-  if (txn) mdb_txn_abort(txn);
-  free(rec);
-  if (out) return -1;
-  if (rc) {
-    lmdb_fail(err, "building the store-key map", rc);
-    return -1;
-  }
-  br_info("index: store-key map ready (%" PRIu64 " records, %" PRIu64 " shared keys)", records,
-          shared);
-  return 0;
-}
-
 int br_index_key_owner(br_index *idx, const char *store, const char *key,
                        uint8_t owner[BR_SHA256_LEN], br_err *err) {
-  if (!idx->has_keys) return br_fail(err, "index: no store-key map (open it for writing once)");
-  br_location l;
-  snprintf(l.store, sizeof l.store, "%s", store);
-  snprintf(l.key, sizeof l.key, "%s", key);
-  MDB_txn *txn = reader_begin(idx, err);
-  if (!txn) return -1;
-  int rc = place_owner(idx, txn, &l, owner);
-  reader_end(idx, txn);
-  if (rc == MDB_NOTFOUND) return 1;
-  if (rc) return lmdb_fail(err, "store-key map", rc);
-  return memcmp(owner, SHARED_OWNER, BR_SHA256_LEN) ? 0 : 2;
+  return idx->ops->key_owner(idx->be, store, key, owner, err);
 }
+
+int br_index_ready(br_index *idx) { return idx->ops->ready(idx->be); }
+
+const char *br_index_kind(br_index *idx) { return idx->ops->name; }
 
 br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err) {
   br_index *idx = calloc(1, sizeof *idx);
@@ -1284,66 +1029,26 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
   }
   idx->batch_max = opt->batch_max ? opt->batch_max : 1;
   idx->queue_purges = opt->queue_purges;
-  idx->generation = atomic_fetch_add(&next_generation, 1);
   pthread_mutex_init(&idx->lock, NULL);
   pthread_cond_init(&idx->work_cv, NULL);
   pthread_cond_init(&idx->done_cv, NULL);
-  MDB_txn *txn = NULL;
-  int rc;
-  if (!opt->read_only && mkdir(dir, 0755) < 0 && errno != EEXIST) {
-    br_fail(err, "index: cannot create %s: %s", dir, strerror(errno));
-    goto fail;
-  }
-  if ((rc = mdb_env_create(&idx->env)) || (rc = mdb_env_set_maxdbs(idx->env, 4)) ||
-      (rc = mdb_env_set_maxreaders(idx->env, 4096)) ||
-      (rc = mdb_env_set_mapsize(idx->env, (size_t)opt->map_size))) {
-    lmdb_fail(err, "create environment", rc);
-    goto fail;
-  }
-  rc = mdb_env_open(idx->env, dir, MDB_NOTLS | (opt->read_only ? MDB_RDONLY : 0), 0644);
-  if (rc) {
-    br_fail(err, "index: open %s: %s", dir, mdb_strerror(rc));
-    goto fail;
-  }
-  if (!opt->read_only) clear_stale_readers(idx);
-  rc = mdb_txn_begin(idx->env, NULL, opt->read_only ? MDB_RDONLY : 0, &txn);
-  if (!rc) rc = mdb_dbi_open(txn, "blobs", opt->read_only ? 0 : MDB_CREATE, &idx->dbi);
-  if (!rc) {
-    int krc = mdb_dbi_open(txn, "keys", opt->read_only ? 0 : MDB_CREATE, &idx->keys);
-    if (krc == 0)
-      idx->has_keys = 1;
-    else if (krc != MDB_NOTFOUND || !opt->read_only)
-      rc = krc;
-  }
-  if (!rc) {
-    int prc = mdb_dbi_open(txn, "purges", opt->read_only ? 0 : MDB_CREATE, &idx->purges);
-    if (prc == 0)
-      idx->has_purges = 1;
-    else if (prc != MDB_NOTFOUND || !opt->read_only)
-      rc = prc;
-  }
-  if (!rc) {
-    rc = mdb_txn_commit(txn);
-    txn = NULL;
-  }
-  if (rc) {
-    if (txn) mdb_txn_abort(txn);
-    lmdb_fail(err, "open databases 'blobs', 'keys' and 'purges'", rc);
-    goto fail;
-  }
-  if (!opt->read_only && build_places(idx, err) < 0) goto fail;
+  int shared = opt->dsn && opt->dsn[0];
+  idx->be = shared ? idx_pg_open(opt, &idx->ops, err) : idx_lmdb_open(dir, opt, &idx->ops, err);
+  if (!idx->be) goto fail;
   if (!opt->read_only) {
     idx->batch = calloc(idx->batch_max, sizeof *idx->batch);
     if (!idx->batch) {
       br_fail(err, "index: out of memory");
       goto fail;
     }
-    idx->rcache = calloc(1, sizeof *idx->rcache);
-    if (!idx->rcache) {
-      br_fail(err, "index: out of memory");
-      goto fail;
+    if (!shared) { /* other nodes write a shared index: no cache could stay exact */
+      idx->rcache = calloc(1, sizeof *idx->rcache);
+      if (!idx->rcache) {
+        br_fail(err, "index: out of memory");
+        goto fail;
+      }
+      for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_init(&idx->rcache->locks[i], NULL);
     }
-    for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_init(&idx->rcache->locks[i], NULL);
     if (pthread_create(&idx->writer, NULL, writer_main, idx)) {
       br_fail(err, "index: cannot start the writer thread");
       goto fail;
@@ -1354,7 +1059,7 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
 fail:
   free(idx->rcache);
   free(idx->batch);
-  if (idx->env) mdb_env_close(idx->env);
+  if (idx->be) idx->ops->close(idx->be);
   pthread_mutex_destroy(&idx->lock);
   pthread_cond_destroy(&idx->work_cv);
   pthread_cond_destroy(&idx->done_cv);
@@ -1369,13 +1074,11 @@ void br_index_close(br_index *idx) {
   pthread_cond_broadcast(&idx->work_cv);
   pthread_mutex_unlock(&idx->lock);
   if (idx->has_writer) pthread_join(idx->writer, NULL);
-  for (size_t i = 0; i < idx->nreaders; i++) mdb_txn_abort(idx->readers[i]);
-  free(idx->readers);
+  idx->ops->close(idx->be);
   free(idx->batch);
   if (idx->rcache)
     for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_destroy(&idx->rcache->locks[i]);
   free(idx->rcache);
-  mdb_env_close(idx->env);
   pthread_mutex_destroy(&idx->lock);
   pthread_cond_destroy(&idx->work_cv);
   pthread_cond_destroy(&idx->done_cv);
@@ -1385,24 +1088,10 @@ void br_index_close(br_index *idx) {
 void br_index_get_stats(br_index *idx, br_index_stats *out) {
   memset(out, 0, sizeof *out);
   out->commits = atomic_load(&idx->commits);
-  out->ops = atomic_load(&idx->ops);
+  out->ops = atomic_load(&idx->ops_applied);
   if (idx->rcache) {
     out->cache_hits = atomic_load(&idx->rcache->hits);
     out->cache_misses = atomic_load(&idx->rcache->misses);
   }
-  out->stale_readers = atomic_load(&idx->stale_readers);
-  MDB_envinfo info;
-  MDB_stat st;
-  if (mdb_env_info(idx->env, &info) == 0 && mdb_env_stat(idx->env, &st) == 0) {
-    out->map_size = info.me_mapsize;
-    out->map_used = (uint64_t)(info.me_last_pgno + 1) * st.ms_psize;
-  }
-  MDB_txn *txn = NULL;
-  if (mdb_txn_begin(idx->env, NULL, MDB_RDONLY, &txn) == 0) {
-    MDB_stat dst;
-    if (mdb_stat(txn, idx->dbi, &dst) == 0) out->entries = dst.ms_entries;
-    if (idx->has_purges && mdb_stat(txn, idx->purges, &dst) == 0)
-      out->purges_pending = dst.ms_entries;
-    mdb_txn_abort(txn);
-  }
+  idx->ops->stats(idx->be, out);
 }

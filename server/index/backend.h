@@ -1,0 +1,74 @@
+/* Private to server/index: the small storage interface the shared index code (record cache,
+ * writer, decisions) runs on, implemented by LMDB (lmdb.c) and PostgreSQL (pg.c). */
+#ifndef BLOBREF_INDEX_BACKEND_H
+#define BLOBREF_INDEX_BACKEND_H
+
+#include "blobref/index.h"
+
+/* A writer primitive found nothing (distinct from LMDB codes, errno values and index codes). */
+#define IDX_ABSENT 1000000
+/* A PostgreSQL failure that spoils the transaction (the message is kept by the backend). */
+#define IDX_PG_FAILED 1000001
+/* A PostgreSQL conflict with another node's transaction (unique violation, deadlock): the batch
+ * is run again. */
+#define IDX_PG_CONFLICT 1000002
+
+#define PURGE_VALUE 24 /* encoded br_purge: u64 queued_ns, u64 next_ms, u32 attempts, u32 acked */
+
+typedef struct idx_backend idx_backend;
+
+enum idx_table { IDX_BLOBS, IDX_PURGES };
+
+/* A scanned entry: key (32 bytes for both tables) and its encoded value, valid during the call.
+ * Returns non-zero to stop the scan. */
+typedef int (*idx_scan_fn)(void *ud, const uint8_t *key, size_t klen, const void *val, size_t vlen);
+
+/* Read entry points (any thread) answer like the public API: 0, 1 absent, or a negative index
+ * code with err. Writer primitives (the writer thread only, between begin and commit or abort)
+ * answer 0, IDX_ABSENT, or a code that spoils the transaction (for `fail` to explain). */
+typedef struct idx_ops {
+  const char *name;
+  /* The encoded record of digest in *val (valid until get_done(hold)). */
+  int (*get)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void **val, size_t *len,
+             void **hold, br_err *err);
+  void (*get_done)(idx_backend *be, void *hold);
+  /* Entries of table after `after` (NULL: from the first) in key order, from one snapshot. */
+  int (*scan)(idx_backend *be, enum idx_table table, const uint8_t *after, idx_scan_fn fn, void *ud,
+              br_err *err);
+  int (*key_owner)(idx_backend *be, const char *store, const char *key,
+                   uint8_t owner[BR_SHA256_LEN], br_err *err);
+  void (*stats)(idx_backend *be, br_index_stats *out);
+  int (*has_purges)(idx_backend *be);
+  int (*ready)(idx_backend *be); /* 1 when it can serve (the database is reachable) */
+
+  int (*begin)(idx_backend *be);
+  int (*commit)(idx_backend *be);
+  void (*abort)(idx_backend *be);
+  /* After a spoiled transaction: 1 to run the batch again (attempt counts from 0). */
+  int (*retry)(idx_backend *be, int code, int attempt);
+  /* Fills err for a spoiled transaction and returns the public code (BR_INDEX_FULL, ...). */
+  int (*fail)(idx_backend *be, int code, const char *what, br_err *err);
+  int (*rec_get)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void **val,
+                 size_t *len);
+  int (*rec_put)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void *val, size_t len);
+  int (*rec_del)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN]);
+  /* The reverse map (store, key) -> owner digest (invariant 10). */
+  int (*owner_get)(idx_backend *be, const br_location *l, uint8_t owner[BR_SHA256_LEN]);
+  int (*owner_put)(idx_backend *be, const br_location *l, const uint8_t digest[BR_SHA256_LEN]);
+  int (*owner_del)(idx_backend *be, const br_location *l);
+  /* Pending purges, their values encoded as PURGE_VALUE bytes. */
+  int (*purge_get)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void **val,
+                   size_t *len);
+  int (*purge_put)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void *val,
+                   size_t len);
+  int (*purge_del)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN]);
+  void (*close)(idx_backend *be);
+} idx_ops;
+
+/* Opens the LMDB backend in dir. NULL + err. */
+idx_backend *idx_lmdb_open(const char *dir, const br_index_options *opt, const idx_ops **ops,
+                           br_err *err);
+/* Opens the PostgreSQL backend on opt->dsn (creating or migrating the schema). NULL + err. */
+idx_backend *idx_pg_open(const br_index_options *opt, const idx_ops **ops, br_err *err);
+
+#endif

@@ -1,0 +1,617 @@
+/* The index's PostgreSQL backend (libpq): the schema (created and migrated under an advisory
+ * lock), a pool of reader connections, and the writer's connection, whose transactions lock the
+ * rows they read (FOR UPDATE) so that the shared decision code sees them as they are. */
+#include "backend.h"
+
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SCHEMA_VERSION 1
+#define SCHEMA_LOCK 0x626c6f6272656631ll /* pg_advisory_xact_lock key for schema changes */
+#define POOL_MAX 32                      /* reader connections at most */
+#define SCAN_PAGE 1000                   /* rows per query of a scan */
+#define RECONNECT_MS 200                 /* the writer tries to reconnect at most this often */
+#define MAX_CONFLICT_RETRIES 8           /* a batch run again after conflicts with other nodes */
+
+struct idx_backend {
+  char *dsn;
+  /* the writer's (writer thread only) */
+  PGconn *wconn;
+  PGresult *wres;                   /* holds the value rec_get / purge_get returned */
+  uint8_t (*absent)[BR_SHA256_LEN]; /* digests seen absent in this transaction: inserted */
+  size_t nabsent, absent_cap;
+  uint64_t last_connect_ms;
+  char werr[512];
+  int wconflict;
+  /* the readers' pool */
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+  PGconn *idle[POOL_MAX];
+  size_t nidle, nopen;
+  atomic_int up; /* the last contact with the database worked */
+};
+
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* libpq's message, first line only (never the conninfo: no password ends up in a log). */
+static void pq_message(PGconn *c, const PGresult *r, char *out, size_t cap) {
+  const char *m = r ? PQresultErrorMessage(r) : "";
+  if (!m || !*m) m = c ? PQerrorMessage(c) : "no connection";
+  snprintf(out, cap, "%s", m && *m ? m : "unknown error");
+  out[strcspn(out, "\n")] = '\0';
+}
+
+static PGconn *connect_db(idx_backend *be, char *why, size_t cap) {
+  PGconn *c = PQconnectdb(be->dsn);
+  if (c && PQstatus(c) == CONNECTION_OK) {
+    PQclear(PQexec(c, "SET application_name = 'blobrefd'"));
+    return c;
+  }
+  pq_message(c, NULL, why, cap);
+  PQfinish(c);
+  return NULL;
+}
+
+/* ---- the schema -------------------------------------------------------------------------------
+ * blobref_blobs: one row per blob, the 32-byte digest and its encoded record (the same format as
+ * LMDB's, so that every reply is the same whatever the backend), range-partitioned by the
+ * digest's first byte into 16 partitions (a scan in key order walks them in order, no merge).
+ * blobref_owners: (store, key) -> owner digest, unique (invariant 10). blobref_purges: pending
+ * CDN purges, digest -> PURGE_VALUE bytes. */
+
+static const char *const SCHEMA_V1[] = {
+    "CREATE TABLE blobref_blobs (digest bytea NOT NULL CHECK (length(digest) = 32),"
+    " record bytea NOT NULL, PRIMARY KEY (digest)) PARTITION BY RANGE (digest)",
+    "CREATE TABLE blobref_owners (store text NOT NULL, key text NOT NULL,"
+    " owner bytea NOT NULL, PRIMARY KEY (store, key))",
+    "CREATE TABLE blobref_purges (digest bytea NOT NULL PRIMARY KEY, value bytea NOT NULL)",
+};
+
+/* Runs sql on c; 0 or -1 with why. */
+static int exec_ok(PGconn *c, const char *sql, char *why, size_t cap) {
+  PGresult *r = PQexec(c, sql);
+  int ok = r && (PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK);
+  if (!ok) pq_message(c, r, why, cap);
+  PQclear(r);
+  return ok ? 0 : -1;
+}
+
+/* Creates or migrates the schema in one transaction under an advisory lock (nodes starting
+ * together wait for each other). 0 or -1 with why. */
+static int ensure_schema(PGconn *c, char *why, size_t cap) {
+  char sql[256];
+  if (exec_ok(c, "BEGIN", why, cap) < 0) return -1;
+  snprintf(sql, sizeof sql, "SELECT pg_advisory_xact_lock(%lld)", SCHEMA_LOCK);
+  int rc = exec_ok(c, sql, why, cap);
+  if (!rc)
+    rc = exec_ok(c, "CREATE TABLE IF NOT EXISTS blobref_schema (version integer NOT NULL)", why,
+                 cap);
+  int version = 0;
+  if (!rc) {
+    PGresult *r = PQexec(c, "SELECT coalesce(max(version), 0) FROM blobref_schema");
+    if (r && PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+      version = atoi(PQgetvalue(r, 0, 0));
+    else
+      rc = -1, pq_message(c, r, why, cap);
+    PQclear(r);
+  }
+  if (!rc && version > SCHEMA_VERSION) {
+    snprintf(why, cap, "schema version %d is newer than this blobrefd's (%d)", version,
+             SCHEMA_VERSION);
+    rc = -1;
+  }
+  if (!rc && version < 1) {
+    br_info("index: creating the PostgreSQL schema (version %d)", SCHEMA_VERSION);
+    for (size_t i = 0; !rc && i < sizeof SCHEMA_V1 / sizeof SCHEMA_V1[0]; i++)
+      rc = exec_ok(c, SCHEMA_V1[i], why, cap);
+    for (int p = 0; !rc && p < 16; p++) {
+      char from[16], to[16];
+      snprintf(from, sizeof from, p ? "('\\x%02x')" : "(MINVALUE)", p * 16);
+      snprintf(to, sizeof to, p < 15 ? "('\\x%02x')" : "(MAXVALUE)", (p + 1) * 16);
+      snprintf(sql, sizeof sql,
+               "CREATE TABLE blobref_blobs_%x PARTITION OF blobref_blobs FOR VALUES FROM %s TO %s",
+               p, from, to);
+      rc = exec_ok(c, sql, why, cap);
+    }
+    if (!rc) rc = exec_ok(c, "INSERT INTO blobref_schema VALUES (1)", why, cap);
+  }
+  if (!rc) return exec_ok(c, "COMMIT", why, cap);
+  PQclear(PQexec(c, "ROLLBACK"));
+  return -1;
+}
+
+/* ---- the readers' pool ------------------------------------------------------------------------
+ */
+
+/* A connection for one query or scan; NULL with err (BR_INDEX_UNAVAILABLE) when none can be had. */
+static PGconn *pool_take(idx_backend *be, br_err *err) {
+  pthread_mutex_lock(&be->lock);
+  while (!be->nidle && be->nopen == POOL_MAX) pthread_cond_wait(&be->cv, &be->lock);
+  if (be->nidle) {
+    PGconn *c = be->idle[--be->nidle];
+    pthread_mutex_unlock(&be->lock);
+    return c;
+  }
+  be->nopen++;
+  pthread_mutex_unlock(&be->lock);
+  char why[256];
+  PGconn *c = connect_db(be, why, sizeof why);
+  if (c) return c;
+  atomic_store(&be->up, 0);
+  br_fail(err, "index: PostgreSQL unavailable: %s", why);
+  pthread_mutex_lock(&be->lock);
+  be->nopen--;
+  pthread_cond_signal(&be->cv);
+  pthread_mutex_unlock(&be->lock);
+  return NULL;
+}
+
+/* Gives c back (a broken one is closed). */
+static void pool_give(idx_backend *be, PGconn *c) {
+  int broken = PQstatus(c) != CONNECTION_OK || PQtransactionStatus(c) != PQTRANS_IDLE;
+  if (broken) PQfinish(c);
+  pthread_mutex_lock(&be->lock);
+  if (broken)
+    be->nopen--;
+  else
+    be->idle[be->nidle++] = c;
+  pthread_cond_signal(&be->cv);
+  pthread_mutex_unlock(&be->lock);
+}
+
+/* The failure of a query on c as a public code: BR_INDEX_UNAVAILABLE when the connection is gone.
+ */
+static int read_fail(idx_backend *be, PGconn *c, PGresult *r, const char *what, br_err *err) {
+  char why[256];
+  pq_message(c, r, why, sizeof why);
+  int gone = PQstatus(c) != CONNECTION_OK;
+  if (gone) atomic_store(&be->up, 0);
+  br_fail(err, "index: %s: %s", what, why);
+  return gone ? BR_INDEX_UNAVAILABLE : -1;
+}
+
+/* Runs a read query with binary parameters and results on a pooled connection, once more on a
+ * fresh connection when the pooled one had been cut (a database restart). The result (tuples)
+ * or NULL with *rc set. */
+static PGresult *read_query(idx_backend *be, const char *sql, int n, const char *const *vals,
+                            const int *lens, const int *fmts, const char *what, int *rc,
+                            br_err *err) {
+  for (int attempt = 0; attempt < 2; attempt++) {
+    PGconn *c = pool_take(be, err);
+    if (!c) {
+      *rc = BR_INDEX_UNAVAILABLE;
+      return NULL;
+    }
+    PGresult *r = PQexecParams(c, sql, n, NULL, vals, lens, fmts, 1);
+    if (r && PQresultStatus(r) == PGRES_TUPLES_OK) {
+      atomic_store(&be->up, 1);
+      pool_give(be, c);
+      return r;
+    }
+    *rc = read_fail(be, c, r, what, err);
+    PQclear(r);
+    pool_give(be, c);
+    if (*rc != BR_INDEX_UNAVAILABLE) break;
+  }
+  return NULL;
+}
+
+static int pg_get(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void **val,
+                  size_t *len, void **hold, br_err *err) {
+  const char *v[1] = {(const char *)digest};
+  int l[1] = {BR_SHA256_LEN}, f[1] = {1}, rc = 0;
+  PGresult *r = read_query(be, "SELECT record FROM blobref_blobs WHERE digest = $1", 1, v, l, f,
+                           "get", &rc, err);
+  if (!r) return rc;
+  if (PQntuples(r) == 0) {
+    PQclear(r);
+    return 1;
+  }
+  *val = PQgetvalue(r, 0, 0);
+  *len = (size_t)PQgetlength(r, 0, 0);
+  *hold = r;
+  return 0;
+}
+
+static void pg_get_done(idx_backend *be, void *hold) {
+  (void)be;
+  PQclear(hold);
+}
+
+/* Pages through table in key order inside one REPEATABLE READ transaction (one snapshot). */
+static int pg_scan(idx_backend *be, enum idx_table table, const uint8_t *after, idx_scan_fn fn,
+                   void *ud, br_err *err) {
+  PGconn *c = pool_take(be, err);
+  if (!c) return BR_INDEX_UNAVAILABLE;
+  char sql[160];
+  snprintf(sql, sizeof sql, "SELECT digest, %s FROM %s WHERE digest > $1 ORDER BY digest LIMIT %d",
+           table == IDX_BLOBS ? "record" : "value",
+           table == IDX_BLOBS ? "blobref_blobs" : "blobref_purges", SCAN_PAGE);
+  int out = 0;
+  PGresult *r = PQexec(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+  if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) out = read_fail(be, c, r, "scan", err);
+  PQclear(r);
+  uint8_t from[BR_SHA256_LEN];
+  int from_len = 0; /* the empty bytea sorts before every digest */
+  if (after) memcpy(from, after, BR_SHA256_LEN), from_len = BR_SHA256_LEN;
+  for (int more = 1; !out && more;) {
+    const char *v[1] = {(const char *)from};
+    int l[1] = {from_len}, f[1] = {1};
+    r = PQexecParams(c, sql, 1, NULL, v, l, f, 1);
+    if (!r || PQresultStatus(r) != PGRES_TUPLES_OK) {
+      out = read_fail(be, c, r, "scan", err);
+      PQclear(r);
+      break;
+    }
+    int n = PQntuples(r);
+    more = n == SCAN_PAGE;
+    for (int i = 0; i < n; i++) {
+      const uint8_t *k = (const uint8_t *)PQgetvalue(r, i, 0);
+      size_t klen = (size_t)PQgetlength(r, i, 0);
+      if (fn(ud, k, klen, PQgetvalue(r, i, 1), (size_t)PQgetlength(r, i, 1))) {
+        more = 0;
+        break;
+      }
+      if (klen == BR_SHA256_LEN) memcpy(from, k, BR_SHA256_LEN), from_len = BR_SHA256_LEN;
+    }
+    PQclear(r);
+  }
+  PQclear(PQexec(c, "ROLLBACK"));
+  if (!out) atomic_store(&be->up, 1);
+  pool_give(be, c);
+  return out;
+}
+
+static const uint8_t SHARED_OWNER[BR_SHA256_LEN] = {0};
+
+static int pg_key_owner(idx_backend *be, const char *store, const char *key,
+                        uint8_t owner[BR_SHA256_LEN], br_err *err) {
+  const char *v[2] = {store, key};
+  int rc = 0;
+  PGresult *r = read_query(be, "SELECT owner FROM blobref_owners WHERE store = $1 AND key = $2", 2,
+                           v, NULL, NULL, "store-key map", &rc, err);
+  if (!r) return rc;
+  int out = 1;
+  if (PQntuples(r) == 1 && PQgetlength(r, 0, 0) == BR_SHA256_LEN) {
+    memcpy(owner, PQgetvalue(r, 0, 0), BR_SHA256_LEN);
+    out = memcmp(owner, SHARED_OWNER, BR_SHA256_LEN) ? 0 : 2;
+  } else if (PQntuples(r) == 1) {
+    out = br_fail(err, "index: store-key map: owner of %d bytes", PQgetlength(r, 0, 0));
+  }
+  PQclear(r);
+  return out;
+}
+
+static uint64_t count_rows(idx_backend *be, const char *table) {
+  char sql[96];
+  snprintf(sql, sizeof sql, "SELECT count(*)::text FROM %s", table);
+  int rc = 0;
+  br_err err;
+  PGresult *r = read_query(be, sql, 0, NULL, NULL, NULL, "count", &rc, &err);
+  if (!r) return 0;
+  uint64_t n = PQntuples(r) == 1 ? strtoull(PQgetvalue(r, 0, 0), NULL, 10) : 0;
+  PQclear(r);
+  return n;
+}
+
+static void pg_stats(idx_backend *be, br_index_stats *out) {
+  out->entries = count_rows(be, "blobref_blobs");
+  out->purges_pending = count_rows(be, "blobref_purges");
+}
+
+static int pg_has_purges(idx_backend *be) {
+  (void)be;
+  return 1;
+}
+
+/* Asks the database (one round trip on a pooled connection). */
+static int pg_ready(idx_backend *be) {
+  br_err err;
+  int rc = 0;
+  PGresult *r = read_query(be, "SELECT 1", 0, NULL, NULL, NULL, "ready", &rc, &err);
+  PQclear(r);
+  return r != NULL;
+}
+
+/* ---- the writer -------------------------------------------------------------------------------
+ */
+
+/* Remembers a failed statement (err kept for `fail`); IDX_PG_CONFLICT for another node's
+ * transaction in the way, IDX_PG_FAILED otherwise. */
+static int writer_fail(idx_backend *be, PGresult *r) {
+  const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+  pq_message(be->wconn, r, be->werr, sizeof be->werr);
+  /* unique_violation, serialization_failure, deadlock_detected */
+  int conflict =
+      state && (!strcmp(state, "23505") || !strcmp(state, "40001") || !strcmp(state, "40P01"));
+  return conflict ? IDX_PG_CONFLICT : IDX_PG_FAILED;
+}
+
+/* Runs one of the writer's statements (binary parameters and results). The result, or NULL and
+ * *rc set. */
+static PGresult *wquery(idx_backend *be, const char *sql, int n, const char *const *vals,
+                        const int *lens, const int *fmts, ExecStatusType want, int *rc) {
+  PGresult *r = PQexecParams(be->wconn, sql, n, NULL, vals, lens, fmts, 1);
+  if (r && PQresultStatus(r) == want) return r;
+  *rc = writer_fail(be, r);
+  PQclear(r);
+  return NULL;
+}
+
+static int wcommand(idx_backend *be, const char *sql, int n, const char *const *vals,
+                    const int *lens, const int *fmts, int *rows) {
+  int rc = 0;
+  PGresult *r = wquery(be, sql, n, vals, lens, fmts, PGRES_COMMAND_OK, &rc);
+  if (!r) return rc;
+  if (rows) *rows = atoi(PQcmdTuples(r));
+  PQclear(r);
+  return 0;
+}
+
+static void release_wres(idx_backend *be) {
+  PQclear(be->wres);
+  be->wres = NULL;
+}
+
+static int pg_begin(idx_backend *be) {
+  be->nabsent = 0;
+  be->wconflict = 0;
+  if (!be->wconn || PQstatus(be->wconn) != CONNECTION_OK) {
+    uint64_t now = mono_ms();
+    if (now - be->last_connect_ms < RECONNECT_MS) { /* answers fail fast meanwhile */
+      if (!be->werr[0]) snprintf(be->werr, sizeof be->werr, "reconnecting");
+      return IDX_PG_FAILED;
+    }
+    be->last_connect_ms = now;
+    PQfinish(be->wconn);
+    be->wconn = connect_db(be, be->werr, sizeof be->werr);
+    if (!be->wconn) {
+      atomic_store(&be->up, 0);
+      return IDX_PG_FAILED;
+    }
+  }
+  return wcommand(be, "BEGIN", 0, NULL, NULL, NULL, NULL);
+}
+
+static int pg_commit(idx_backend *be) {
+  release_wres(be);
+  int rc = wcommand(be, "COMMIT", 0, NULL, NULL, NULL, NULL);
+  if (!rc) atomic_store(&be->up, 1);
+  return rc;
+}
+
+static void pg_abort(idx_backend *be) {
+  release_wres(be);
+  if (be->wconn && PQstatus(be->wconn) == CONNECTION_OK) PQclear(PQexec(be->wconn, "ROLLBACK"));
+}
+
+static int pg_retry(idx_backend *be, int code, int attempt) {
+  (void)be;
+  return code == IDX_PG_CONFLICT && attempt < MAX_CONFLICT_RETRIES;
+}
+
+static int pg_fail(idx_backend *be, int code, const char *what, br_err *err) {
+  int gone = !be->wconn || PQstatus(be->wconn) != CONNECTION_OK;
+  if (gone) atomic_store(&be->up, 0);
+  br_fail(err, "index: %s: %s%s", what, gone ? "PostgreSQL unavailable: " : "", be->werr);
+  (void)code;
+  return gone ? BR_INDEX_UNAVAILABLE : -1;
+}
+
+static int is_absent(idx_backend *be, const uint8_t *digest) {
+  for (size_t i = 0; i < be->nabsent; i++)
+    if (!memcmp(be->absent[i], digest, BR_SHA256_LEN)) return 1;
+  return 0;
+}
+
+/* Notes that digest has no row in this transaction (its next put is an INSERT, which fails with
+ * a conflict if another node inserted it meanwhile). 0 or IDX_PG_FAILED (memory). */
+static int note_absent(idx_backend *be, const uint8_t *digest, int absent) {
+  for (size_t i = 0; i < be->nabsent; i++)
+    if (!memcmp(be->absent[i], digest, BR_SHA256_LEN)) {
+      if (!absent) memmove(be->absent[i], be->absent[--be->nabsent], BR_SHA256_LEN);
+      return 0;
+    }
+  if (!absent) return 0;
+  if (be->nabsent == be->absent_cap) {
+    size_t cap = be->absent_cap ? be->absent_cap * 2 : 64;
+    void *grown = realloc(be->absent, cap * BR_SHA256_LEN);
+    if (!grown) {
+      snprintf(be->werr, sizeof be->werr, "out of memory");
+      return IDX_PG_FAILED;
+    }
+    be->absent = grown, be->absent_cap = cap;
+  }
+  memcpy(be->absent[be->nabsent++], digest, BR_SHA256_LEN);
+  return 0;
+}
+
+/* The value of a locking read (FOR UPDATE) of one row by its digest. */
+static int locked_value(idx_backend *be, const char *sql, const uint8_t *digest, const void **val,
+                        size_t *len) {
+  release_wres(be);
+  const char *v[1] = {(const char *)digest};
+  int l[1] = {BR_SHA256_LEN}, f[1] = {1}, rc = 0;
+  PGresult *r = wquery(be, sql, 1, v, l, f, PGRES_TUPLES_OK, &rc);
+  if (!r) return rc;
+  if (PQntuples(r) == 0) {
+    PQclear(r);
+    return IDX_ABSENT;
+  }
+  be->wres = r;
+  *val = PQgetvalue(r, 0, 0);
+  *len = (size_t)PQgetlength(r, 0, 0);
+  return 0;
+}
+
+static int pg_rec_get(idx_backend *be, const uint8_t *digest, const void **val, size_t *len) {
+  int rc = locked_value(be, "SELECT record FROM blobref_blobs WHERE digest = $1 FOR UPDATE", digest,
+                        val, len);
+  if (rc == IDX_ABSENT || rc == 0) {
+    int nrc = note_absent(be, digest, rc == IDX_ABSENT);
+    if (nrc) return nrc;
+  }
+  return rc;
+}
+
+static int pg_rec_put(idx_backend *be, const uint8_t *digest, const void *val, size_t len) {
+  const char *v[2] = {(const char *)digest, val};
+  int l[2] = {BR_SHA256_LEN, (int)len}, f[2] = {1, 1}, rows = 0;
+  if (is_absent(be, digest)) {
+    int rc = wcommand(be, "INSERT INTO blobref_blobs (digest, record) VALUES ($1, $2)", 2, v, l, f,
+                      NULL);
+    return rc ? rc : note_absent(be, digest, 0);
+  }
+  int rc =
+      wcommand(be, "UPDATE blobref_blobs SET record = $2 WHERE digest = $1", 2, v, l, f, &rows);
+  if (rc) return rc;
+  if (rows != 1) { /* cannot be: it was read under a row lock */
+    snprintf(be->werr, sizeof be->werr, "record vanished under its row lock");
+    return IDX_PG_CONFLICT;
+  }
+  return 0;
+}
+
+static int pg_rec_del(idx_backend *be, const uint8_t *digest) {
+  const char *v[1] = {(const char *)digest};
+  int l[1] = {BR_SHA256_LEN}, f[1] = {1}, rows = 0;
+  int rc = wcommand(be, "DELETE FROM blobref_blobs WHERE digest = $1", 1, v, l, f, &rows);
+  if (rc) return rc;
+  if (note_absent(be, digest, 1)) return IDX_PG_FAILED;
+  return rows ? 0 : IDX_ABSENT;
+}
+
+static int pg_owner_get(idx_backend *be, const br_location *loc, uint8_t owner[BR_SHA256_LEN]) {
+  const char *v[2] = {loc->store, loc->key};
+  int rc = 0;
+  PGresult *r =
+      wquery(be, "SELECT owner FROM blobref_owners WHERE store = $1 AND key = $2 FOR UPDATE", 2, v,
+             NULL, NULL, PGRES_TUPLES_OK, &rc);
+  if (!r) return rc;
+  rc = IDX_ABSENT;
+  if (PQntuples(r) == 1 && PQgetlength(r, 0, 0) == BR_SHA256_LEN) {
+    memcpy(owner, PQgetvalue(r, 0, 0), BR_SHA256_LEN);
+    rc = 0;
+  }
+  PQclear(r);
+  return rc;
+}
+
+/* Makes digest the owner of loc's place, which sync_places found free or digest's: if another
+ * node's transaction took it meanwhile, nothing is written and the batch runs again (a conflict),
+ * when sync_places finds it taken. */
+static int pg_owner_put(idx_backend *be, const br_location *loc, const uint8_t *digest) {
+  const char *v[3] = {loc->store, loc->key, (const char *)digest};
+  int l[3] = {0, 0, BR_SHA256_LEN}, f[3] = {0, 0, 1}, rows = 0;
+  int rc = wcommand(be,
+                    "INSERT INTO blobref_owners (store, key, owner) VALUES ($1, $2, $3)"
+                    " ON CONFLICT (store, key) DO UPDATE SET owner = EXCLUDED.owner"
+                    " WHERE blobref_owners.owner = EXCLUDED.owner",
+                    3, v, l, f, &rows);
+  if (rc) return rc;
+  if (rows == 0) {
+    snprintf(be->werr, sizeof be->werr, "%.64s:%.256s was taken by another node", loc->store,
+             loc->key);
+    return IDX_PG_CONFLICT;
+  }
+  return 0;
+}
+
+static int pg_owner_del(idx_backend *be, const br_location *loc) {
+  const char *v[2] = {loc->store, loc->key};
+  int rows = 0;
+  int rc = wcommand(be, "DELETE FROM blobref_owners WHERE store = $1 AND key = $2", 2, v, NULL,
+                    NULL, &rows);
+  return rc ? rc : rows ? 0 : IDX_ABSENT;
+}
+
+static int pg_purge_get(idx_backend *be, const uint8_t *digest, const void **val, size_t *len) {
+  return locked_value(be, "SELECT value FROM blobref_purges WHERE digest = $1 FOR UPDATE", digest,
+                      val, len);
+}
+
+static int pg_purge_put(idx_backend *be, const uint8_t *digest, const void *val, size_t len) {
+  const char *v[2] = {(const char *)digest, val};
+  int l[2] = {BR_SHA256_LEN, (int)len}, f[2] = {1, 1};
+  return wcommand(be,
+                  "INSERT INTO blobref_purges (digest, value) VALUES ($1, $2)"
+                  " ON CONFLICT (digest) DO UPDATE SET value = EXCLUDED.value",
+                  2, v, l, f, NULL);
+}
+
+static int pg_purge_del(idx_backend *be, const uint8_t *digest) {
+  const char *v[1] = {(const char *)digest};
+  int l[1] = {BR_SHA256_LEN}, f[1] = {1}, rows = 0;
+  int rc = wcommand(be, "DELETE FROM blobref_purges WHERE digest = $1", 1, v, l, f, &rows);
+  return rc ? rc : rows ? 0 : IDX_ABSENT;
+}
+
+static void pg_close(idx_backend *be) {
+  release_wres(be);
+  PQfinish(be->wconn);
+  for (size_t i = 0; i < be->nidle; i++) PQfinish(be->idle[i]);
+  pthread_mutex_destroy(&be->lock);
+  pthread_cond_destroy(&be->cv);
+  free(be->absent);
+  free(be->dsn);
+  free(be);
+}
+
+static const idx_ops pg_ops = {
+    .name = "postgres",
+    .get = pg_get,
+    .get_done = pg_get_done,
+    .scan = pg_scan,
+    .key_owner = pg_key_owner,
+    .stats = pg_stats,
+    .has_purges = pg_has_purges,
+    .ready = pg_ready,
+    .begin = pg_begin,
+    .commit = pg_commit,
+    .abort = pg_abort,
+    .retry = pg_retry,
+    .fail = pg_fail,
+    .rec_get = pg_rec_get,
+    .rec_put = pg_rec_put,
+    .rec_del = pg_rec_del,
+    .owner_get = pg_owner_get,
+    .owner_put = pg_owner_put,
+    .owner_del = pg_owner_del,
+    .purge_get = pg_purge_get,
+    .purge_put = pg_purge_put,
+    .purge_del = pg_purge_del,
+    .close = pg_close,
+};
+
+idx_backend *idx_pg_open(const br_index_options *opt, const idx_ops **ops, br_err *err) {
+  idx_backend *be = calloc(1, sizeof *be);
+  if (!be || !(be->dsn = strdup(opt->dsn))) {
+    free(be);
+    br_fail(err, "out of memory");
+    return NULL;
+  }
+  pthread_mutex_init(&be->lock, NULL);
+  pthread_cond_init(&be->cv, NULL);
+  char why[512];
+  PGconn *c = connect_db(be, why, sizeof why);
+  if (!c || ensure_schema(c, why, sizeof why) < 0) {
+    br_fail(err, "index: PostgreSQL: %s", why);
+    PQfinish(c);
+    pg_close(be);
+    return NULL;
+  }
+  atomic_store(&be->up, 1);
+  be->wconn = c; /* the writer's from now on */
+  be->last_connect_ms = mono_ms();
+  *ops = &pg_ops;
+  return be;
+}
