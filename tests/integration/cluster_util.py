@@ -674,3 +674,49 @@ class PatroniCluster:
             for f in list(self.base.glob("*.log")) + list(self.base.glob("etcd-dirs/*.log")):
                 shutil.copy(f, pathlib.Path(keep_logs) / f.name)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+PG_HAPROXY_TEMPLATE = ROOT / "conf" / "patroni" / "haproxy-postgres.cfg"
+
+
+class PrimaryProxy:
+    """HAProxy from conf/patroni/haproxy-postgres.cfg: one port leading to whichever Patroni
+    member answers GET /primary with 200."""
+
+    def __init__(self, work_dir, members):
+        self.dir = pathlib.Path(work_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.cfg = self.dir / "haproxy-postgres.cfg"
+        out, done = [], False
+        for line in PG_HAPROXY_TEMPLATE.read_text().splitlines():
+            s = line.strip()
+            if s.startswith("bind "):
+                line = re.sub(r"bind \S+", f"bind 127.0.0.1:{self.port}", line)
+            elif s.startswith("server "):
+                if done:
+                    continue
+                indent = line[: len(line) - len(line.lstrip())]
+                opts = s.split(None, 3)[3]
+                opts = re.sub(r"port \d+", "port {rest}", opts)
+                out += [f"{indent}server {m.name} 127.0.0.1:{m.pg_port} "
+                        + opts.format(rest=m.rest_port) for m in members]
+                done = True
+                continue
+            out.append(line)
+        self.cfg.write_text("\n".join(out) + "\n")
+        self.log_path = self.dir / "haproxy-postgres.log"
+        self.proc = None
+
+    def start(self):
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(["haproxy", "-db", "-f", str(self.cfg)], stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        return self
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+            self.log.close()

@@ -11,7 +11,8 @@ import time
 import pytest
 import requests
 
-from cluster_util import Cluster, PatroniCluster, UploadLoad, postgres_index_supported, wait_for
+from cluster_util import (Cluster, PatroniCluster, PrimaryProxy, UploadLoad,
+                          postgres_index_supported, wait_for)
 from conftest import BIN_DIR
 
 pytestmark = pytest.mark.skipif(os.environ.get("BLOBREF_FAILOVER") != "1",
@@ -23,8 +24,8 @@ class SqlWriters:
     """Threads inserting rows through the multi-host DSN, reconnecting after every error: the
     ids whose commit was acknowledged, and when writes failed."""
 
-    def __init__(self, psycopg2, dsn, threads=3):
-        self.pg, self.dsn, self.n = psycopg2, dsn, threads
+    def __init__(self, psycopg2, dsn, threads=3, base=0):
+        self.pg, self.dsn, self.n, self.base = psycopg2, dsn, threads, base
         self.acked, self.ack_times, self.fail_times = set(), [], []
         self.lock, self.stop_ev = threading.Lock(), threading.Event()
         self.threads = []
@@ -52,7 +53,7 @@ class SqlWriters:
 
     def start(self):
         for k in range(self.n):
-            t = threading.Thread(target=self._run, args=(k,), daemon=True)
+            t = threading.Thread(target=self._run, args=(self.base + k,), daemon=True)
             t.start()
             self.threads.append(t)
         return self
@@ -100,10 +101,17 @@ def test_patroni_leader_killed_under_load(tmp_path, request):
     else:
         print("blobrefd does not know [index] kind = postgres: SQL writers only")
     writers = SqlWriters(psycopg2, pc.dsn()).start()
+    # and the same through one address: HAProxy checking Patroni's GET /primary
+    proxy = PrimaryProxy(tmp_path / "pgproxy", pc.members).start()
+    request.addfinalizer(proxy.stop)
+    proxied = SqlWriters(psycopg2, f"host=127.0.0.1 port={proxy.port} dbname=postgres "
+                         f"user=postgres password={pc.password} connect_timeout=2",
+                         threads=2, base=10).start()
     if cluster:
         load = UploadLoad(cluster.url, threads=3, size=8000).start()
     try:
         wait_for(lambda: writers.count() >= 200, 30, "200 commits before the kill")
+        wait_for(lambda: proxied.count() >= 100, 30, "100 commits through HAProxy")
         if load:
             wait_for(lambda: load.acked_count() >= 50, 30, "50 uploads before the kill")
         old = pc.leader()
@@ -115,24 +123,28 @@ def test_patroni_leader_killed_under_load(tmp_path, request):
         assert new is not old
         n0 = writers.count()
         wait_for(lambda: writers.count() >= n0 + 200, 60, "200 commits after the failover")
+        p0 = proxied.count()
+        wait_for(lambda: proxied.count() >= p0 + 100, 60, "100 commits through HAProxy after")
         if load:
             u0 = load.acked_count()
             wait_for(lambda: load.acked_count() >= u0 + 50, 60, "50 uploads after the failover")
     finally:
         writers.stop()
+        proxied.stop()
         if load:
             load.stop()
-    sql_window = writers.window(t_kill)
+    sql_window, proxied_window = writers.window(t_kill), proxied.window(t_kill)
     print(f"leader {old.name} killed -9; {new.name} primary after {t_promoted - t_kill:.1f} s; "
-          f"SQL commits acknowledged again after {sql_window:.1f} s")
+          f"SQL commits acknowledged again after {sql_window:.1f} s (multi-host dsn), "
+          f"{proxied_window:.1f} s (HAProxy on GET /primary)")
     conn = psycopg2.connect(pc.dsn())
     with conn.cursor() as cur:
         cur.execute("SELECT id FROM acked")
         present = {r[0] for r in cur.fetchall()}
     conn.close()
-    missing = writers.acked - present
+    missing = (writers.acked | proxied.acked) - present
     assert not missing, f"{len(missing)} acknowledged commits lost: {sorted(missing)[:5]}"
-    assert sql_window < 60
+    assert sql_window < 60 and proxied_window < 60
     if load:
         window = load.outage_window(t_kill)
         print(f"blobref uploads acknowledged again after {window:.1f} s; {len(load.acked)} "
