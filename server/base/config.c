@@ -96,6 +96,12 @@ static const struct key_spec reconcile_keys[] = {
     {"retention", KEY_DURATION, SRV(retention_ms), "7d", 1000, UINT64_MAX / 2, 0, HOUR_MS},
     {"max_fraction", KEY_FRACTION, SRV(max_fraction), "0.10", 0, 1, 0, 0},
 };
+/* [index]: where the index lives; postgres lets several nodes share one (the dsn may name several
+ * hosts with target_session_attrs=read-write; its password is never logged). */
+static const struct key_spec index_keys[] = {
+    {"kind", KEY_STRING, SRV(index_kind), "lmdb", 0, 0, 0, 0},
+    {"dsn", KEY_STRING, SRV(index_dsn), "", 0, 0, 0, 0},
+};
 static const struct key_spec auth_keys[] = {
     {"anonymous", KEY_ANONYMOUS, SRV(anonymous_scopes), "read", 0, 0, 0, 0},
     {"private_metrics", KEY_BOOL, SRV(private_metrics), "false", 0, 0, 0, 0},
@@ -416,6 +422,7 @@ void br_config_init(br_config *cfg) {
   set_defaults(server_keys, NKEYS(server_keys), cfg);
   set_defaults(reconcile_keys, NKEYS(reconcile_keys), cfg);
   set_defaults(auth_keys, NKEYS(auth_keys), cfg);
+  set_defaults(index_keys, NKEYS(index_keys), cfg);
 }
 
 struct parse_state {
@@ -469,12 +476,16 @@ static int enter_section(struct parse_state *ps, const char *section) {
     ps->section_base = cfg, ps->keys = auth_keys, ps->nkeys = NKEYS(auth_keys);
     return 0;
   }
+  if (!strcmp(section, "index")) {
+    ps->section_base = cfg, ps->keys = index_keys, ps->nkeys = NKEYS(index_keys);
+    return 0;
+  }
   char kind[16], name[128], extra[2];
   int n = sscanf(section, "%15s %127s %1s", kind, name, extra);
   if (n != 2)
     return br_fail(&ps->err,
                    "unknown section [%s] (expected server, store NAME, table NAME, "
-                   "reconcile, auth, token NAME, cdn NAME)",
+                   "reconcile, auth, index, token NAME, cdn NAME)",
                    section);
   for (const char *c = name; *c; c++)
     if (!(*c == '-' || *c == '_' || *c == '.' || (*c >= '0' && *c <= '9') ||
@@ -746,6 +757,10 @@ int br_config_finish(br_config *cfg, br_err *err) {
       if (br_config_set_string(&s->spool_dir, spool) < 0) return br_fail(err, "out of memory");
     }
   }
+  if (strcmp(cfg->index_kind, "lmdb") && strcmp(cfg->index_kind, "postgres"))
+    return br_fail(err, "%s: [index] kind: '%s' is not lmdb or postgres", where, cfg->index_kind);
+  if (!strcmp(cfg->index_kind, "postgres") != !!*cfg->index_dsn)
+    return br_fail(err, "%s: [index] dsn goes with kind = postgres (and only with it)", where);
   if (!*cfg->tls_cert != !*cfg->tls_key)
     return br_fail(err, "%s: [server] tls_cert and tls_key go together", where);
   if (!*cfg->upload_store) br_config_set_string(&cfg->upload_store, cfg->stores[0].name);
@@ -792,6 +807,7 @@ static void free_strings(const struct key_spec *keys, size_t nkeys, void *base) 
 
 void br_config_free(br_config *cfg) {
   free_strings(server_keys, NKEYS(server_keys), cfg);
+  free_strings(index_keys, NKEYS(index_keys), cfg);
   for (int i = 0; i < cfg->nstores; i++) {
     free_strings(store_keys, NKEYS(store_keys), &cfg->stores[i]);
     free(cfg->stores[i].name);

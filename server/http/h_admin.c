@@ -28,7 +28,7 @@ static enum MHD_Result change_state(struct request *req, enum br_change_kind kin
   br_record rec;
   int grc = rc == 0 ? br_index_get(req->srv->index, req->digest, &rec, &err) : -1;
   br_server_lock_blob(req->srv, req->digest, 0);
-  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc < 0) return reply_error(req, index_error(rc), "%s", err.msg);
   if (grc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
   if (grc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
   if (rec.state == BR_STATE_DELETING)

@@ -89,7 +89,7 @@ enum MHD_Result put_begin(struct request *req) {
   br_record rec;
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
-  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc < 0) return reply_error(req, index_error(rc), "%s", err.msg);
   if (rc == 0 && rec.state == BR_STATE_HELD) return refuse_held(req);
   if (rc == 0 && rec.state == BR_STATE_LIVE) {
     const char *expect = header(req, MHD_HTTP_HEADER_EXPECT);
@@ -177,7 +177,7 @@ enum MHD_Result upload_finish(struct request *req) {
   br_record rec;
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
-  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc < 0) return reply_error(req, index_error(rc), "%s", err.msg);
   if (rc == 0 && rec.state == BR_STATE_HELD) {
     request_free_upload(req);
     return refuse_held(req);
@@ -207,7 +207,7 @@ enum MHD_Result blob_get(struct request *req) {
   br_record rec;
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
-  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc < 0) return reply_error(req, index_error(rc), "%s", err.msg);
   if (rc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
   if (rec.state != BR_STATE_LIVE)
     return reply_error(req, E_QUARANTINED, "the blob is quarantined%s: %s",
@@ -239,7 +239,7 @@ enum MHD_Result blob_meta(struct request *req) {
   br_record rec;
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
-  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc < 0) return reply_error(req, index_error(rc), "%s", err.msg);
   if (rc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
   return reply_json(req, MHD_HTTP_OK, blob_record_json(req->digest, &rec));
 }

@@ -19,6 +19,8 @@ enum MHD_Result health_get(struct request *req) {
 
 enum MHD_Result ready_get(struct request *req) {
   if (!atomic_load(&req->http->ready)) return reply_error(req, E_NOT_READY, "starting or stopping");
+  if (!br_index_ready(req->srv->index))
+    return reply_error(req, E_NOT_READY, "the index database is unavailable");
   char msg[sizeof(br_err)];
   if (br_server_store_health(req->srv, msg, sizeof msg) < 0) {
     /* which store failed and why is a detail for /metrics' readers (private_metrics) */

@@ -116,7 +116,7 @@ enum MHD_Result lookup_finish(struct request *req) {
     br_err err;
     int rc = br_index_get(req->srv->index, digest, &rec, &err);
     if (rc < 0) {
-      r = reply_error(req, E_INTERNAL, "%s", err.msg);
+      r = reply_error(req, index_error(rc), "%s", err.msg);
       goto done;
     }
     if (rc == 0 && rec.state == BR_STATE_LIVE) {

@@ -532,6 +532,8 @@ int ops_reload(br_http *http, const br_config *fresh, br_err *err) {
   note_fixed("connection_memory", cfg->connection_memory != fresh->connection_memory);
   note_fixed("index_map_size", cfg->index_map_size != fresh->index_map_size);
   note_fixed("index_batch_max", cfg->index_batch_max != fresh->index_batch_max);
+  note_fixed("[index] kind and dsn", strcmp(cfg->index_kind, fresh->index_kind) ||
+                                         strcmp(cfg->index_dsn, fresh->index_dsn));
   note_fixed("cache_size", cfg->cache_size != fresh->cache_size);
   note_fixed("cache_max_blob", cfg->cache_max_blob != fresh->cache_max_blob);
   int stores_differ = cfg->nstores != fresh->nstores;

@@ -27,6 +27,7 @@ static const struct {
     [E_TOO_MANY_HASHES] = {"too_many_hashes", 413},
     [E_NO_SPACE] = {"no_space", 507},
     [E_INDEX_FULL] = {"index_full", 507},
+    [E_INDEX_UNAVAILABLE] = {"index_unavailable", 503},
     [E_NOT_FOUND] = {"not_found", 404},
     [E_NO_ROUTE] = {"no_route", 404},
     [E_METHOD_NOT_ALLOWED] = {"method_not_allowed", 405},
@@ -58,10 +59,11 @@ const char *br_api_error_code(enum br_api_error e) { return errors[e].code; }
 unsigned br_api_error_status(enum br_api_error e) { return errors[e].status; }
 
 enum br_api_error index_error(int rc) {
-  return rc == BR_INDEX_FULL        ? E_INDEX_FULL
-         : rc == BR_INDEX_NO_SPACE  ? E_NO_SPACE
-         : rc == BR_INDEX_KEY_TAKEN ? E_KEY_IN_USE
-                                    : E_INTERNAL;
+  return rc == BR_INDEX_FULL          ? E_INDEX_FULL
+         : rc == BR_INDEX_NO_SPACE    ? E_NO_SPACE
+         : rc == BR_INDEX_KEY_TAKEN   ? E_KEY_IN_USE
+         : rc == BR_INDEX_UNAVAILABLE ? E_INDEX_UNAVAILABLE
+                                      : E_INTERNAL;
 }
 
 enum br_api_error store_error_code(int e) {

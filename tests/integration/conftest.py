@@ -12,6 +12,8 @@ import time
 import pytest
 import requests
 
+import pgutil
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN_DIR = pathlib.Path(os.environ.get("BLOBREF_BIN_DIR", ROOT / "bin"))
 SHARED = ROOT.parent / "shared"
@@ -42,9 +44,15 @@ class Server:
     def start(self, timeout=20):
         args = [str(BIN_DIR / "blobrefd"), "--listen", f"127.0.0.1:{self.port}",
                 "--data", str(self.data_dir)]
-        if self.config_text is not None:
+        config_text = self.config_text
+        if os.environ.get("BLOBREF_TEST_INDEX") == "postgres" and \
+                "[index]" not in (config_text or ""):
+            # the suite against a PostgreSQL index: one database per data directory
+            config_text = (config_text or "") + \
+                f"\n[index]\nkind = postgres\ndsn = {pgutil.database_for(self.data_dir)}\n"
+        if config_text is not None:
             conf = self.data_dir / "blobref.conf"
-            conf.write_text(self.config_text)
+            conf.write_text(config_text)
             args += ["-c", str(conf)]
         args += self.extra_args
         env = dict(os.environ, ASAN_OPTIONS="abort_on_error=0:detect_leaks=1",
@@ -99,6 +107,14 @@ def server(tmp_path):
     rc = srv.stop()
     assert alive, "blobrefd died during the test:\n" + srv.read_log()
     assert rc == 0, f"blobrefd exited {rc} on SIGTERM:\n" + srv.read_log()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL 15 on a free port (pgutil.Postgres): .database() gives a fresh DSN."""
+    if not pgutil.available():
+        pytest.skip("PostgreSQL 15 is not installed")
+    return pgutil.shared()
 
 
 def need_testdata(*parts):

@@ -1,0 +1,150 @@
+"""The PostgreSQL index ([index] kind = postgres): nodes sharing one database see each other's
+writes, the schema is created once, a dedup race ends with one row, and a database outage answers
+503 index_unavailable without acknowledging anything, then serves again without a restart."""
+import hashlib
+import os
+import threading
+
+import pytest
+import requests
+
+from conftest import Server
+from pgutil import wait_until
+from util_http import assert_error
+
+TIMEOUT = 30
+
+
+def sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def node(tmp_path, name, dsn, shared_root):
+    """A blobrefd on dsn whose fs store (shared by every node here) is shared_root."""
+    conf = (f"[store shared]\nkind = fs\nroot = {shared_root}\n"
+            f"[index]\nkind = postgres\ndsn = {dsn}\n")
+    return Server(tmp_path / name, conf)
+
+
+@pytest.fixture
+def two_nodes(tmp_path, postgres):
+    dsn = postgres.database()
+    root = tmp_path / "blobs"
+    a, b = node(tmp_path, "a", dsn, root), node(tmp_path, "b", dsn, root)
+    # started together: the schema is created under an advisory lock, once
+    ta = threading.Thread(target=a.start)
+    ta.start()
+    b.start()
+    ta.join()
+    assert a.alive() and b.alive(), a.read_log() + b.read_log()
+    yield a, b, dsn
+    for s in (a, b):
+        alive = s.alive()
+        rc = s.stop()
+        assert alive and rc == 0, s.read_log()
+
+
+def rows(postgres, dsn, sql):
+    return postgres.psql(sql, dbname=dsn.split("dbname=")[1])
+
+
+def test_schema_is_created_once_by_nodes_starting_together(two_nodes, postgres):
+    a, b, dsn = two_nodes
+    assert rows(postgres, dsn, "SELECT version FROM blobref_schema") == [["1"]]
+    parts = rows(postgres, dsn, "SELECT count(*) FROM pg_inherits WHERE inhparent = "
+                                "'blobref_blobs'::regclass")
+    assert parts == [["16"]]
+
+
+def test_upload_on_one_node_is_served_by_the_other(two_nodes, postgres):
+    a, b, dsn = two_nodes
+    data = os.urandom(3000)
+    h = sha(data)
+    assert requests.get(f"{b.url}/v1/blobs/{h}", timeout=TIMEOUT).status_code == 404
+    r = requests.put(f"{a.url}/v1/blobs/{h}", data=data, timeout=TIMEOUT)
+    assert r.status_code == 201, r.text
+    got = requests.get(f"{b.url}/v1/blobs/{h}", timeout=TIMEOUT)
+    assert got.status_code == 200 and got.content == data
+    assert requests.head(f"{b.url}/v1/blobs/{h}", timeout=TIMEOUT).status_code == 200
+    found = requests.post(f"{b.url}/v1/lookup", json={"hashes": [h]}, timeout=TIMEOUT)
+    assert found.status_code == 200 and [x["sha256"] for x in found.json()["found"]] == [h]
+    assert rows(postgres, dsn, "SELECT encode(digest, 'hex') FROM blobref_blobs") == [[h]]
+    # the same answers from both nodes
+    ma = requests.get(f"{a.url}/v1/blobs/{h}/meta", timeout=TIMEOUT)
+    mb = requests.get(f"{b.url}/v1/blobs/{h}/meta", timeout=TIMEOUT)
+    assert ma.status_code == 200 and ma.json() == mb.json()
+
+
+def test_admin_quarantine_on_one_node_is_410_on_the_other(two_nodes):
+    a, b, _ = two_nodes
+    data = os.urandom(500)
+    h = sha(data)
+    assert requests.put(f"{a.url}/v1/blobs/{h}", data=data, timeout=TIMEOUT).status_code == 201
+    assert requests.get(f"{b.url}/v1/blobs/{h}", timeout=TIMEOUT).status_code == 200  # B read it
+    assert requests.delete(f"{a.url}/v1/blobs/{h}", timeout=TIMEOUT).status_code == 200
+    assert_error(requests.get(f"{b.url}/v1/blobs/{h}", timeout=TIMEOUT), 410, "quarantined")
+    # and restored on B: served by A again
+    assert requests.post(f"{b.url}/v1/blobs/{h}/restore", timeout=TIMEOUT).status_code == 200
+    got = requests.get(f"{a.url}/v1/blobs/{h}", timeout=TIMEOUT)
+    assert got.status_code == 200 and got.content == data
+
+
+def test_same_new_blob_to_both_nodes_at_once_gives_one_row(two_nodes, postgres):
+    a, b, dsn = two_nodes
+    for _ in range(5):
+        data = os.urandom(20000)
+        h = sha(data)
+        codes = {}
+        barrier = threading.Barrier(2)
+
+        def put(srv):
+            barrier.wait()
+            codes[srv.url] = requests.put(f"{srv.url}/v1/blobs/{h}", data=data,
+                                          timeout=TIMEOUT).status_code
+
+        ts = [threading.Thread(target=put, args=(s,)) for s in (a, b)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert sorted(codes.values()) in ([200, 201], [201, 201]), codes
+        assert rows(postgres, dsn, f"SELECT count(*) FROM blobref_blobs WHERE digest = "
+                                   f"'\\x{h}'::bytea") == [["1"]]
+        for s in (a, b):
+            got = requests.get(f"{s.url}/v1/blobs/{h}", timeout=TIMEOUT)
+            assert got.status_code == 200 and got.content == data
+
+
+def test_database_down_is_503_and_nothing_acknowledged_then_serves_again(two_nodes, postgres):
+    a, b, dsn = two_nodes
+    old = os.urandom(100)
+    assert requests.put(f"{a.url}/v1/blobs/{sha(old)}", data=old, timeout=TIMEOUT).status_code \
+        == 201
+    postgres.stop()
+    try:
+        fresh = os.urandom(100)
+        r = requests.put(f"{a.url}/v1/blobs/{sha(fresh)}", data=fresh, timeout=TIMEOUT)
+        assert_error(r, 503, "index_unavailable")
+        assert_error(requests.get(f"{b.url}/v1/blobs/{sha(old)}", timeout=TIMEOUT), 503,
+                     "index_unavailable")
+        assert_error(requests.get(f"{a.url}/readyz", timeout=TIMEOUT), 503, "not_ready")
+    finally:
+        postgres.start()
+    assert wait_until(lambda: requests.get(f"{a.url}/readyz", timeout=TIMEOUT).status_code == 200)
+    # the refused upload was not recorded; the old one is there; writes work again
+    assert requests.get(f"{b.url}/v1/blobs/{sha(fresh)}", timeout=TIMEOUT).status_code == 404
+    got = requests.get(f"{b.url}/v1/blobs/{sha(old)}", timeout=TIMEOUT)
+    assert got.status_code == 200 and got.content == old
+    r = wait_until(lambda: requests.put(f"{a.url}/v1/blobs/{sha(fresh)}", data=fresh,
+                                        timeout=TIMEOUT).status_code == 201, timeout=10)
+    assert r
+    assert requests.get(f"{b.url}/v1/blobs/{sha(fresh)}", timeout=TIMEOUT).content == fresh
+
+
+def test_bad_index_config_is_refused(tmp_path):
+    for conf, why in (("[index]\nkind = sqlite\n", "is not lmdb or postgres"),
+                      ("[index]\nkind = postgres\n", "dsn goes with kind = postgres"),
+                      ("[index]\ndsn = host=x\n", "dsn goes with kind = postgres")):
+        srv = Server(tmp_path / "bad", conf)
+        with pytest.raises(RuntimeError, match=why):
+            srv.start()
