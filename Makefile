@@ -145,7 +145,7 @@ bench:
 	tests/bench/s3-bench.sh
 
 # Patroni failover (not in `make test`): three etcd members, Patroni over two PostgreSQL 15, the
-# leader killed -9 under load, the window until writes are acknowledged again (about 3 minutes).
+# leader killed -9 under load, the window until writes are acknowledged again (about 3.5 minutes).
 test-failover:
 	@tools/install-deps.sh failover
 	@$(MAKE) --no-print-directory MODE=san all
