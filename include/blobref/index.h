@@ -81,6 +81,22 @@ const char *br_index_kind(br_index *idx);
 /* 1 when the index can serve: always for LMDB; for PostgreSQL, while the database answers. */
 int br_index_ready(br_index *idx);
 
+/* The per-blob lock across nodes: on PostgreSQL a session advisory lock on the pair
+ * (BR_INDEX_LOCK_CLASS, the digest's first 4 bytes, big-endian, as int4), held on a connection of
+ * its own until unlocked, so that an upload's commit on one node and a final delete on another
+ * are serialised; on LMDB (one node) nothing (the caller's own mutex suffices). The caller holds
+ * its node-local lock for digest around both calls. Returns 0, or a negative code + err. */
+#define BR_INDEX_LOCK_CLASS 0x62726c6b /* "brlk" */
+int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int lock, br_err *err);
+
+/* Work that runs once cluster-wide: take (1) or give back (0) the lease `which` (a
+ * BR_INDEX_LEASE_*). On PostgreSQL a session advisory lock on (BR_INDEX_LEASE_CLASS, which) held
+ * on a connection of its own (a node that dies loses it with its session); on LMDB always had.
+ * take: 1 taken, 0 another node holds it, or a negative code + err. Give back: 0. */
+#define BR_INDEX_LEASE_CLASS 0x62726c73 /* "brls" */
+#define BR_INDEX_LEASE_RECONCILE 1
+int br_index_lease(br_index *idx, int which, int take, br_err *err);
+
 /* Stops the writer (after finishing queued operations) and closes the environment. */
 void br_index_close(br_index *idx);
 

@@ -55,6 +55,15 @@ static void *runner_main(void *arg) {
       }
       uint64_t now = br_now_ms();
       if (now >= next_due) {
+        br_err lerr;
+        int lease = br_index_lease(srv->index, BR_INDEX_LEASE_RECONCILE, 1, &lerr);
+        if (lease != 1) { /* another node runs it (or the index is unreachable): next time */
+          if (lease < 0) br_warn("reconcile: %s", lerr.msg);
+          br_info("reconcile: periodic run skipped: %s",
+                  lease ? "the index is unavailable" : "a run is in progress on another node");
+          next_due = now + cfg->reconcile_interval_ms;
+          continue;
+        }
         rr->requested = 1;
         memset(&rr->opt, 0, sizeof rr->opt);
         br_err err;
@@ -103,6 +112,8 @@ static void *runner_main(void *arg) {
     }
     rr->last_seconds = secs;
     json_decref(rep);
+    br_err lerr;
+    br_index_lease(srv->index, BR_INDEX_LEASE_RECONCILE, 0, &lerr); /* cluster-wide: done */
     rr->requested = 0;
     rr->running_id = 0;
     if (cfg->reconcile_interval_ms)
@@ -200,12 +211,18 @@ int reconcile_runner_request(br_server *srv, const br_reconcile_options *opt, ui
   struct reconcile_runner *rr = srv->reconcile;
   int rc = 0;
   pthread_mutex_lock(&rr->lock);
+  int lease = 0;
   if (rr->requested || rr->running_id) {
     *id = rr->running_id;
     rc = 1;
+  } else if ((lease = br_index_lease(srv->index, BR_INDEX_LEASE_RECONCILE, 1, err)) != 1) {
+    *id = 0; /* a run is in progress on another node sharing the index */
+    rc = lease < 0 ? -1 : 1;
   } else {
     *id = br_reconciler_next_id(rr->rec, err);
     if (!*id) {
+      br_err lerr;
+      br_index_lease(srv->index, BR_INDEX_LEASE_RECONCILE, 0, &lerr);
       rc = -1;
     } else {
       rr->opt = *opt;

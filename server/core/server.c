@@ -17,10 +17,16 @@ br_store *br_server_store(br_server *srv, const char *name) {
 
 void br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int lock) {
   pthread_mutex_t *m = &srv->blob_locks[(digest[0] | (unsigned)digest[1] << 8) % BLOB_LOCKS];
-  if (lock)
+  br_err err;
+  if (lock) {
     pthread_mutex_lock(m);
-  else
+    /* a shared index: the other nodes' holders too (if the database is down, the index write
+     * that follows fails as well, so nothing goes unserialised) */
+    if (br_index_lock_blob(srv->index, digest, 1, &err) < 0) br_warn("%s", err.msg);
+  } else {
+    br_index_lock_blob(srv->index, digest, 0, &err);
     pthread_mutex_unlock(m);
+  }
 }
 
 void br_server_blob_gone(br_server *srv, const uint8_t digest[BR_SHA256_LEN]) {

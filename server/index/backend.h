@@ -40,6 +40,8 @@ typedef struct idx_ops {
   void (*stats)(idx_backend *be, br_index_stats *out);
   int (*has_purges)(idx_backend *be);
   int (*ready)(idx_backend *be); /* 1 when it can serve (the database is reachable) */
+  int (*lock_blob)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], int lock, br_err *err);
+  int (*lease)(idx_backend *be, int which, int take, br_err *err);
 
   int (*begin)(idx_backend *be);
   int (*commit)(idx_backend *be);

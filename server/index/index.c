@@ -1019,6 +1019,14 @@ int br_index_key_owner(br_index *idx, const char *store, const char *key,
 
 int br_index_ready(br_index *idx) { return idx->ops->ready(idx->be); }
 
+int br_index_lease(br_index *idx, int which, int take, br_err *err) {
+  return idx->ops->lease ? idx->ops->lease(idx->be, which, take, err) : take ? 1 : 0;
+}
+
+int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int lock, br_err *err) {
+  return idx->ops->lock_blob ? idx->ops->lock_blob(idx->be, digest, lock, err) : 0;
+}
+
 const char *br_index_kind(br_index *idx) { return idx->ops->name; }
 
 br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err) {

@@ -18,6 +18,13 @@
 #define RECONNECT_MS 200                 /* the writer tries to reconnect at most this often */
 #define MAX_CONFLICT_RETRIES 8           /* a batch run again after conflicts with other nodes */
 
+/* A held blob lock: the connection that holds it. */
+struct held_lock {
+  int32_t cls, key;
+  PGconn *conn;
+  struct held_lock *next;
+};
+
 struct idx_backend {
   char *dsn;
   /* the writer's (writer thread only) */
@@ -33,7 +40,8 @@ struct idx_backend {
   pthread_cond_t cv;
   PGconn *idle[POOL_MAX];
   size_t nidle, nopen;
-  atomic_int up; /* the last contact with the database worked */
+  atomic_int up;          /* the last contact with the database worked */
+  struct held_lock *held; /* blob locks held (lock_blob), each on its own connection */
 };
 
 static uint64_t mono_ms(void) {
@@ -133,9 +141,9 @@ static int ensure_schema(PGconn *c, char *why, size_t cap) {
  */
 
 /* A connection for one query or scan; NULL with err (BR_INDEX_UNAVAILABLE) when none can be had. */
-static PGconn *pool_take(idx_backend *be, br_err *err) {
+static PGconn *pool_take(idx_backend *be, int unbounded, br_err *err) {
   pthread_mutex_lock(&be->lock);
-  while (!be->nidle && be->nopen == POOL_MAX) pthread_cond_wait(&be->cv, &be->lock);
+  while (!unbounded && !be->nidle && be->nopen >= POOL_MAX) pthread_cond_wait(&be->cv, &be->lock);
   if (be->nidle) {
     PGconn *c = be->idle[--be->nidle];
     pthread_mutex_unlock(&be->lock);
@@ -162,8 +170,10 @@ static void pool_give(idx_backend *be, PGconn *c) {
   pthread_mutex_lock(&be->lock);
   if (broken)
     be->nopen--;
-  else
+  else if (be->nidle < POOL_MAX)
     be->idle[be->nidle++] = c;
+  else
+    PQfinish(c), be->nopen--;
   pthread_cond_signal(&be->cv);
   pthread_mutex_unlock(&be->lock);
 }
@@ -186,7 +196,7 @@ static PGresult *read_query(idx_backend *be, const char *sql, int n, const char 
                             const int *lens, const int *fmts, const char *what, int *rc,
                             br_err *err) {
   for (int attempt = 0; attempt < 2; attempt++) {
-    PGconn *c = pool_take(be, err);
+    PGconn *c = pool_take(be, 0, err);
     if (!c) {
       *rc = BR_INDEX_UNAVAILABLE;
       return NULL;
@@ -230,7 +240,7 @@ static void pg_get_done(idx_backend *be, void *hold) {
 /* Pages through table in key order inside one REPEATABLE READ transaction (one snapshot). */
 static int pg_scan(idx_backend *be, enum idx_table table, const uint8_t *after, idx_scan_fn fn,
                    void *ud, br_err *err) {
-  PGconn *c = pool_take(be, err);
+  PGconn *c = pool_take(be, 0, err);
   if (!c) return BR_INDEX_UNAVAILABLE;
   char sql[160];
   snprintf(sql, sizeof sql, "SELECT digest, %s FROM %s WHERE digest > $1 ORDER BY digest LIMIT %d",
@@ -559,11 +569,90 @@ static void pg_close(idx_backend *be) {
   release_wres(be);
   PQfinish(be->wconn);
   for (size_t i = 0; i < be->nidle; i++) PQfinish(be->idle[i]);
+  for (struct held_lock *h = be->held, *next; h; h = next) {
+    next = h->next;
+    PQfinish(h->conn);
+    free(h);
+  }
   pthread_mutex_destroy(&be->lock);
   pthread_cond_destroy(&be->cv);
   free(be->absent);
   free(be->dsn);
   free(be);
+}
+
+enum lock_mode { LOCK_WAIT, LOCK_TRY, LOCK_RELEASE };
+
+/* A session advisory lock on (cls, key), each held on a connection of its own (not from the
+ * readers' budget: a holder may read while it holds it). Returns 1 held (LOCK_TRY: 0 when another
+ * session has it), 0 released, or a negative code + err. */
+static int advisory(idx_backend *be, int32_t cls, int32_t key, enum lock_mode mode, br_err *err) {
+  char k[16], c[16];
+  snprintf(k, sizeof k, "%d", key);
+  snprintf(c, sizeof c, "%d", cls);
+  const char *v[2] = {c, k};
+  if (mode != LOCK_RELEASE) {
+    struct held_lock *h = calloc(1, sizeof *h);
+    if (!h) return br_fail(err, "out of memory");
+    h->conn = pool_take(be, 1, err);
+    if (!h->conn) {
+      free(h);
+      return BR_INDEX_UNAVAILABLE;
+    }
+    PGresult *r = PQexecParams(h->conn,
+                               mode == LOCK_TRY ? "SELECT pg_try_advisory_lock($1::int4, $2::int4)"
+                                                : "SELECT pg_advisory_lock($1::int4, $2::int4)",
+                               2, NULL, v, NULL, NULL, 0);
+    int ok = r && PQresultStatus(r) == PGRES_TUPLES_OK;
+    int rc = ok ? 1 : read_fail(be, h->conn, r, "advisory lock", err);
+    if (ok && mode == LOCK_TRY && strcmp(PQgetvalue(r, 0, 0), "t")) rc = 0;
+    PQclear(r);
+    if (rc != 1) {
+      pool_give(be, h->conn);
+      free(h);
+      return rc;
+    }
+    h->cls = cls, h->key = key;
+    pthread_mutex_lock(&be->lock);
+    h->next = be->held;
+    be->held = h;
+    pthread_mutex_unlock(&be->lock);
+    return 1;
+  }
+  pthread_mutex_lock(&be->lock);
+  struct held_lock **p = &be->held;
+  while (*p && ((*p)->cls != cls || (*p)->key != key)) p = &(*p)->next;
+  struct held_lock *h = *p;
+  if (h) *p = h->next;
+  pthread_mutex_unlock(&be->lock);
+  if (!h) return 0; /* never taken (the database was down) */
+  PGresult *r = PQexecParams(h->conn, "SELECT pg_advisory_unlock($1::int4, $2::int4)", 2, NULL, v,
+                             NULL, NULL, 0);
+  if (!r || PQresultStatus(r) != PGRES_TUPLES_OK) {
+    read_fail(be, h->conn, r, "advisory unlock", err);
+    PQfinish(h->conn); /* the session's end releases it */
+    h->conn = NULL;
+    pthread_mutex_lock(&be->lock);
+    be->nopen--;
+    pthread_cond_signal(&be->cv);
+    pthread_mutex_unlock(&be->lock);
+  }
+  PQclear(r);
+  if (h->conn) pool_give(be, h->conn);
+  free(h);
+  return 0;
+}
+
+static int pg_lock_blob(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], int lock,
+                        br_err *err) {
+  int32_t key = (int32_t)((uint32_t)digest[0] << 24 | (uint32_t)digest[1] << 16 |
+                          (uint32_t)digest[2] << 8 | digest[3]);
+  int rc = advisory(be, BR_INDEX_LOCK_CLASS, key, lock ? LOCK_WAIT : LOCK_RELEASE, err);
+  return rc < 0 ? rc : 0;
+}
+
+static int pg_lease(idx_backend *be, int which, int take, br_err *err) {
+  return advisory(be, BR_INDEX_LEASE_CLASS, which, take ? LOCK_TRY : LOCK_RELEASE, err);
 }
 
 static const idx_ops pg_ops = {
@@ -575,6 +664,8 @@ static const idx_ops pg_ops = {
     .stats = pg_stats,
     .has_purges = pg_has_purges,
     .ready = pg_ready,
+    .lock_blob = pg_lock_blob,
+    .lease = pg_lease,
     .begin = pg_begin,
     .commit = pg_commit,
     .abort = pg_abort,

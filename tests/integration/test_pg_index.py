@@ -148,3 +148,68 @@ def test_bad_index_config_is_refused(tmp_path):
         srv = Server(tmp_path / "bad", conf)
         with pytest.raises(RuntimeError, match=why):
             srv.start()
+
+
+def test_upload_commit_waits_for_the_blob_lock_another_node_holds(two_nodes, postgres):
+    """The per-blob lock (upload commit vs. final delete) is a database lock: while another
+    session (a node's final delete) holds it, an upload of that blob cannot commit."""
+    import subprocess
+    from pgutil import PG_BIN
+    a, _, dsn = two_nodes
+    data = os.urandom(1000)
+    h = sha(data)
+    key = int.from_bytes(bytes.fromhex(h)[:4], "big", signed=True)
+    lock_class = 0x62726c6b
+    holder = subprocess.Popen([str(PG_BIN / "psql"), "-X", "-q", "-d", dsn], stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, text=True)
+    held = (f"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = {lock_class}"
+            f" AND objid = {key & 0xffffffff} AND objsubid = 2 AND granted = ")
+    try:
+        holder.stdin.write(f"SELECT pg_advisory_lock({lock_class}, {key});\n")
+        holder.stdin.flush()
+        assert wait_until(lambda: rows(postgres, dsn, held + "true") == [["1"]])
+        result = {}
+        t = threading.Thread(target=lambda: result.update(
+            r=requests.put(f"{a.url}/v1/blobs/{h}", data=data, timeout=TIMEOUT)))
+        t.start()
+        # the upload's commit is waiting for the lock, not done
+        assert wait_until(lambda: rows(postgres, dsn, held + "false") == [["1"]])
+        assert "r" not in result
+        assert rows(postgres, dsn, f"SELECT count(*) FROM blobref_blobs WHERE digest = "
+                                   f"'\\x{h}'::bytea") == [["0"]]
+        holder.stdin.write(f"SELECT pg_advisory_unlock({lock_class}, {key});\n")
+        holder.stdin.flush()
+        t.join(TIMEOUT)
+        assert result["r"].status_code == 201, result["r"].text
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+    assert requests.get(f"{a.url}/v1/blobs/{h}", timeout=TIMEOUT).content == data
+
+
+def test_reconcile_runs_once_cluster_wide(two_nodes, postgres):
+    """While another node holds the reconcile lease (an advisory lock held for the whole run),
+    POST /v1/reconcile on any node is 409; once it is given back, a run starts."""
+    import subprocess
+    from pgutil import PG_BIN
+    a, b, dsn = two_nodes
+    lease = "1651666035, 1"
+    holder = subprocess.Popen([str(PG_BIN / "psql"), "-X", "-q", "-d", dsn], stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, text=True)
+    held = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1651666035"
+            " AND objid = 1 AND objsubid = 2 AND granted")
+    try:
+        holder.stdin.write(f"SELECT pg_advisory_lock({lease});\n")
+        holder.stdin.flush()
+        assert wait_until(lambda: rows(postgres, dsn, held) == [["1"]])
+        for s in (a, b):
+            assert_error(requests.post(f"{s.url}/v1/reconcile", timeout=TIMEOUT), 409,
+                         "reconcile_running")
+        holder.stdin.write(f"SELECT pg_advisory_unlock({lease});\n")
+        holder.stdin.flush()
+        assert wait_until(lambda: rows(postgres, dsn, held) == [["0"]])
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+    r = requests.post(f"{b.url}/v1/reconcile", timeout=TIMEOUT)
+    assert r.status_code == 202, r.text
