@@ -301,9 +301,6 @@ def test_same_new_blob_raced_on_two_nodes(pg, make_cluster, rgw, request):
         assert metas[0] == metas[1] and len(metas[0]["locations"]) == 1, metas
 
 
-@pytest.mark.xfail(strict=False, reason="no cluster-wide per-blob lock yet: a purge on node A can "
-                   "delete the object of an upload node B has just acknowledged (seen in 1 of 2 "
-                   "runs: 201, then 503 store_unavailable, the origin answered 404)")
 def test_reconcile_on_one_node_races_uploads_on_others(pg, make_cluster, tmp_path, request):
     """tests/integration/test_reconcile_race.py across nodes: back-to-back reconcile runs on node
     A (grace 2 s, retention 1 s) while nodes B and C take uploads and dedup hits of blobs no
