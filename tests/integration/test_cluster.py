@@ -364,8 +364,6 @@ def test_reconcile_on_one_node_races_uploads_on_others(pg, make_cluster, tmp_pat
     assert runner.total("quarantined") > 0 and runner.total("deleted") > 0
 
 
-@pytest.mark.xfail(strict=True, reason="no cluster-wide reconcile lease yet: node B starts a run "
-                   "of its own while node A runs one (issue 20, work that must run once)")
 def test_second_reconcile_on_another_node_is_409(pg, make_cluster, tmp_path, request):
     """One reconcile run cluster-wide: while node A runs one (mark phase included), POST
     /v1/reconcile on node B is 409."""
