@@ -140,33 +140,53 @@ static int on_data_file(void *ud, const br_iceberg_data_file *f) {
   return rc < 0 ? -1 : 0;
 }
 
-/* Marks one table's references; fills its report entry. Returns 0 or -1 (err). */
-static int mark_table(struct mark *m, const br_table_config *t, json_t *tables, br_err *err) {
-  const br_config *cfg = m->r->env.cfg;
+/* A configured table opened for reading: its reader config (tc, with its rewrites in rw), its S3
+ * reader when its store is an s3 store (s3, else NULL; free with br_iceberg_s3_free), whether its
+ * location is in S3 and whether it is a Delta table. */
+struct table_open {
   br_iceberg_rewrite rw[BR_MAX_REWRITES];
+  br_iceberg_table_config tc;
+  br_iceberg_s3 *s3;
+  int s3_table, delta;
+};
+
+/* Opens table t of cfg into o. Returns 0, or -1 (err) when its S3 reader cannot be made. */
+static int table_open(const br_config *cfg, const br_table_config *t, struct table_open *o,
+                      br_err *err) {
+  memset(o, 0, sizeof *o);
   for (int i = 0; i < t->nrewrites; i++)
-    rw[i] = (br_iceberg_rewrite){t->rewrite_from[i], t->rewrite_to[i]};
-  br_iceberg_table_config tc = {.location = t->location,
-                                .column = t->column,
-                                .form = t->form,
-                                .rewrites = rw,
-                                .nrewrites = (size_t)t->nrewrites};
-  br_iceberg_s3 *s3 = NULL;
+    o->rw[i] = (br_iceberg_rewrite){t->rewrite_from[i], t->rewrite_to[i]};
+  o->tc = (br_iceberg_table_config){.location = t->location,
+                                    .column = t->column,
+                                    .form = t->form,
+                                    .rewrites = o->rw,
+                                    .nrewrites = (size_t)t->nrewrites};
   const br_store_config *sc = *t->store ? br_config_store(cfg, t->store) : NULL;
   if (sc && !strcmp(sc->kind, "s3")) {
-    s3 = br_iceberg_s3_new(sc, err);
-    if (!s3) return -1;
-    tc.open = br_iceberg_open_s3;
-    tc.open_ud = s3;
+    o->s3 = br_iceberg_s3_new(sc, err);
+    if (!o->s3) return -1;
+    o->tc.open = br_iceberg_open_s3;
+    o->tc.open_ud = o->s3;
   }
+  o->s3_table = o->s3 && !strncmp(t->location, "s3", 2) && strstr(t->location, "://");
+  o->delta =
+      t->format == BR_TABLE_DELTA ||
+      (t->format == BR_TABLE_AUTO && (br_delta_is_local_table(t->location) ||
+                                      (o->s3_table && br_delta_s3_is_table(o->s3, t->location))));
+  return 0;
+}
+
+/* Marks one table's references; fills its report entry. Returns 0 or -1 (err). */
+static int mark_table(struct mark *m, const br_table_config *t, json_t *tables, br_err *err) {
+  struct table_open o;
+  if (table_open(m->r->env.cfg, t, &o, err) < 0) return -1;
+  br_iceberg_table_config tc = o.tc;
+  br_iceberg_s3 *s3 = o.s3;
+  int s3_table = o.s3_table, delta = o.delta;
   m->tcfg = &tc;
   m->files = m->read = m->cached = 0;
   memset(&m->fstats, 0, sizeof m->fstats);
   br_iceberg_stats ws;
-  int s3_table = s3 && !strncmp(t->location, "s3", 2) && strstr(t->location, "://");
-  int delta = t->format == BR_TABLE_DELTA ||
-              (t->format == BR_TABLE_AUTO && (br_delta_is_local_table(t->location) ||
-                                              (s3_table && br_delta_s3_is_table(s3, t->location))));
   /* Delta: the data files are read under the column's physical name (column mapping) */
   char physical[BR_DELTA_MAX_COLUMN];
   br_iceberg_table_config delta_read = tc;
@@ -826,31 +846,15 @@ json_t *br_reconciler_refs(br_reconciler *r, const uint8_t digest[D], br_err *er
   json_t *tables = json_array();
   for (int i = 0; i < cfg->ntables; i++) {
     const br_table_config *t = &cfg->tables[i];
-    br_iceberg_rewrite rw[BR_MAX_REWRITES];
-    for (int k = 0; k < t->nrewrites; k++)
-      rw[k] = (br_iceberg_rewrite){t->rewrite_from[k], t->rewrite_to[k]};
-    br_iceberg_table_config tc = {.location = t->location,
-                                  .column = t->column,
-                                  .form = t->form,
-                                  .rewrites = rw,
-                                  .nrewrites = (size_t)t->nrewrites};
-    br_iceberg_s3 *s3 = NULL;
-    const br_store_config *sc = *t->store ? br_config_store(cfg, t->store) : NULL;
-    if (sc && !strcmp(sc->kind, "s3")) {
-      s3 = br_iceberg_s3_new(sc, err);
-      if (!s3) {
-        json_decref(tables);
-        return NULL;
-      }
-      tc.open = br_iceberg_open_s3;
-      tc.open_ud = s3;
+    struct table_open o;
+    if (table_open(cfg, t, &o, err) < 0) {
+      json_decref(tables);
+      return NULL;
     }
+    br_iceberg_table_config tc = o.tc;
+    br_iceberg_s3 *s3 = o.s3;
     json_t *entry = json_pack("{s:s}", "name", t->name);
-    int s3_table = s3 && !strncmp(t->location, "s3", 2) && strstr(t->location, "://");
-    int delta =
-        t->format == BR_TABLE_DELTA ||
-        (t->format == BR_TABLE_AUTO && (br_delta_is_local_table(t->location) ||
-                                        (s3_table && br_delta_s3_is_table(s3, t->location))));
+    int delta = o.delta;
     if (delta) { /* Delta's versions are not snapshots of this reader: not answered yet */
       json_object_set_new(entry, "error", json_string("refs reads Iceberg tables only"));
     } else {

@@ -116,34 +116,18 @@ int s3_presign_get(s3_target *t, const char *key, uint64_t ttl_s, char *url, siz
   return s3_presign_get_at(t, key, "", time(NULL), ttl_s, url, urllen, err);
 }
 
-int s3_presign_get_at(s3_target *t, const char *key, const char *query, time_t now_s,
-                      uint64_t ttl_s, char *url, size_t urllen, br_err *err) {
-  char host[320], path[3400], signed_query[6000];
-  if (s3_target_locate(t, key, host, sizeof host, path, sizeof path) < 0)
-    return br_fail(err, "store %s: key too long for a URL", t->name);
-  br_sigv4_request sr = {.method = "GET",
-                         .host = host,
-                         .path = path,
-                         .query = query ? query : "",
-                         .payload_hash = BR_SIGV4_UNSIGNED};
-  if (br_sigv4_presign(&t->signer, &sr, now_s, ttl_s, signed_query, sizeof signed_query, err) < 0)
-    return -1;
-  int n = snprintf(url, urllen, "%s://%s%s?%s", t->scheme, host, path, signed_query);
-  if (n < 0 || (size_t)n >= urllen)
-    return br_fail(err, "store %s: presigned URL too long", t->name);
-  return 0;
-}
-
-int s3_presign_at(s3_target *t, const char *method, const char *key, const br_sigv4_header *headers,
-                  size_t nheaders, const char *payload_hash, time_t now_s, uint64_t ttl_s,
-                  char *url, size_t urllen, br_err *err) {
+/* The presigned URL of method on key with the query (already encoded, "" for none) and the
+ * signed headers, for payload_hash: 0, or -1 (err). */
+static int presign(s3_target *t, const char *method, const char *key, const char *query,
+                   const br_sigv4_header *headers, size_t nheaders, const char *payload_hash,
+                   time_t now_s, uint64_t ttl_s, char *url, size_t urllen, br_err *err) {
   char host[320], path[3400], signed_query[6000];
   if (s3_target_locate(t, key, host, sizeof host, path, sizeof path) < 0)
     return br_fail(err, "store %s: key too long for a URL", t->name);
   br_sigv4_request sr = {.method = method,
                          .host = host,
                          .path = path,
-                         .query = "",
+                         .query = query,
                          .headers = headers,
                          .nheaders = nheaders,
                          .payload_hash = payload_hash};
@@ -153,6 +137,19 @@ int s3_presign_at(s3_target *t, const char *method, const char *key, const br_si
   if (n < 0 || (size_t)n >= urllen)
     return br_fail(err, "store %s: presigned URL too long", t->name);
   return 0;
+}
+
+int s3_presign_get_at(s3_target *t, const char *key, const char *query, time_t now_s,
+                      uint64_t ttl_s, char *url, size_t urllen, br_err *err) {
+  return presign(t, "GET", key, query ? query : "", NULL, 0, BR_SIGV4_UNSIGNED, now_s, ttl_s, url,
+                 urllen, err);
+}
+
+int s3_presign_at(s3_target *t, const char *method, const char *key, const br_sigv4_header *headers,
+                  size_t nheaders, const char *payload_hash, time_t now_s, uint64_t ttl_s,
+                  char *url, size_t urllen, br_err *err) {
+  return presign(t, method, key, "", headers, nheaders, payload_hash, now_s, ttl_s, url, urllen,
+                 err);
 }
 
 /* ---- XML ------------------------------------------------------------------------------------ */
