@@ -78,7 +78,6 @@ static int export_purges(br_index *idx, struct exporter *x, br_err *err) {
       if (emit(x, e, sizeof e)) return br_fail(err, "write: %s", strerror(errno));
       x->purges++;
     }
-    if (n == 0 && !wrapped) continue; /* a scan window without any: go on after next */
   }
   return 0;
 }
@@ -101,8 +100,8 @@ int br_index_export(br_config *cfg, const char *path) {
   }
   EVP_DigestInit_ex(x.sha, EVP_sha256(), NULL);
   emit(&x, MOVE_MAGIC, MOVE_MAGIC_LEN);
-  /* one snapshot: one LMDB read transaction, or one PostgreSQL REPEATABLE READ transaction read
-   * in key-ordered pages */
+  /* the records from one snapshot: one LMDB read transaction, or one PostgreSQL REPEATABLE READ
+   * transaction read in key-ordered pages; the purges are read after, in pages of their own */
   if (br_index_foreach(srv->index, export_record, &x, &err) < 0 ||
       export_purges(srv->index, &x, &err) < 0) {
     fprintf(stderr, "blobrefd: export: %s\n", err.msg);

@@ -6,9 +6,9 @@
 #include "blobref/config.h"
 
 /* Writes every record of the configured index (as br_record_encode stores it) and every pending
- * CDN purge to path (via path.tmp, fsync, rename), with a trailer of counts and SHA-256. Opens
- * the index read-only and takes no DATA_DIR lock (like --fsck: may run beside a server).
- * Returns the exit status: 0, or 2 on failure (nothing at path then). */
+ * CDN purge (read after the records) to path (via path.tmp, fsync, rename), with a trailer of
+ * counts and SHA-256. Opens the index read-only and takes no DATA_DIR lock (like --fsck: may run
+ * beside a server). Returns the exit status: 0, or 2 on failure (nothing at path then). */
 int br_index_export(br_config *cfg, const char *path);
 
 /* Checks path's trailer and checksum (refusing a bad file before writing anything), then
