@@ -329,7 +329,7 @@ int br_index_import(br_config *cfg, const char *path) {
     return 2;
   }
   br_server server = {0}, *srv = &server;
-  if (br_server_open(srv, cfg, BR_OPEN_REBUILD, &err) < 0) {
+  if (br_server_open(srv, cfg, BR_OPEN_IMPORT, &err) < 0) {
     fprintf(stderr, "blobrefd: %s\n", err.msg);
     br_server_close(srv);
     return 2;
