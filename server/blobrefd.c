@@ -18,6 +18,7 @@
 
 #include "blobref/version.h"
 #include "core/fsck.h"
+#include "core/index_move.h"
 #include "core/server.h"
 #include "http/front.h"
 
@@ -27,12 +28,15 @@ static void usage(FILE *out) {
           "       blobrefd --version\n"
           "       blobrefd --fsck [--verify] [-c FILE] [--data DIR]\n"
           "       blobrefd --rebuild-index [-c FILE] [--data DIR]\n"
+          "       blobrefd --export-index FILE [-c FILE] [--data DIR]\n"
+          "       blobrefd --import-index FILE [-c FILE] [--data DIR]\n"
           "With no -c, runs on the embedded default: an fs store 'local' under DIR/blobs and the\n"
           "index under DIR/index (DIR defaults to ./var). Flags override the file.\n");
 }
 
 struct options {
   const char *config, *listen, *data;
+  const char *export_index, *import_index; /* --export-index / --import-index FILE */
   int fsck, verify, rebuild, debug;
 };
 
@@ -46,6 +50,10 @@ static int parse_args(int argc, char **argv, struct options *o) {
       o->listen = argv[++i];
     else if (!strcmp(a, "--data") && has_value)
       o->data = argv[++i];
+    else if (!strcmp(a, "--export-index") && has_value)
+      o->export_index = argv[++i];
+    else if (!strcmp(a, "--import-index") && has_value)
+      o->import_index = argv[++i];
     else if (!strcmp(a, "--fsck"))
       o->fsck = 1;
     else if (!strcmp(a, "--verify"))
@@ -156,6 +164,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "blobrefd: %s\n", err.msg);
     br_config_free(&cfg);
     return 2;
+  }
+  if (o.export_index || o.import_index) {
+    int rc = o.export_index ? br_index_export(&cfg, o.export_index)
+                            : br_index_import(&cfg, o.import_index);
+    br_config_free(&cfg);
+    return rc;
   }
   if (o.fsck || o.rebuild) {
     int rc = o.fsck ? br_fsck(&cfg, o.verify) : br_rebuild_index(&cfg);

@@ -49,7 +49,9 @@ int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_er
   char dir[4096];
   snprintf(dir, sizeof dir, "%s/index", cfg->data_dir);
   br_index_options opt = {.map_size = cfg->index_map_size,
-                          .batch_max = mode == BR_OPEN_SERVE ? (unsigned)cfg->index_batch_max : 1,
+                          .batch_max = mode == BR_OPEN_SERVE || mode == BR_OPEN_IMPORT
+                                           ? (unsigned)cfg->index_batch_max
+                                           : 1,
                           .read_only = mode == BR_OPEN_CHECK,
                           .queue_purges = mode != BR_OPEN_CHECK && cfg->ncdns > 0,
                           .dsn = !strcmp(cfg->index_kind, "postgres") ? cfg->index_dsn : NULL};

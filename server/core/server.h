@@ -56,8 +56,9 @@ struct br_server {
 /* core/lifecycle.c */
 
 /* How br_server_open opens things: to serve; for --fsck (index and stores read-only); for
- * --rebuild-index (stores read-only, the index written one record per commit). */
-enum br_open_mode { BR_OPEN_SERVE, BR_OPEN_CHECK, BR_OPEN_REBUILD };
+ * --rebuild-index (stores read-only, the index written one record per commit); for
+ * --import-index (like rebuild, but with the configured group commit). */
+enum br_open_mode { BR_OPEN_SERVE, BR_OPEN_CHECK, BR_OPEN_REBUILD, BR_OPEN_IMPORT };
 /* Opens the index (DATA_DIR/index) and the stores of cfg and, to serve, allocates the small-blob
  * cache. To serve and to rebuild it first takes flock(LOCK_EX | LOCK_NB) on DATA_DIR/lock (held
  * until br_server_close), so that only one process ever writes a data directory: -1 with err
