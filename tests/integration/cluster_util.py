@@ -259,7 +259,10 @@ class Haproxy:
         self.nodes = nodes
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.stats = self.dir / "haproxy.sock"
+        # a unix socket path has at most 97 bytes in HAProxy, and pytest-xdist's tmp paths are
+        # longer: the socket gets a short directory of its own under /tmp
+        self.sock_dir = pathlib.Path(tempfile.mkdtemp(prefix="brhap-", dir="/tmp"))
+        self.stats = self.sock_dir / "stats.sock"
         self.cfg = self.dir / "haproxy.cfg"
         self.log_path = self.dir / "haproxy.log"
         self.proc = None
@@ -317,6 +320,7 @@ class Haproxy:
                 self.proc.wait()
             self.proc = None
             self.log.close()
+        shutil.rmtree(self.sock_dir, ignore_errors=True)
 
 
 def index_section(dsn):
