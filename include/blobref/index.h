@@ -59,6 +59,11 @@ size_t br_record_encode(const br_record *rec, uint8_t *buf, size_t cap);
 /* Parses an encoded record. Returns 0, or -1 with err filled on any malformed input. */
 int br_record_decode(const uint8_t *buf, size_t len, br_record *rec, br_err *err);
 
+/* Fills rec as a new live blob of size and content_type, created (and its state set) at
+ * created_ms, with one primary location (store, key) whose bytes were verified at verified_ms. */
+void br_record_init(br_record *rec, uint64_t size, const char *content_type, const char *store,
+                    const char *key, uint64_t created_ms, uint64_t verified_ms);
+
 /* The location with role primary (or the first one), or NULL if there is none. */
 const br_location *br_record_primary(const br_record *rec);
 

@@ -161,18 +161,8 @@ static int rebuild_one(void *ud, const char *key, uint64_t size) {
     return 0;
   }
   uint64_t t = object_time_ms(rb, key);
-  br_record add = {.size = size,
-                   .created_ms = t,
-                   .last_upload_ms = t,
-                   .state = BR_STATE_LIVE,
-                   .state_ms = t,
-                   .nlocations = 1};
-  snprintf(add.content_type, sizeof add.content_type, "application/octet-stream");
-  br_location *loc = &add.locations[0];
-  snprintf(loc->store, sizeof loc->store, "%s", store);
-  snprintf(loc->key, sizeof loc->key, "%s", key);
-  loc->role = BR_ROLE_PRIMARY;
-  loc->verified_at_ms = br_now_ms();
+  br_record add;
+  br_record_init(&add, size, "application/octet-stream", store, key, t, br_now_ms());
   int created = 0;
   if (br_index_record_upload(rb->srv->index, digest, &add, &created, NULL, &err) < 0) {
     printf("index: %s\n", err.msg);

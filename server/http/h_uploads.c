@@ -215,18 +215,8 @@ static void commit_one(struct request *req, br_store *st, struct upload_item *it
     return;
   }
   uint64_t now = br_now_ms();
-  br_record add = {.size = it->size,
-                   .created_ms = now,
-                   .last_upload_ms = now,
-                   .state = BR_STATE_LIVE,
-                   .state_ms = now,
-                   .nlocations = 1};
-  snprintf(add.content_type, sizeof add.content_type, "%s", it->content_type);
-  br_location *loc = &add.locations[0];
-  snprintf(loc->store, sizeof loc->store, "%s", br_store_name(st));
-  snprintf(loc->key, sizeof loc->key, "%s", key);
-  loc->role = BR_ROLE_PRIMARY;
-  loc->verified_at_ms = now;
+  br_record add;
+  br_record_init(&add, it->size, it->content_type, br_store_name(st), key, now, now);
   int created = 0;
   rc = br_index_record_upload(srv->index, it->digest, &add, &created, NULL, &err);
   if (rc < 0) goto fail;

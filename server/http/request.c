@@ -94,18 +94,8 @@ static void finish_upload_locked(struct request *req) {
     return;
   }
   uint64_t now = br_now_ms();
-  br_record rec = {.size = req->received,
-                   .created_ms = now,
-                   .last_upload_ms = now,
-                   .state = BR_STATE_LIVE,
-                   .state_ms = now,
-                   .nlocations = 1};
-  snprintf(rec.content_type, sizeof rec.content_type, "%s", req->content_type);
-  br_location *loc = &rec.locations[0];
-  snprintf(loc->store, sizeof loc->store, "%s", br_store_name(req->store));
-  snprintf(loc->key, sizeof loc->key, "%s", key);
-  loc->role = BR_ROLE_PRIMARY;
-  loc->verified_at_ms = now;
+  br_record rec;
+  br_record_init(&rec, req->received, req->content_type, br_store_name(req->store), key, now, now);
   int rc = br_index_record_upload(srv->index, req->digest, &rec, &req->created, NULL, &err);
   atomic_fetch_add(&req->http->upload_step_ns[STEP_INDEX_COMMIT], br_mono_ns() - t1);
   if (rc < 0) {

@@ -147,6 +147,22 @@ int br_record_decode(const uint8_t *buf, size_t len, br_record *rec, br_err *err
   return 0;
 }
 
+void br_record_init(br_record *rec, uint64_t size, const char *content_type, const char *store,
+                    const char *key, uint64_t created_ms, uint64_t verified_ms) {
+  *rec = (br_record){.size = size,
+                     .created_ms = created_ms,
+                     .last_upload_ms = created_ms,
+                     .state = BR_STATE_LIVE,
+                     .state_ms = created_ms,
+                     .nlocations = 1};
+  snprintf(rec->content_type, sizeof rec->content_type, "%s", content_type);
+  br_location *loc = &rec->locations[0];
+  snprintf(loc->store, sizeof loc->store, "%s", store);
+  snprintf(loc->key, sizeof loc->key, "%s", key);
+  loc->role = BR_ROLE_PRIMARY;
+  loc->verified_at_ms = verified_ms;
+}
+
 const br_location *br_record_primary(const br_record *rec) {
   for (int i = 0; i < rec->nlocations; i++)
     if (rec->locations[i].role == BR_ROLE_PRIMARY) return &rec->locations[i];
