@@ -61,13 +61,13 @@ static void print_summary(json_t *rep) {
     printf("error: %s\n", json_string_value(json_array_get(errs, i)));
 }
 
-/* GET a reconcile path and print it (JSON, or through text_fn). Returns the exit status. */
-static int reconcile_get(const cli_globals *g, const char *path, void (*text_fn)(json_t *)) {
+int cli_get_print(const cli_globals *g, const char *command, const char *path,
+                  void (*text_fn)(json_t *)) {
   long status = 0;
   json_t *reply = NULL;
   br_err err;
   if (br_http_json(g->server, g->token, "GET", path, NULL, &status, &reply, &err) < 0) {
-    fprintf(stderr, "blobref reconcile: %s\n", err.msg);
+    fprintf(stderr, "blobref %s: %s\n", command, err.msg);
     return CLI_EXIT_FAILURE;
   }
   int rc = 0;
@@ -147,7 +147,7 @@ int cmd_reconcile(const cli_globals *g, int argc, char **argv) {
   int dry = 0, force = 0, full = 0, wait = 0;
   if (argc >= 2 && !strcmp(argv[1], "runs")) {
     if (argc != 2) return br_cli_usage_error("reconcile runs", "takes no arguments");
-    return reconcile_get(g, "/v1/reconcile/runs", print_runs);
+    return cli_get_print(g, "reconcile", "/v1/reconcile/runs", print_runs);
   }
   if (argc >= 2 && !strcmp(argv[1], "show")) {
     char *end;
@@ -170,7 +170,7 @@ int cmd_reconcile(const cli_globals *g, int argc, char **argv) {
     if (action) return show_list(g, argv[2], action);
     char path[128];
     snprintf(path, sizeof path, "/v1/reconcile/runs/%s", argv[2]);
-    return reconcile_get(g, path, print_summary);
+    return cli_get_print(g, "reconcile", path, print_summary);
   }
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--dry-run"))

@@ -43,4 +43,9 @@ int cmd_jobs(const cli_globals *g, int argc, char **argv);
 typedef struct json_t json_t;
 int cli_job_follow(const cli_globals *g, long long id, json_t **final);
 
+/* cmd_reconcile.c: GETs path and prints the reply: JSON with --json, else through text_fn; a
+ * failure is one line on stderr naming `blobref COMMAND`. Returns the exit status. */
+int cli_get_print(const cli_globals *g, const char *command, const char *path,
+                  void (*text_fn)(json_t *));
+
 #endif
