@@ -193,8 +193,13 @@ def test_reconcile_refused_by_max_fraction_exits_3_and_json(tmp_path):
         assert p.returncode == 0 and isinstance(body["id"], int), p.stdout
         # restore --json prints the record.
         h = sha(b"refused 0")
-        requests.post(f"{srv.url}/v1/reconcile?force=1", timeout=10)
+        # The two dry runs above may still be running: a start meanwhile is refused (409), so
+        # start until the server takes it.
         deadline = time.time() + 30
+        while (r := requests.post(f"{srv.url}/v1/reconcile?force=1", timeout=10)).status_code != 202:
+            assert r.status_code == 409 and r.json()["error"] == "reconcile_running", r.text
+            assert time.time() < deadline, r.text
+            time.sleep(0.1)
         while requests.get(f"{srv.url}/v1/blobs/{h}/meta", timeout=10).json()["state"] == "live":
             assert time.time() < deadline
             time.sleep(0.1)

@@ -8,6 +8,7 @@ import ctypes.util
 import hashlib
 import json
 import os
+import stat
 import pathlib
 import random
 import re
@@ -329,7 +330,10 @@ def fsck_killed_mid_walk(srv):
         try:
             for fd in os.listdir(f"/proc/{p.pid}/fd"):
                 try:
-                    if os.readlink(f"/proc/{p.pid}/fd/{fd}").startswith(blobs):
+                    # a blob file, not the store's own directory handle (the fs store holds
+                    # one from its start, before the index walk)
+                    path = f"/proc/{p.pid}/fd/{fd}"
+                    if os.readlink(path).startswith(blobs + "/") and stat.S_ISREG(os.stat(path).st_mode):
                         seen = True
                         break
                 except OSError:
