@@ -17,6 +17,7 @@ import requests
 
 from conftest import BIN_DIR, Server
 from reconcile_util import IceTable, recon_conf
+from util_http import assert_error, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BLOBREF = str(BIN_DIR / "blobref")
@@ -195,11 +196,14 @@ def test_reconcile_refused_by_max_fraction_exits_3_and_json(tmp_path):
         h = sha(b"refused 0")
         # The two dry runs above may still be running: a start meanwhile is refused (409), so
         # start until the server takes it.
+        def started():
+            r = requests.post(f"{srv.url}/v1/reconcile?force=1", timeout=10)
+            if r.status_code != 202:
+                assert_error(r, 409, "reconcile_running")
+            return r.status_code == 202
+
+        assert wait_until(started, timeout=30, step=0.1), "the forced run was never started"
         deadline = time.time() + 30
-        while (r := requests.post(f"{srv.url}/v1/reconcile?force=1", timeout=10)).status_code != 202:
-            assert r.status_code == 409 and r.json()["error"] == "reconcile_running", r.text
-            assert time.time() < deadline, r.text
-            time.sleep(0.1)
         while requests.get(f"{srv.url}/v1/blobs/{h}/meta", timeout=10).json()["state"] == "live":
             assert time.time() < deadline
             time.sleep(0.1)

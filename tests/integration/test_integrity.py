@@ -8,12 +8,12 @@ import ctypes.util
 import hashlib
 import json
 import os
-import stat
 import pathlib
 import random
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -333,7 +333,8 @@ def fsck_killed_mid_walk(srv):
                     # a blob file, not the store's own directory handle (the fs store holds
                     # one from its start, before the index walk)
                     path = f"/proc/{p.pid}/fd/{fd}"
-                    if os.readlink(path).startswith(blobs + "/") and stat.S_ISREG(os.stat(path).st_mode):
+                    if (os.readlink(path).startswith(blobs + "/")
+                            and stat.S_ISREG(os.stat(path).st_mode)):
                         seen = True
                         break
                 except OSError:

@@ -49,7 +49,8 @@ def test_leased_blobs_survive_until_the_lease_ends(tmp_path):
         t.append("a.parquet")
         old = api.put(b"present before the lease")  # attached by a lookup
         ctl = api.put(b"never leased")
-        lease = new_lease(api, "15s", "flink-job-42")  # outlives a run and a restart on a loaded box
+        # 15 s: the lease outlives a run and a restart on a loaded machine
+        lease = new_lease(api, "15s", "flink-job-42")
         assert lease["blobs"] == 0 and lease["name"] == "flink-job-42"
         put_b = blob("put", 0)
         r = api.s.put(f"{api.url}/v1/blobs/{sha(put_b)}", params={"lease": lease["id"]},
