@@ -38,6 +38,8 @@ const char *br_store_kind(const br_store *st);
 enum br_serve_mode br_store_serve_mode(const br_store *st);
 /* How long a read from this store may move no byte before it fails (s3, http); 0 = no limit. */
 uint64_t br_store_stall_ms(const br_store *st);
+/* How many more times a failed read is tried (the store's `retries`). */
+unsigned br_store_retries(const br_store *st);
 
 /* Default object key of a blob: "<prefix>sha256/<h[0:2]>/<h[2:4]>/<hex>". out must hold
  * strlen(prefix) + 80 bytes; returns the length written, or 0 if it does not fit. */

@@ -237,6 +237,10 @@ enum MHD_Result metrics_get(struct request *req) {
           "# TYPE blobref_read_digest_mismatch_total counter\nblobref_read_digest_mismatch_total "
           "%" PRIu64
           "\n"
+          "# HELP blobref_proxy_retries_total Proxied reads from a store tried again after a 5xx "
+          "or a broken connection, before any byte of them went out.\n"
+          "# TYPE blobref_proxy_retries_total counter\nblobref_proxy_retries_total %" PRIu64
+          "\n"
           "# HELP blobref_connections_open Client connections open now.\n"
           "# TYPE blobref_connections_open gauge\nblobref_connections_open %u\n"
           "# HELP blobref_json_inflight_bytes Bytes of JSON request bodies buffered now.\n"
@@ -252,9 +256,9 @@ enum MHD_Result metrics_get(struct request *req) {
           "blobref_slow_clients_cut_total{phase=\"body\"} %" PRIu64 "\n",
           atomic_load(&http->uploads_created), atomic_load(&http->uploads_dedup),
           atomic_load(&http->cache_hits), atomic_load(&http->cache_misses),
-          atomic_load(&http->read_digest_mismatch), conns, atomic_load(&http->json_inflight),
-          atomic_load(&http->json_refused), atomic_load(&http->slow_cut[0]),
-          atomic_load(&http->slow_cut[1]));
+          atomic_load(&http->read_digest_mismatch), atomic_load(&http->proxy_retries), conns,
+          atomic_load(&http->json_inflight), atomic_load(&http->json_refused),
+          atomic_load(&http->slow_cut[0]), atomic_load(&http->slow_cut[1]));
   appendf(&t,
           "# HELP blobref_direct_rehash_bytes_total Bytes of direct uploads read back and hashed "
           "on commit (stores that do not check the signed checksum).\n"

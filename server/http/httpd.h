@@ -213,6 +213,7 @@ struct br_http {
   atomic_uint_fast64_t slow_cut[2];   /* connections cut: [0] slow head, [1] slow body */
   atomic_uint_fast64_t bytes_in, bytes_out, uploads_created, uploads_dedup;
   atomic_uint_fast64_t read_digest_mismatch; /* store reads whose bytes were not the blob */
+  atomic_uint_fast64_t proxy_retries;        /* proxied transfers tried again (proxy.c) */
   atomic_uint_fast64_t direct_rehash_bytes, direct_rehash_ns; /* direct uploads re-hashed */
 };
 

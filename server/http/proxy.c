@@ -61,6 +61,13 @@ struct proxy_job {
   uint8_t want[BR_SHA256_LEN];
   atomic_uint_fast64_t *mismatches; /* br_http's counter */
   char store_name[BR_MAX_STORE_NAME + 1];
+  /* retries of a transfer that failed (5xx, or the connection) before any of its bytes went
+   * into the ring: nothing of it reached the client, so it starts over exactly */
+  unsigned retries_left, attempt;
+  int retry;                     /* the current answer is a 5xx to retry */
+  uint64_t xfer_bytes;           /* bytes of the current transfer put into the ring */
+  uint64_t retry_at_ms;          /* the next attempt not before (0: none waiting) */
+  atomic_uint_fast64_t *retried; /* br_http's counter */
 };
 
 struct proxy_engine {
@@ -69,6 +76,7 @@ struct proxy_engine {
   pthread_mutex_t lock;
   struct proxy_job *ops_head, *ops_tail; /* requests from other threads */
   struct proxy_job *live;                /* jobs the engine holds */
+  int retries_waiting;                   /* live jobs waiting for their retry_at_ms */
   int stopping;
   int started;
 };
@@ -148,6 +156,18 @@ static void ring_put(struct proxy_job *j, const char *data, size_t n) {
   j->len += n;
 }
 
+/* An origin's answer worth another try: S3 and web servers answer these for passing trouble. */
+static int retryable_status(long status) {
+  return status == 500 || status == 502 || status == 503 || status == 504;
+}
+
+/* Transfer failures worth another try: the connection failed or broke. Not a stall (a frozen
+ * origin would hold the read stall_s again per attempt) nor anything the origin said. */
+static int retryable_code(CURLcode rc) {
+  return rc == CURLE_COULDNT_CONNECT || rc == CURLE_SEND_ERROR || rc == CURLE_RECV_ERROR ||
+         rc == CURLE_GOT_NOTHING || rc == CURLE_PARTIAL_FILE;
+}
+
 static size_t on_origin_header(char *line, size_t size, size_t nmemb, void *ud) {
   struct proxy_job *j = ud;
   size_t n = size * nmemb;
@@ -156,7 +176,9 @@ static size_t on_origin_header(char *line, size_t size, size_t nmemb, void *ud) 
     const char *sp = memchr(line, ' ', n);
     j->status = sp ? strtol(sp + 1, NULL, 10) : 0;
   } else if (n <= 2 && j->status >= 200) { /* the blank line after the final headers */
-    if (j->status != 206 && !(j->status == 200 && j->segs[j->seg].first == 0)) {
+    if (retryable_status(j->status) && j->retries_left) {
+      j->retry = 1; /* its body is dropped, the transfer ends and starts over */
+    } else if (j->status != 206 && !(j->status == 200 && j->segs[j->seg].first == 0)) {
       fail(j, "the origin answered HTTP %ld", j->status);
     } else if (!j->headers_seen) {
       j->headers_seen = 1;
@@ -246,8 +268,9 @@ static size_t on_origin_body(char *data, size_t size, size_t nmemb, void *ud) {
   size_t n = size * nmemb;
   pthread_mutex_lock(&j->lock);
   size_t rc = n;
-  int64_t need = j->failed || j->status < 200 || j->status > 206 ? 0 : route_size(j, n);
-  if (j->failed || j->status < 200 || j->status > 206) {
+  int refuse = j->failed || j->retry || j->status < 200 || j->status > 206;
+  int64_t need = refuse ? 0 : route_size(j, n);
+  if (refuse) {
     rc = 0; /* stop the transfer */
   } else if (need < 0) {
     fail(j, "the origin sent more bytes than asked for");
@@ -260,6 +283,7 @@ static size_t on_origin_body(char *data, size_t size, size_t nmemb, void *ud) {
     rc = 0;
   } else {
     route_put(j, data, n);
+    j->xfer_bytes += n;
     wake(j);
   }
   pthread_mutex_unlock(&j->lock);
@@ -286,6 +310,7 @@ static void pump(struct proxy_engine *e, struct proxy_job *j) {
       j->lit_done = 0;
       continue;
     }
+    if (j->retry_at_ms) return; /* the engine starts it again when the backoff is over */
     CURL *h = curl_easy_init();
     /* one request for this segment and the remote segments that join it */
     uint64_t last = s->first + s->len - 1;
@@ -318,6 +343,8 @@ static void pump(struct proxy_engine *e, struct proxy_job *j) {
     curl_easy_setopt(h, CURLOPT_PRIVATE, j);
     j->easy = h;
     j->status = 0;
+    j->retry = 0;
+    j->xfer_bytes = 0;
     j->seg_got = 0;
     j->gap_left = 0;
     curl_multi_add_handle(e->multi, h);
@@ -337,7 +364,12 @@ static void drop_transfer(struct proxy_engine *e, struct proxy_job *j) {
   j->paused = 0;
 }
 
+/* Job lock held. */
 static void unlink_live(struct proxy_engine *e, struct proxy_job *j) {
+  if (j->retry_at_ms) {
+    j->retry_at_ms = 0;
+    e->retries_waiting--;
+  }
   for (struct proxy_job **p = &e->live; *p; p = &(*p)->next_live)
     if (*p == j) {
       *p = j->next_live;
@@ -345,11 +377,76 @@ static void unlink_live(struct proxy_engine *e, struct proxy_job *j) {
     }
 }
 
-/* A transfer ended: go on with the next segment, or fail. */
+/* The wait before attempt number attempt + 1 (attempt >= 1): 100 ms, 200 ms, ... at most 2 s,
+ * each with jitter (half to all of it), as the S3 client waits. */
+static uint64_t backoff_ms(unsigned attempt) {
+  uint64_t cap = 100ull << (attempt - 1 < 5 ? attempt - 1 : 5);
+  if (cap > 2000) cap = 2000;
+  return cap / 2 + (uint64_t)random() % (cap / 2 + 1);
+}
+
+/* A transfer that failed before any of its bytes went into the ring, with attempts left: it
+ * is dropped and started again after a backoff (the engine loop's retry scan). Job lock held.
+ * Returns 1 when it will be retried. */
+static int retry_transfer(struct proxy_engine *e, struct proxy_job *j, CURLcode rc) {
+  if (j->failed || !j->retries_left || j->xfer_bytes) return 0;
+  if (!j->retry && !retryable_code(rc)) return 0;
+  char why[96];
+  if (j->retry)
+    snprintf(why, sizeof why, "HTTP %ld", j->status);
+  else
+    snprintf(why, sizeof why, "%s", curl_easy_strerror(rc));
+  drop_transfer(e, j);
+  j->retries_left--;
+  j->attempt++;
+  j->retry_at_ms = br_now_ms() + backoff_ms(j->attempt);
+  e->retries_waiting++;
+  atomic_fetch_add(j->retried, 1);
+  br_warn("store %s: a proxied read failed (%s) before sending a byte: attempt %u follows",
+          j->store_name, why, j->attempt + 1);
+  return 1;
+}
+
+/* Starts the transfers whose backoff is over; returns the ms until the next one is due (at most
+ * cap). Engine thread. */
+static long start_due_retries(struct proxy_engine *e, long cap) {
+  if (!e->retries_waiting) return cap;
+  uint64_t now = br_now_ms();
+  long next = cap;
+  for (struct proxy_job **p = &e->live; *p;) {
+    struct proxy_job *j = *p;
+    pthread_mutex_lock(&j->lock);
+    int pumped = 0;
+    if (j->retry_at_ms && now >= j->retry_at_ms) {
+      j->retry_at_ms = 0;
+      e->retries_waiting--;
+      pump(e, j); /* only an out-of-memory fails it here */
+      pumped = 1;
+    } else if (j->retry_at_ms && (long)(j->retry_at_ms - now) < next) {
+      next = (long)(j->retry_at_ms - now);
+    }
+    if (pumped && (j->failed || j->done) && !j->easy) {
+      *p = j->next_live;
+      job_put_locked(j, 1);
+    } else {
+      p = &j->next_live;
+      pthread_mutex_unlock(&j->lock);
+    }
+  }
+  return next;
+}
+
+/* A transfer ended: go on with the next segment, retry it, or fail. */
 static void transfer_done(struct proxy_engine *e, struct proxy_job *j, CURLcode rc) {
   pthread_mutex_lock(&j->lock);
+  if (retry_transfer(e, j, rc)) {
+    pthread_mutex_unlock(&j->lock);
+    return;
+  }
   uint64_t want = j->segs[j->seg].len;
-  if (rc != CURLE_OK && !j->failed)
+  if (j->retry && !j->failed)
+    fail(j, "the origin answered HTTP %ld", j->status);
+  else if (rc != CURLE_OK && !j->failed)
     fail(j, "origin: %s", curl_easy_strerror(rc));
   else if (!j->failed && j->seg_got != want)
     fail(j, "the origin sent %" PRIu64 " of %" PRIu64 " bytes", j->seg_got, want);
@@ -422,7 +519,7 @@ static void *engine_main(void *arg) {
         curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&j);
         if (j) transfer_done(e, j, m->data.result);
       }
-    curl_multi_poll(e->multi, NULL, 0, 1000, NULL);
+    curl_multi_poll(e->multi, NULL, 0, (int)start_due_retries(e, 1000), NULL);
   }
   /* stopping: fail every job so that no connection stays suspended */
   while (e->live) {
@@ -480,7 +577,8 @@ void proxy_engine_stop(br_http *http) {
  */
 
 int proxy_start(struct request *req, const char *url, const struct proxy_part *parts, size_t n,
-                int collect, uint64_t stall_ms, const char *whole_blob_of, br_err *err) {
+                int collect, uint64_t stall_ms, const char *store, unsigned retries, int whole_blob,
+                br_err *err) {
   struct proxy_engine *e = req->http->proxy;
   if (!e) return br_fail(err, "proxying is not running");
   struct proxy_job *j = calloc(1, sizeof *j);
@@ -520,7 +618,10 @@ int proxy_start(struct request *req, const char *url, const struct proxy_part *p
       prev_remote = &j->segs[j->nsegs++];
     }
   }
-  if (whole_blob_of && n == 1 && !parts[0].literal_len && parts[0].first == 0) {
+  snprintf(j->store_name, sizeof j->store_name, "%s", store);
+  j->retries_left = retries;
+  j->retried = &req->http->proxy_retries;
+  if (whole_blob && n == 1 && !parts[0].literal_len && parts[0].first == 0) {
     j->verify = EVP_MD_CTX_new();
     if (!j->verify || !EVP_DigestInit_ex(j->verify, EVP_sha256(), NULL)) {
       job_free(j);
@@ -528,7 +629,6 @@ int proxy_start(struct request *req, const char *url, const struct proxy_part *p
     }
     memcpy(j->want, req->digest, BR_SHA256_LEN);
     j->mismatches = &req->http->read_digest_mismatch;
-    snprintf(j->store_name, sizeof j->store_name, "%s", whole_blob_of);
   }
   j->conn = req->conn;
   j->collect = collect;

@@ -607,8 +607,9 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
       }
       parts[np++] = (struct proxy_part){framing + offs[n], lens[n], 0, 0, 0};
     }
-    const char *whole = !cacheable && status == MHD_HTTP_OK ? br_store_name(store) : NULL;
-    int rc = proxy_start(req, url, parts, np, cacheable, br_store_stall_ms(store), whole, &err);
+    int whole = !cacheable && status == MHD_HTTP_OK;
+    int rc = proxy_start(req, url, parts, np, cacheable, br_store_stall_ms(store),
+                         br_store_name(store), br_store_retries(store), whole, &err);
     free(framing);
     if (rc < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
     return MHD_YES; /* suspended: the origin's answer brings us back here */

@@ -45,6 +45,7 @@ const char *br_store_name(const br_store *st) { return st->cfg.name; }
 const char *br_store_kind(const br_store *st) { return st->ops->kind; }
 enum br_serve_mode br_store_serve_mode(const br_store *st) { return st->cfg.serve; }
 uint64_t br_store_stall_ms(const br_store *st) { return st->cfg.stall_timeout_ms; }
+unsigned br_store_retries(const br_store *st) { return (unsigned)st->cfg.retries; }
 
 size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_LEN], char *out,
                             size_t outlen) {

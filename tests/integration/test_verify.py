@@ -29,7 +29,9 @@ KiB = 1024
 
 class CorruptingOrigin:
     """A web server over `root` (single ranges, HEAD) that flips one bit in the middle of every
-    GET body it sends while `corrupt` is set. Counts the GETs it corrupted."""
+    GET body it sends while `corrupt` is set. Counts the GETs it corrupted. Faults for the next
+    GETs: `fail_next` answer 500, `reset_next` close the connection unanswered, `cut_next` send
+    the headers and half the body, then close."""
 
     def __init__(self, root):
         self.root = str(root)
@@ -37,6 +39,8 @@ class CorruptingOrigin:
         self.corrupted = 0
         self.requests = 0
         self.down = False  # answer nothing, close (kept-alive connections outlive close())
+        self.fail_next = self.reset_next = self.cut_next = 0
+        self.gets = 0
         self.lock = threading.Lock()
         origin = self
 
@@ -57,6 +61,25 @@ class CorruptingOrigin:
                     origin.requests += 1
                 if origin.down:
                     self.close_connection = True
+                    return
+                fault = None
+                with origin.lock:
+                    if not head:
+                        origin.gets += 1
+                        for name in ("fail_next", "reset_next", "cut_next"):
+                            if getattr(origin, name):
+                                setattr(origin, name, getattr(origin, name) - 1)
+                                fault = name
+                                break
+                if fault == "reset_next":
+                    self.close_connection = True
+                    return
+                if fault == "fail_next":
+                    self.send_response(500)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", "12")
+                    self.end_headers()
+                    self.wfile.write(b"origin fault")
                     return
                 p = os.path.join(origin.root, self.path.lstrip("/"))
                 if not os.path.isfile(p):
@@ -82,6 +105,9 @@ class CorruptingOrigin:
                 if status == 206:
                     self.send_header("Content-Range", f"bytes {first}-{last}/{n}")
                 self.end_headers()
+                if fault == "cut_next":
+                    body = body[:len(body) // 2]
+                    self.close_connection = True
                 if not head:
                     try:
                         self.wfile.write(bytes(body))
