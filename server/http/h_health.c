@@ -260,6 +260,12 @@ enum MHD_Result metrics_get(struct request *req) {
           atomic_load(&http->json_inflight), atomic_load(&http->json_refused),
           atomic_load(&http->slow_cut[0]), atomic_load(&http->slow_cut[1]));
   appendf(&t,
+          "# HELP blobref_pool_jobs Requests handed to a pool, queued or running: finish (upload "
+          "acknowledgements, short calls), slow (move and import checks, commits, refs).\n"
+          "# TYPE blobref_pool_jobs gauge\nblobref_pool_jobs{pool=\"finish\"} %d\n"
+          "blobref_pool_jobs{pool=\"slow\"} %d\n",
+          atomic_load(&http->finish_pool.jobs), atomic_load(&http->slow_pool.jobs));
+  appendf(&t,
           "# HELP blobref_direct_rehash_bytes_total Bytes of direct uploads read back and hashed "
           "on commit (stores that do not check the signed checksum).\n"
           "# TYPE blobref_direct_rehash_bytes_total counter\nblobref_direct_rehash_bytes_total "

@@ -11,7 +11,7 @@
 
 /* {"blobs":[{"sha256","size","store","key","content_type"}...]} -> {"results":[{"sha256","key",
  * "result":"created"|"exists"|"duplicate"|"error","message"?}]}. Each key of a blob the index does
- * not know is read and hashed in its store (on a finisher thread) and must have the given size
+ * not know is read and hashed in its store (on a slow-pool thread) and must have the given size
  * and SHA-256 (an indexed one is only stat'ed: it is never inserted again); the records are
  * inserted in one batch of conditional inserts (an existing record is never changed). */
 
@@ -203,7 +203,7 @@ enum MHD_Result import_post(struct request *req) {
   }
   json_decref(root);
   req->job_fn = import_run;
-  if (request_finish_async(req, JOB_CALL) < 0)
+  if (request_finish_async(req, JOB_SLOW) < 0)
     return reply_error(req, E_NOT_READY, "the server is stopping");
   return MHD_YES;
 }

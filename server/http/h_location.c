@@ -1,5 +1,5 @@
 /* PUT /v1/blobs/{hash}/location: moving a blob between stores without a failed read (PRODUCT.md
- * invariant 7). The new copy is verified (its size and SHA-256, by re-reading it) on a finisher
+ * invariant 7). The new copy is verified (its size and SHA-256, by re-reading it) on a slow-pool
  * thread and the primary switched in the index writer's transaction, conditional on the expected
  * current primary; the old location becomes `draining` (since the switch, kept in the record)
  * and the drain thread (core/drain.c) deletes it after drain_grace, durably across restarts. */
@@ -45,7 +45,7 @@ static int parse_location(json_t *j, br_location *out, const char *what, char *m
   return 0;
 }
 
-/* Verifies `to` and switches (core/move.c). Runs on a finisher thread. */
+/* Verifies `to` and switches (core/move.c). Runs on a slow-pool thread (request.c). */
 static void move_run(struct request *req) {
   struct move_job *mj = req->job_data;
   struct br_move mv = {.expect = mj->expect, .to = mj->to};
@@ -109,7 +109,7 @@ enum MHD_Result blob_location_put(struct request *req) {
   if (!br_server_store(req->srv, mj->to.store))
     return reply_error(req, E_BAD_REQUEST, "no store named %s", mj->to.store);
   req->job_fn = move_run;
-  if (request_finish_async(req, JOB_CALL) < 0)
+  if (request_finish_async(req, JOB_SLOW) < 0)
     return reply_error(req, E_NOT_READY, "the server is stopping");
   return MHD_YES;
 }

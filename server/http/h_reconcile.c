@@ -158,7 +158,7 @@ enum MHD_Result reconcile_run_blobs_get(struct request *req) {
                               "blobs", blobs, "next", next));
 }
 
-/* GET /v1/blobs/{hash}/refs: why a blob is still here. The tables are read on a finisher thread
+/* GET /v1/blobs/{hash}/refs: why a blob is still here. The tables are read on a slow-pool thread
  * (a targeted read of every retained snapshot's data files); the record and the leases say why
  * an unreferenced blob is not quarantined yet. */
 struct refs_job {
@@ -180,7 +180,7 @@ enum MHD_Result blob_refs_get(struct request *req) {
     if (!j) return reply_error(req, E_INTERNAL, "out of memory");
     req->job_data = j;
     req->job_fn = refs_run;
-    if (request_finish_async(req, JOB_CALL) < 0)
+    if (request_finish_async(req, JOB_SLOW) < 0)
       return reply_error(req, E_NOT_READY, "the server is stopping");
     return MHD_YES;
   }

@@ -249,7 +249,7 @@ static void *commit_worker(void *arg) {
   }
 }
 
-/* The finisher's part of a commit: every blob checked and recorded, COMMIT_THREADS at a time so
+/* The slow pool's part of a commit: every blob checked and recorded, COMMIT_THREADS at a time so
  * that the store's round trips and the index's group commits overlap; answers keep request
  * order. */
 static void commit_run(struct request *req) {
@@ -288,7 +288,7 @@ enum MHD_Result uploads_commit_post(struct request *req) {
   }
   req->job_data = b;
   req->job_fn = commit_run;
-  if (request_finish_async(req, JOB_CALL) < 0)
+  if (request_finish_async(req, JOB_SLOW) < 0)
     return reply_error(req, E_NOT_READY, "the server is stopping");
   return MHD_YES;
 }

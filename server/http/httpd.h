@@ -146,8 +146,9 @@ struct request {
   struct proxy_job *proxy; /* a proxied read from an S3/http store (http_proxy.c) */
   char boundary[64];       /* multipart/byteranges boundary, kept across a suspension */
   uint64_t run_id;         /* the {id} of /v1/reconcile/runs/{id} */
-  enum job_kind { JOB_UPLOAD, JOB_TOUCH, JOB_CALL } job;
-  void (*job_fn)(struct request *req); /* JOB_CALL: run on a finisher thread */
+  /* JOB_SLOW: job_fn on the slow pool (reads of stores: move checks, imports, commits, refs) */
+  enum job_kind { JOB_UPLOAD, JOB_TOUCH, JOB_CALL, JOB_SLOW } job;
+  void (*job_fn)(struct request *req); /* JOB_CALL, JOB_SLOW: run on a pool thread */
   void *job_data;                      /* owned by the route; freed (free()) on completion */
   struct request *next_job;            /* finisher queue link */
   struct request *next_spool;          /* paused-upload list link (request_wait_spool) */
@@ -180,14 +181,20 @@ struct br_http {
   struct MHD_Daemon *daemon_plain; /* listen_plain, when set: plain HTTP, same handlers */
   atomic_int ready;
   atomic_int refuse_connections; /* stopping: new connections are closed at once */
-  /* finishers: fsync + rename + index commit, and other slow calls, off the network threads.
-   * job_lock guards the queue and the two flags; it is never held while a job runs. */
-  pthread_t *finishers;
-  int nfinishers;
+  /* finishers: fsync + rename + index commit, and short calls, off the network threads; the
+   * slow pool: calls that read whole blobs from stores (JOB_SLOW), so that however long they
+   * take, upload acknowledgements never wait for them. job_lock guards both queues and the two
+   * flags; it is never held while a job runs. */
+  struct job_pool {
+    br_http *http;
+    pthread_t *threads;
+    int nthreads;
+    pthread_cond_t cv;
+    struct request *head, *tail;
+    atomic_int jobs; /* queued or running */
+  } finish_pool, slow_pool;
   pthread_mutex_t job_lock;
-  pthread_cond_t job_cv;
-  struct request *job_head, *job_tail;
-  int jobs_stopping; /* finishers exit */
+  int jobs_stopping; /* pool threads exit */
   int stopping;      /* no new jobs: uploads finishing now get 503 */
   atomic_int jobs_in_flight;
   /* uploads paused while their S3 spool drains (request_wait_spool): spool_lock guards the list

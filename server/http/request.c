@@ -12,6 +12,8 @@
 #include "http/ops.h"
 
 #define FINISHER_THREADS 32
+/* the slow pool: whole-blob store reads (move checks, import checks, upload commits, refs) */
+#define SLOW_THREADS 8
 
 void request_fail(struct request *req, enum br_api_error e, const char *fmt, ...) {
   if (req->has_pending) return; /* the first error is the one that counts */
@@ -106,20 +108,21 @@ static void finish_upload_locked(struct request *req) {
   req->finish_rc = 0;
 }
 
-static void *finisher_main(void *arg) {
-  br_http *http = arg;
+/* One thread of a pool (finish_pool or slow_pool): runs its queue's jobs until stopping. */
+static void *pool_main(void *arg) {
+  struct job_pool *pool = arg;
+  br_http *http = pool->http;
   pthread_mutex_lock(&http->job_lock);
   for (;;) {
-    while (!http->job_head && !http->jobs_stopping)
-      pthread_cond_wait(&http->job_cv, &http->job_lock);
-    if (!http->job_head) break;
-    struct request *req = http->job_head;
-    http->job_head = req->next_job;
-    if (!http->job_head) http->job_tail = NULL;
+    while (!pool->head && !http->jobs_stopping) pthread_cond_wait(&pool->cv, &http->job_lock);
+    if (!pool->head) break;
+    struct request *req = pool->head;
+    pool->head = req->next_job;
+    if (!pool->head) pool->tail = NULL;
     pthread_mutex_unlock(&http->job_lock);
     if (req->job == JOB_UPLOAD) {
       finish_upload(req);
-    } else if (req->job == JOB_CALL) {
+    } else if (req->job == JOB_CALL || req->job == JOB_SLOW) {
       req->job_fn(req);
     } else {
       br_err err;
@@ -133,6 +136,7 @@ static void *finisher_main(void *arg) {
       }
     }
     req->phase = PHASE_RESUMED;
+    atomic_fetch_sub(&pool->jobs, 1);
     MHD_resume_connection(req->conn);
     atomic_fetch_sub(&http->jobs_in_flight, 1);
     pthread_mutex_lock(&http->job_lock);
@@ -152,26 +156,34 @@ int request_finish_async(struct request *req, enum job_kind job) {
   req->phase = PHASE_SUSPENDED;
   atomic_fetch_add(&http->jobs_in_flight, 1);
   MHD_suspend_connection(req->conn);
+  struct job_pool *pool = job == JOB_SLOW ? &http->slow_pool : &http->finish_pool;
   req->next_job = NULL;
-  if (http->job_tail)
-    http->job_tail->next_job = req;
+  if (pool->tail)
+    pool->tail->next_job = req;
   else
-    http->job_head = req;
-  http->job_tail = req;
-  pthread_cond_signal(&http->job_cv);
+    pool->head = req;
+  pool->tail = req;
+  atomic_fetch_add(&pool->jobs, 1);
+  pthread_cond_signal(&pool->cv);
   pthread_mutex_unlock(&http->job_lock);
+  return 0;
+}
+
+static int pool_start(br_http *http, struct job_pool *pool, int n, br_err *err) {
+  pool->http = http;
+  pthread_cond_init(&pool->cv, NULL);
+  pool->threads = calloc((size_t)n, sizeof *pool->threads);
+  if (!pool->threads) return br_fail(err, "out of memory");
+  for (; pool->nthreads < n; pool->nthreads++)
+    if (pthread_create(&pool->threads[pool->nthreads], NULL, pool_main, pool))
+      return br_fail(err, "cannot start finisher threads");
   return 0;
 }
 
 int request_finishers_start(br_http *http, br_err *err) {
   pthread_mutex_init(&http->job_lock, NULL);
-  pthread_cond_init(&http->job_cv, NULL);
-  http->finishers = calloc(FINISHER_THREADS, sizeof *http->finishers);
-  if (!http->finishers) return br_fail(err, "out of memory");
-  for (; http->nfinishers < FINISHER_THREADS; http->nfinishers++)
-    if (pthread_create(&http->finishers[http->nfinishers], NULL, finisher_main, http))
-      return br_fail(err, "cannot start finisher threads");
-  return 0;
+  if (pool_start(http, &http->finish_pool, FINISHER_THREADS, err) < 0) return -1;
+  return pool_start(http, &http->slow_pool, SLOW_THREADS, err);
 }
 
 void request_wait_spool(struct request *req) {
@@ -243,13 +255,17 @@ void request_spool_stop(br_http *http) {
 }
 
 void request_finishers_stop(br_http *http) {
-  if (!http->finishers) return;
+  if (!http->finish_pool.threads) return;
   pthread_mutex_lock(&http->job_lock);
   http->jobs_stopping = 1;
-  pthread_cond_broadcast(&http->job_cv);
+  pthread_cond_broadcast(&http->finish_pool.cv);
+  pthread_cond_broadcast(&http->slow_pool.cv);
   pthread_mutex_unlock(&http->job_lock);
-  for (int i = 0; i < http->nfinishers; i++) pthread_join(http->finishers[i], NULL);
-  free(http->finishers);
-  http->finishers = NULL;
-  http->nfinishers = 0;
+  struct job_pool *pools[] = {&http->finish_pool, &http->slow_pool};
+  for (int p = 0; p < 2; p++) {
+    for (int i = 0; i < pools[p]->nthreads; i++) pthread_join(pools[p]->threads[i], NULL);
+    free(pools[p]->threads);
+    pools[p]->threads = NULL;
+    pools[p]->nthreads = 0;
+  }
 }

@@ -31,7 +31,8 @@ class CorruptingOrigin:
     """A web server over `root` (single ranges, HEAD) that flips one bit in the middle of every
     GET body it sends while `corrupt` is set. Counts the GETs it corrupted. Faults for the next
     GETs: `fail_next` answer 500, `reset_next` close the connection unanswered, `cut_next` send
-    the headers and half the body, then close."""
+    the headers and half the body, then close. While `gate` (a threading.Event) is set to one
+    that is clear, GETs wait for it (`waiting` of them now)."""
 
     def __init__(self, root):
         self.root = str(root)
@@ -41,6 +42,7 @@ class CorruptingOrigin:
         self.down = False  # answer nothing, close (kept-alive connections outlive close())
         self.fail_next = self.reset_next = self.cut_next = 0
         self.gets = 0
+        self.gate, self.waiting = None, 0
         self.lock = threading.Lock()
         origin = self
 
@@ -71,6 +73,13 @@ class CorruptingOrigin:
                                 setattr(origin, name, getattr(origin, name) - 1)
                                 fault = name
                                 break
+                gate = origin.gate
+                if gate is not None and not head:
+                    with origin.lock:
+                        origin.waiting += 1
+                    gate.wait(60)
+                    with origin.lock:
+                        origin.waiting -= 1
                 if fault == "reset_next":
                     self.close_connection = True
                     return
