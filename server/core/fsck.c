@@ -10,6 +10,7 @@
 
 #include "core/fsck.h"
 #include "core/server.h"
+#include "core/suspect.h"
 
 /* ---- fsck ------------------------------------------------------------------------------------ */
 
@@ -17,6 +18,8 @@ struct fsck {
   br_server *srv;
   int verify;
   uint64_t blobs, problems;
+  br_suspect *suspects; /* DATA_DIR/suspect: locations always hashed, whatever verify says */
+  size_t nsuspects;
 };
 
 static int verify_digest(br_store *st, const char *key, const uint8_t want[BR_SHA256_LEN],
@@ -69,9 +72,21 @@ static int fsck_one(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_reco
       printf("%s: %s:%s: %" PRIu64 " bytes, index says %" PRIu64 "\n", hex, l->store, l->key, size,
              rec->size);
       rc = 1;
-    } else if (f->verify && verify_digest(st, l->key, digest, &err) < 0) {
-      printf("%s: %s:%s: %s\n", hex, l->store, l->key, err.msg);
-      rc = 1;
+    } else {
+      const br_suspect *sus = br_suspect_find(f->suspects, f->nsuspects, digest, l->store, l->key);
+      char when[40] = "";
+      if (sus) br_format_time_ms(sus->at_ms, when, sizeof when);
+      if ((f->verify || sus) && verify_digest(st, l->key, digest, &err) < 0) {
+        printf("%s: %s:%s: %s%s%s%s\n", hex, l->store, l->key, err.msg,
+               sus ? " (suspect since a read at " : "", when,
+               sus ? " did not hash to the blob)" : "");
+        rc = 1;
+      } else if (sus) {
+        printf(
+            "%s: %s:%s: note: suspect since a read at %s did not hash to the blob; its bytes "
+            "hash right now\n",
+            hex, l->store, l->key, when);
+      }
     }
     if (!st || rc) f->problems++;
   }
@@ -87,7 +102,12 @@ int br_fsck(br_config *cfg, int verify) {
     return 2;
   }
   struct fsck f = {.srv = srv, .verify = verify};
+  if (br_suspect_load(cfg->data_dir, &f.suspects, &f.nsuspects, &err) < 0) {
+    printf("suspect list: %s\n", err.msg);
+    f.problems++;
+  }
   int rc = br_index_foreach(srv->index, fsck_one, &f, &err);
+  free(f.suspects);
   if (rc < 0) {
     printf("index: %s\n", err.msg);
     f.problems++;

@@ -12,6 +12,7 @@
 #include <curl/curl.h>
 #include <openssl/evp.h>
 
+#include "core/suspect.h"
 #include "http/proxy.h"
 
 #define RING_SIZE (256u * 1024)
@@ -61,6 +62,8 @@ struct proxy_job {
   uint8_t want[BR_SHA256_LEN];
   atomic_uint_fast64_t *mismatches; /* br_http's counter */
   char store_name[BR_MAX_STORE_NAME + 1];
+  char key[BR_MAX_KEY + 1]; /* the object read, for the suspect list */
+  const char *data_dir;     /* borrowed from the config, which outlives the engine */
   /* retries of a transfer that failed (5xx, or the connection) before any of its bytes went
    * into the ring: nothing of it reached the client, so it starts over exactly */
   unsigned retries_left, attempt;
@@ -207,6 +210,9 @@ static int verified_chunk(struct proxy_job *j, const char *data, size_t n) {
       "blob %s: the proxied bytes do not match their hash (store %s): the reply was cut "
       "before its end",
       hex, j->store_name);
+  br_err err; /* a local append: fsck hashes the location whatever --verify says */
+  if (br_suspect_mark(j->data_dir, j->want, j->store_name, j->key, &err) < 0)
+    br_warn("blob %s: %s", hex, err.msg);
   return 0;
 }
 
@@ -577,8 +583,8 @@ void proxy_engine_stop(br_http *http) {
  */
 
 int proxy_start(struct request *req, const char *url, const struct proxy_part *parts, size_t n,
-                int collect, uint64_t stall_ms, const char *store, unsigned retries, int whole_blob,
-                br_err *err) {
+                int collect, uint64_t stall_ms, const char *store, const char *key,
+                unsigned retries, int whole_blob, br_err *err) {
   struct proxy_engine *e = req->http->proxy;
   if (!e) return br_fail(err, "proxying is not running");
   struct proxy_job *j = calloc(1, sizeof *j);
@@ -619,6 +625,8 @@ int proxy_start(struct request *req, const char *url, const struct proxy_part *p
     }
   }
   snprintf(j->store_name, sizeof j->store_name, "%s", store);
+  snprintf(j->key, sizeof j->key, "%s", key);
+  j->data_dir = req->srv->cfg->data_dir;
   j->retries_left = retries;
   j->retried = &req->http->proxy_retries;
   if (whole_blob && n == 1 && !parts[0].literal_len && parts[0].first == 0) {

@@ -20,15 +20,16 @@ struct proxy_part {
 };
 /* Starts fetching the pieces from url and suspends req; the route's finish handler runs again
  * (PHASE_RESUMED, req->proxy set) once the origin answered (collect = 0) or the whole body is
- * in memory (collect = 1). store names the store in log lines. A transfer that fails with a 5xx
- * or a broken connection before any of its bytes went out is tried again, at most retries more
- * times, with backoff (counted in br_http's proxy_retries). whole_blob: the one part is the whole
- * blob req->digest names; the stream is hashed on the way and, if it is not that blob, its last
- * bytes are never sent (the client sees a short body), counted and logged. Returns 0, or -1 with
- * err (nothing started, not suspended). */
+ * in memory (collect = 1). store and key name the object (log lines, the suspect list). A
+ * transfer that fails with a 5xx or a broken connection before any of its bytes went out is
+ * tried again, at most retries more times, with backoff (counted in br_http's proxy_retries).
+ * whole_blob: the one part is the whole blob req->digest names; the stream is hashed on the way
+ * and, if it is not that blob, its last bytes are never sent (the client sees a short body),
+ * counted, logged and the location listed as suspect (core/suspect.h). Returns 0, or -1 with err
+ * (nothing started, not suspended). */
 int proxy_start(struct request *req, const char *url, const struct proxy_part *parts, size_t n,
-                int collect, uint64_t stall_ms, const char *store, unsigned retries,
-                int whole_blob, br_err *err);
+                int collect, uint64_t stall_ms, const char *store, const char *key,
+                unsigned retries, int whole_blob, br_err *err);
 /* After the resume: 0, or -1 with the failure in msg (*status: the origin's HTTP status, 0 when
  * it could not be reached). */
 int proxy_result(struct request *req, long *status, char *msg, size_t msglen);

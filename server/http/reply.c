@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/blobcache.h"
+#include "core/suspect.h"
 #include "blobref/range.h"
 #include "http/httpd.h"
 #include "http/proxy.h"
@@ -463,6 +464,13 @@ static void cache_outcome(struct request *req, int hit) {
   atomic_fetch_add(hit ? &req->http->cache_hits : &req->http->cache_misses, 1);
 }
 
+/* Lists (store, key) as suspect for --fsck: a read found bytes that are not req->digest's. */
+static void mark_suspect(struct request *req, br_store *store, const char *key) {
+  br_err err;
+  if (br_suspect_mark(req->srv->cfg->data_dir, req->digest, br_store_name(store), key, &err) < 0)
+    br_warn("%s", err.msg);
+}
+
 /* The blob's bytes from the small-blob cache, read (and checked against the hash) into it on a
  * miss. Returns an entry to release, or NULL with *e set (E__COUNT: caching not possible, serve
  * from the store instead). */
@@ -490,6 +498,8 @@ static cached_blob *cached_bytes(struct request *req, const br_record *rec, br_s
       br_hex_encode(req->digest, hex);
       br_error("blob %s: the bytes in %s:%s do not match their hash", hex, br_store_name(store),
                key);
+      atomic_fetch_add(&req->http->read_digest_mismatch, 1);
+      mark_suspect(req, store, key);
       *e = E_STORE_UNAVAILABLE;
     } else {
       entry = blobcache_put(cache, req->digest, buf, (size_t)rec->size);
@@ -572,8 +582,9 @@ static char *multipart_framing(struct request *req, const br_record *rec,
  * with as few upstream requests as br_range_plan finds (never more than BR_RANGE_READS_MAX);
  * too many unordered ones get the whole blob (200). */
 static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, br_store *store,
-                                     const char *url, unsigned status, const br_byte_range *ranges,
-                                     size_t n, const char *etag, const char *repr) {
+                                     const char *key, const char *url, unsigned status,
+                                     const br_byte_range *ranges, size_t n, const char *etag,
+                                     const char *repr) {
   blobcache *cache = req->srv->cache;
   unsigned char joins[BR_RANGE_MAX] = {0};
   size_t nreads = 0;
@@ -609,7 +620,7 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
     }
     int whole = !cacheable && status == MHD_HTTP_OK;
     int rc = proxy_start(req, url, parts, np, cacheable, br_store_stall_ms(store),
-                         br_store_name(store), br_store_retries(store), whole, &err);
+                         br_store_name(store), key, br_store_retries(store), whole, &err);
     free(framing);
     if (rc < 0) return reply_error(req, E_STORE_UNAVAILABLE, "%s", err.msg);
     return MHD_YES; /* suspended: the origin's answer brings us back here */
@@ -635,6 +646,7 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
       br_hex_encode(req->digest, hex);
       br_error("blob %s: the bytes in store %s do not match their hash", hex, br_store_name(store));
       atomic_fetch_add(&req->http->read_digest_mismatch, 1);
+      mark_suspect(req, store, key);
       return reply_error(req, E_STORE_UNAVAILABLE, "the stored bytes do not match their hash");
     }
     cached_blob *cb = blobcache_put(cache, req->digest, bytes, len);
@@ -754,7 +766,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
                          br_store_name(store));
     }
   }
-  if (via_url) return reply_proxied(req, rec, store, url, status, ranges, n, etag, repr);
+  if (via_url) return reply_proxied(req, rec, store, key, url, status, ranges, n, etag, repr);
   if (n <= 1) {
     enum br_api_error cache_error;
     cached_blob *cb = cached_bytes(req, rec, store, key, &cache_error);
