@@ -13,7 +13,9 @@
 #include "blobref/index.h"
 #include "blobref/store.h"
 
-#define BLOB_LOCKS 256
+/* 4096 stripes by the hash's first 12 bits: two blobs share one 1 time in 4096 (with 256 by its
+ * first byte alone, an upload waited for an unrelated blob's slow move or delete 1 time in 256) */
+#define BLOB_LOCKS 4096
 
 /* Store failures counted by operation (blobref_store_errors_total). */
 enum store_op { STORE_OP_READ, STORE_OP_WRITE, STORE_OP_CHECK, STORE_OPS };

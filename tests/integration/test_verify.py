@@ -32,7 +32,8 @@ class CorruptingOrigin:
     GET body it sends while `corrupt` is set. Counts the GETs it corrupted. Faults for the next
     GETs: `fail_next` answer 500, `reset_next` close the connection unanswered, `cut_next` send
     the headers and half the body, then close. While `gate` (a threading.Event) is set to one
-    that is clear, GETs wait for it (`waiting` of them now)."""
+    that is clear, GETs wait for it (`waiting` of them now); `head_gate` = [path, skip, event]
+    holds the HEADs of /path after the first `skip` of them the same way."""
 
     def __init__(self, root):
         self.root = str(root)
@@ -43,6 +44,7 @@ class CorruptingOrigin:
         self.fail_next = self.reset_next = self.cut_next = 0
         self.gets = 0
         self.gate, self.waiting = None, 0
+        self.head_gate = None
         self.lock = threading.Lock()
         origin = self
 
@@ -73,8 +75,13 @@ class CorruptingOrigin:
                                 setattr(origin, name, getattr(origin, name) - 1)
                                 fault = name
                                 break
-                gate = origin.gate
-                if gate is not None and not head:
+                gate = origin.gate if not head else None
+                hg = origin.head_gate
+                if head and hg is not None and self.path == "/" + hg[0]:
+                    with origin.lock:
+                        hg[1] -= 1
+                        gate = hg[2] if hg[1] < 0 else None
+                if gate is not None:
                     with origin.lock:
                         origin.waiting += 1
                     gate.wait(60)
