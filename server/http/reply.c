@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/blobcache.h"
@@ -694,6 +695,37 @@ static int changed_since_verified(const br_record *rec, br_store *store, const c
   return 0;
 }
 
+/* Files up to this size that changed after they were hashed are hashed again on each read. */
+#define REHASH_MAX (16u << 20)
+
+/* Hashes an open in-place file that moved since it was verified (changed_since_verified).
+ * Returns 1 when it is the blob and did not change while hashed (its mtime/ctime are the same
+ * after), 0 when its bytes are another blob's, -1 when it could not tell (too large, a read
+ * error, or it changed while hashed). */
+static int rehash_in_place(br_store_reader *r, const uint8_t digest[BR_SHA256_LEN]) {
+  if (r->size > REHASH_MAX || r->fd < 0) return -1;
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  char *buf = malloc(1 << 20);
+  int rc = ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) ? 0 : -1;
+  br_err err;
+  for (uint64_t off = 0; rc == 0 && off < r->size;) {
+    size_t n = r->size - off < (1u << 20) ? (size_t)(r->size - off) : (1u << 20);
+    rc = r->source->pread(r->source, buf, n, off, &err);
+    if (rc == 0) EVP_DigestUpdate(ctx, buf, n);
+    off += n;
+  }
+  uint8_t got[BR_SHA256_LEN];
+  if (rc == 0) EVP_DigestFinal_ex(ctx, got, NULL);
+  EVP_MD_CTX_free(ctx);
+  free(buf);
+  struct stat sb;
+  if (rc < 0 || fstat(r->fd, &sb) < 0) return -1;
+  uint64_t m = (uint64_t)sb.st_mtim.tv_sec * 1000 + (uint64_t)sb.st_mtim.tv_nsec / 1000000;
+  uint64_t c = (uint64_t)sb.st_ctim.tv_sec * 1000 + (uint64_t)sb.st_ctim.tv_nsec / 1000000;
+  if ((m > c ? m : c) != r->changed_ms || (uint64_t)sb.st_size != r->size) return -1;
+  return memcmp(got, digest, BR_SHA256_LEN) ? 0 : 1;
+}
+
 enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *store,
                            const char *key) {
   char hex[BR_HEX_LEN + 1], etag[BR_HEX_LEN + 3], repr[80];
@@ -791,11 +823,18 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     br_store_reader_close(&r);
     return reply_error(req, E_STORE_UNAVAILABLE, "the stored size differs from the index");
   }
-  if (changed_since_verified(rec, store, key, req->digest, &r)) {
+  int moved = changed_since_verified(rec, store, key, req->digest, &r);
+  int same = moved ? rehash_in_place(&r, req->digest) : 1;
+  if (same <= 0) {
     br_error(
-        "blob %s: %s:%s changed after its bytes were hashed: not served until re-verified "
-        "(PUT /v1/blobs/%s/location onto itself)",
-        hex, br_store_name(store), key, hex);
+        "blob %s: %s:%s changed after its bytes were hashed and %s: not served until "
+        "re-verified (PUT /v1/blobs/%s/location onto itself)",
+        hex, br_store_name(store), key,
+        same == 0 ? "hashes to another blob now" : "could not be hashed again", hex);
+    if (same == 0) {
+      atomic_fetch_add(&req->http->read_digest_mismatch, 1);
+      mark_suspect(req, store, key);
+    }
     br_store_reader_close(&r);
     return reply_error(req, E_STORE_UNAVAILABLE,
                        "the stored file changed after it was verified: not served as its hash");
