@@ -113,17 +113,21 @@ def test_not_found_is_not_retried(origin_srv, tmp_path):
 
 
 def test_a_transfer_whose_bytes_went_out_is_not_retried(origin_srv):
-    """The origin sends half the body, then closes: those bytes are already on their way to
-    the client, so the read is not started over (that would send them twice); the client sees
-    a short body and nothing is counted."""
+    """The origin sends half the body, then closes: those bytes went into the transfer's buffer
+    (and its hash), so the read is not started over (that could send them twice); the client
+    sees a short body, or a 503 when the cut came before its handler resumed (on a loaded
+    machine), and nothing is counted."""
     data = blobs_of(15, [300 * KiB])[0]
     h = sha(data)
     srv, origin = origin_srv([data])
     origin.cut_next = 1
     gets = origin.gets
     status, headers, body = raw_get(srv, f"/v1/blobs/{h}")
-    assert status == 200 and int(headers["content-length"]) == len(data)
-    assert len(body) < len(data) and data.startswith(body)
+    if status == 200:
+        assert int(headers["content-length"]) == len(data)
+        assert len(body) < len(data) and data.startswith(body)
+    else:
+        assert status == 503 and b"store_unavailable" in body, (status, body[:200])
     assert origin.gets == gets + 1
     assert metric(srv, "blobref_proxy_retries_total") == 0
     assert requests.get(f"{srv.url}/v1/blobs/{h}", timeout=TIMEOUT).content == data
