@@ -75,6 +75,7 @@ typedef struct br_index_options {
   int read_only;      /* open without the writer thread (fsck, tools) */
   int queue_purges;   /* state and location changes that make CDN copies stale queue a purge */
   const char *dsn;    /* non-empty: a PostgreSQL index (libpq conninfo or URI), not LMDB in dir */
+  uint64_t purge_claim_ms; /* PostgreSQL: how long a claim on due purges holds (0: 60 s) */
 } br_index_options;
 
 /* Opens (creating) the index in directory dir and starts the writer thread. NULL + err. */
@@ -249,7 +250,10 @@ int br_index_queue_purges(br_index *idx, const uint8_t (*digests)[BR_SHA256_LEN]
 /* Copies up to max pending purges that are due at now_ms into out, in digest order starting
  * after `after` (NULL: the first), looking at no more than BR_INDEX_PURGE_SCAN entries. *next
  * receives the last digest looked at and *wrapped = 1 when the scan reached the end (start from
- * NULL next time). Returns how many were copied, or -1 + err. */
+ * NULL next time). On PostgreSQL the purges returned are claimed for this node (other nodes skip
+ * them, FOR UPDATE SKIP LOCKED) until settled or until purge_claim_ms passes (a killed node's
+ * claims then go to another node); `after` is unused there and *wrapped is 1. Returns how many
+ * were copied, or -1 + err. */
 #define BR_INDEX_PURGE_SCAN 10000
 int br_index_purges_due(br_index *idx, const uint8_t *after, uint64_t now_ms, br_purge *out,
                         size_t max, uint8_t next[BR_SHA256_LEN], int *wrapped, br_err *err);

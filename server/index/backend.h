@@ -64,6 +64,11 @@ typedef struct idx_ops {
   int (*purge_put)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void *val,
                    size_t len);
   int (*purge_del)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN]);
+  /* Optional (shared backends; any thread, its own transaction): claims up to max purges due at
+   * now_ms that no live claim holds, for claim_ms, and passes each to fn (as scan does). Returns
+   * how many, or a negative code + err. A put or a delete of a purge ends its claim. */
+  int (*purge_claim)(idx_backend *be, uint64_t now_ms, size_t max, idx_scan_fn fn, void *ud,
+                     br_err *err);
   void (*close)(idx_backend *be);
 } idx_ops;
 

@@ -840,6 +840,10 @@ int br_index_purges_due(br_index *idx, const uint8_t *after, uint64_t now_ms, br
   *wrapped = 1;
   if (!idx->ops->has_purges(idx->be)) return 0;
   struct due_state st = {.now_ms = now_ms, .out = out, .max = max, .next = next};
+  if (idx->ops->purge_claim) { /* shared: what this node claimed, all due */
+    int n = idx->ops->purge_claim(idx->be, now_ms, max, due_entry, &st, err);
+    return n < 0 ? n : (int)st.n;
+  }
   int rc = idx->ops->scan(idx->be, IDX_PURGES, after, due_entry, &st, err);
   if (rc) return rc;
   if (st.stopped) *wrapped = 0;

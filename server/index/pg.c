@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
-#define SCHEMA_VERSION 1
 #define SCHEMA_LOCK 0x626c6f6272656631ll /* pg_advisory_xact_lock key for schema changes */
 #define POOL_MAX 32                      /* reader connections at most */
 #define SCAN_PAGE 1000                   /* rows per query of a scan */
@@ -27,6 +27,8 @@ struct held_lock {
 
 struct idx_backend {
   char *dsn;
+  char node[300];          /* host/pid: who holds a purge claim (shown, never compared) */
+  uint64_t purge_claim_ms; /* how long a purge claim holds */
   /* the writer's (writer thread only) */
   PGconn *wconn;
   PGresult *wres;                   /* holds the value rec_get / purge_get returned */
@@ -93,6 +95,46 @@ static int exec_ok(PGconn *c, const char *sql, char *why, size_t cap) {
   return ok ? 0 : -1;
 }
 
+/* Schema step 1: the blobs (16 range partitions), the owners and the purges. */
+static int schema_v1(PGconn *c, char *why, size_t cap) {
+  char sql[256];
+  int rc = 0;
+  for (size_t i = 0; !rc && i < sizeof SCHEMA_V1 / sizeof SCHEMA_V1[0]; i++)
+    rc = exec_ok(c, SCHEMA_V1[i], why, cap);
+  for (int p = 0; !rc && p < 16; p++) {
+    char from[16], to[16];
+    snprintf(from, sizeof from, p ? "('\\x%02x')" : "(MINVALUE)", p * 16);
+    snprintf(to, sizeof to, p < 15 ? "('\\x%02x')" : "(MAXVALUE)", (p + 1) * 16);
+    snprintf(sql, sizeof sql,
+             "CREATE TABLE blobref_blobs_%x PARTITION OF blobref_blobs FOR VALUES FROM %s TO %s", p,
+             from, to);
+    rc = exec_ok(c, sql, why, cap);
+  }
+  return rc;
+}
+
+/* Schema step "purge claims": a purge's due time (its value's next_ms, for the claim's WHERE) and
+ * its claim (until, database clock in ms since the epoch, and by whom), so that the nodes share
+ * one queue: rows are claimed FOR UPDATE SKIP LOCKED and skipped while a claim lives. */
+static int schema_purge_claims(PGconn *c, char *why, size_t cap) {
+  int rc = exec_ok(c,
+                   "ALTER TABLE blobref_purges ADD COLUMN due_ms bigint NOT NULL DEFAULT 0,"
+                   " ADD COLUMN claimed_until bigint NOT NULL DEFAULT 0,"
+                   " ADD COLUMN claimed_by text NOT NULL DEFAULT ''",
+                   why, cap);
+  if (!rc)
+    rc = exec_ok(c, "CREATE INDEX blobref_purges_due ON blobref_purges (due_ms, claimed_until)",
+                 why, cap);
+  return rc;
+}
+
+/* The migration steps in order: step i brings the schema to version i + 1. */
+static int (*const SCHEMA_STEPS[])(PGconn *c, char *why, size_t cap) = {
+    schema_v1,
+    schema_purge_claims,
+};
+#define SCHEMA_VERSION ((int)(sizeof SCHEMA_STEPS / sizeof SCHEMA_STEPS[0]))
+
 /* Creates or migrates the schema in one transaction under an advisory lock (nodes starting
  * together wait for each other). 0 or -1 with why. */
 static int ensure_schema(PGconn *c, char *why, size_t cap) {
@@ -117,20 +159,13 @@ static int ensure_schema(PGconn *c, char *why, size_t cap) {
              SCHEMA_VERSION);
     rc = -1;
   }
-  if (!rc && version < 1) {
-    br_info("index: creating the PostgreSQL schema (version %d)", SCHEMA_VERSION);
-    for (size_t i = 0; !rc && i < sizeof SCHEMA_V1 / sizeof SCHEMA_V1[0]; i++)
-      rc = exec_ok(c, SCHEMA_V1[i], why, cap);
-    for (int p = 0; !rc && p < 16; p++) {
-      char from[16], to[16];
-      snprintf(from, sizeof from, p ? "('\\x%02x')" : "(MINVALUE)", p * 16);
-      snprintf(to, sizeof to, p < 15 ? "('\\x%02x')" : "(MAXVALUE)", (p + 1) * 16);
-      snprintf(sql, sizeof sql,
-               "CREATE TABLE blobref_blobs_%x PARTITION OF blobref_blobs FOR VALUES FROM %s TO %s",
-               p, from, to);
-      rc = exec_ok(c, sql, why, cap);
-    }
-    if (!rc) rc = exec_ok(c, "INSERT INTO blobref_schema VALUES (1)", why, cap);
+  if (!rc && version < SCHEMA_VERSION)
+    br_info("index: %s the PostgreSQL schema (version %d -> %d)",
+            version ? "migrating" : "creating", version, SCHEMA_VERSION);
+  for (int v = version; !rc && v < SCHEMA_VERSION; v++) {
+    rc = SCHEMA_STEPS[v](c, why, cap);
+    snprintf(sql, sizeof sql, "INSERT INTO blobref_schema VALUES (%d)", v + 1);
+    if (!rc) rc = exec_ok(c, sql, why, cap);
   }
   if (!rc) return exec_ok(c, "COMMIT", why, cap);
   PQclear(PQexec(c, "ROLLBACK"));
@@ -549,13 +584,49 @@ static int pg_purge_get(idx_backend *be, const uint8_t *digest, const void **val
                       val, len);
 }
 
+/* Stores a purge, due at its value's next_ms, and ends any claim on it (a settle gives it back,
+ * a new queuing is due anew). */
 static int pg_purge_put(idx_backend *be, const uint8_t *digest, const void *val, size_t len) {
-  const char *v[2] = {(const char *)digest, val};
-  int l[2] = {BR_SHA256_LEN, (int)len}, f[2] = {1, 1};
+  uint64_t due = 0;
+  for (int i = 7; len == PURGE_VALUE && i >= 0; i--) due = due << 8 | ((const uint8_t *)val)[8 + i];
+  char due_s[24];
+  snprintf(due_s, sizeof due_s, "%lld", (long long)(due > INT64_MAX ? INT64_MAX : due));
+  const char *v[3] = {(const char *)digest, val, due_s};
+  int l[3] = {BR_SHA256_LEN, (int)len, 0}, f[3] = {1, 1, 0};
   return wcommand(be,
-                  "INSERT INTO blobref_purges (digest, value) VALUES ($1, $2)"
-                  " ON CONFLICT (digest) DO UPDATE SET value = EXCLUDED.value",
-                  2, v, l, f, NULL);
+                  "INSERT INTO blobref_purges (digest, value, due_ms) VALUES ($1, $2, $3::int8)"
+                  " ON CONFLICT (digest) DO UPDATE SET value = EXCLUDED.value,"
+                  " due_ms = EXCLUDED.due_ms, claimed_until = 0, claimed_by = ''",
+                  3, v, l, f, NULL);
+}
+
+/* One statement, its own transaction: the due rows no live claim holds (rows another node is
+ * claiming or settling right now are skipped, not waited for) get this node's claim. */
+static int pg_purge_claim(idx_backend *be, uint64_t now_ms, size_t max, idx_scan_fn fn, void *ud,
+                          br_err *err) {
+  char now_s[24], max_s[24], claim_s[24];
+  snprintf(now_s, sizeof now_s, "%lld", (long long)(now_ms > INT64_MAX ? INT64_MAX : now_ms));
+  snprintf(max_s, sizeof max_s, "%zu", max);
+  snprintf(claim_s, sizeof claim_s, "%llu", (unsigned long long)be->purge_claim_ms);
+  const char *v[4] = {now_s, max_s, claim_s, be->node};
+  int rc = 0;
+  PGresult *r = read_query(
+      be,
+      "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms),"
+      " c AS (SELECT digest FROM blobref_purges, now WHERE due_ms <= $1::int8"
+      " AND claimed_until <= now.ms ORDER BY due_ms, digest LIMIT $2::int8"
+      " FOR UPDATE OF blobref_purges SKIP LOCKED)"
+      " UPDATE blobref_purges p SET claimed_until = now.ms + $3::int8, claimed_by = $4"
+      " FROM c, now WHERE p.digest = c.digest RETURNING p.digest, p.value",
+      4, v, NULL, NULL, "claim purges", &rc, err);
+  if (!r) return rc;
+  int n = PQntuples(r);
+  for (int i = 0; i < n; i++)
+    if (fn(ud, (const uint8_t *)PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0),
+           PQgetvalue(r, i, 1), (size_t)PQgetlength(r, i, 1)))
+      break;
+  PQclear(r);
+  return n;
 }
 
 static int pg_purge_del(idx_backend *be, const uint8_t *digest) {
@@ -680,6 +751,7 @@ static const idx_ops pg_ops = {
     .purge_get = pg_purge_get,
     .purge_put = pg_purge_put,
     .purge_del = pg_purge_del,
+    .purge_claim = pg_purge_claim,
     .close = pg_close,
 };
 
@@ -692,6 +764,10 @@ idx_backend *idx_pg_open(const br_index_options *opt, const idx_ops **ops, br_er
   }
   pthread_mutex_init(&be->lock, NULL);
   pthread_cond_init(&be->cv, NULL);
+  be->purge_claim_ms = opt->purge_claim_ms ? opt->purge_claim_ms : 60000;
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  snprintf(be->node, sizeof be->node, "%s/%ld", host, (long)getpid());
   char why[512];
   PGconn *c = connect_db(be, why, sizeof why);
   if (!c || ensure_schema(c, why, sizeof why) < 0) {
