@@ -101,6 +101,7 @@ int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int l
  * take: 1 taken, 0 another node holds it, or a negative code + err. Give back: 0. */
 #define BR_INDEX_LEASE_CLASS 0x62726c73 /* "brls" */
 #define BR_INDEX_LEASE_RECONCILE 1
+#define BR_INDEX_LEASE_DRAIN 2 /* a pass of the drain of old copies */
 int br_index_lease(br_index *idx, int which, int take, br_err *err);
 
 /* Stops the writer (after finishing queued operations) and closes the environment. */
@@ -109,6 +110,14 @@ void br_index_close(br_index *idx);
 /* Looks a blob up. Returns 0 and fills rec; 1 if absent; -1 with err on failure.
  * Safe from any thread; readers never wait for the writer. */
 int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err);
+
+/* Looks up the n digests at digests (n * 32 bytes): fn(ud, i, rec) for each i present (in any
+ * order; rec valid during the call; non-zero stops with -1). On PostgreSQL one statement per
+ * BR_INDEX_GET_MANY digests; on LMDB br_index_get each. Returns 0, or a negative code + err. */
+#define BR_INDEX_GET_MANY 1000
+typedef int (*br_index_many_fn)(void *ud, size_t i, const br_record *rec);
+int br_index_get_many(br_index *idx, const uint8_t *digests, size_t n, br_index_many_fn fn,
+                      void *ud, br_err *err);
 
 /* Records an acknowledged upload, durably, before returning. If the blob is absent (or being
  * deleted: its record is replaced, its bytes were written again), rec is

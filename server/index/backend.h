@@ -32,6 +32,10 @@ typedef struct idx_ops {
   int (*get)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void **val, size_t *len,
              void **hold, br_err *err);
   void (*get_done)(idx_backend *be, void *hold);
+  /* Optional: the records of up to BR_INDEX_GET_MANY digests (n * 32 bytes) in one round trip,
+   * fn(ud, i, val, len) for each present (the klen argument carries i; any order). */
+  int (*get_many)(idx_backend *be, const uint8_t *digests, size_t n, idx_scan_fn fn, void *ud,
+                  br_err *err);
   /* Entries of table after `after` (NULL: from the first) in key order, from one snapshot. */
   int (*scan)(idx_backend *be, enum idx_table table, const uint8_t *after, idx_scan_fn fn, void *ud,
               br_err *err);

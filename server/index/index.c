@@ -124,6 +124,45 @@ int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *
   return out;
 }
 
+struct many_state {
+  br_index_many_fn fn;
+  void *ud;
+  size_t base, n;
+  br_err *err;
+  int rc;
+};
+
+static int many_entry(void *arg, const uint8_t *key, size_t i, const void *val, size_t vlen) {
+  struct many_state *st = arg;
+  (void)key;
+  br_record rec;
+  if (i >= st->n) st->rc = br_fail(st->err, "index: batch get: row %zu of %zu", i, st->n);
+  else if (br_record_decode(val, vlen, &rec, st->err) < 0) st->rc = -1;
+  else if (st->fn(st->ud, st->base + i, &rec)) st->rc = -1;
+  return st->rc;
+}
+
+int br_index_get_many(br_index *idx, const uint8_t *digests, size_t n, br_index_many_fn fn,
+                      void *ud, br_err *err) {
+  if (!idx->ops->get_many) { /* LMDB: each from the record cache or a read transaction */
+    for (size_t i = 0; i < n; i++) {
+      br_record rec;
+      int rc = br_index_get(idx, digests + i * BR_SHA256_LEN, &rec, err);
+      if (rc < 0) return rc;
+      if (rc == 0 && fn(ud, i, &rec)) return -1;
+    }
+    return 0;
+  }
+  for (size_t base = 0; base < n; base += BR_INDEX_GET_MANY) {
+    size_t m = n - base < BR_INDEX_GET_MANY ? n - base : BR_INDEX_GET_MANY;
+    struct many_state st = {.fn = fn, .ud = ud, .base = base, .n = m, .err = err};
+    int rc = idx->ops->get_many(idx->be, digests + base * BR_SHA256_LEN, m, many_entry, &st, err);
+    if (rc) return rc;
+    if (st.rc) return st.rc;
+  }
+  return 0;
+}
+
 /* Decodes a scanned record; an error names the blob. Returns 0 or -1 (err). */
 static int decode_at(const uint8_t *key, size_t klen, const void *val, size_t vlen, br_record *rec,
                      br_err *err) {

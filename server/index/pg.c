@@ -272,6 +272,48 @@ static void pg_get_done(idx_backend *be, void *hold) {
   PQclear(hold);
 }
 
+static void put_be32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+/* One statement for up to BR_INDEX_GET_MANY digests, sent as one binary bytea[] (ndim, flags,
+ * element type, length and lower bound, then each element's length and bytes). */
+static int pg_get_many(idx_backend *be, const uint8_t *digests, size_t n, idx_scan_fn fn, void *ud,
+                       br_err *err) {
+  if (n > BR_INDEX_GET_MANY) return br_fail(err, "index: batch get of %zu digests", n);
+  size_t len = 20 + n * (4 + BR_SHA256_LEN);
+  uint8_t *arr = malloc(len), *p = arr;
+  if (!arr) return br_fail(err, "out of memory");
+  put_be32(p, 1), put_be32(p + 4, 0), put_be32(p + 8, 17 /* bytea */);
+  put_be32(p + 12, (uint32_t)n), put_be32(p + 16, 1);
+  p += 20;
+  for (size_t i = 0; i < n; i++, p += 4 + BR_SHA256_LEN) {
+    put_be32(p, BR_SHA256_LEN);
+    memcpy(p + 4, digests + i * BR_SHA256_LEN, BR_SHA256_LEN);
+  }
+  const char *v[1] = {(const char *)arr};
+  int l[1] = {(int)len}, f[1] = {1}, rc = 0;
+  PGresult *r = read_query(be,
+                           "SELECT (q.i - 1)::int4, b.record FROM unnest($1::bytea[])"
+                           " WITH ORDINALITY AS q(digest, i) JOIN blobref_blobs b"
+                           " ON b.digest = q.digest",
+                           1, v, l, f, "batch get", &rc, err);
+  free(arr);
+  if (!r) return rc;
+  int rows = PQntuples(r), out = 0;
+  for (int k = 0; k < rows && !out; k++) {
+    const uint8_t *ip = (const uint8_t *)PQgetvalue(r, k, 0);
+    if (PQgetlength(r, k, 0) != 4) {
+      out = br_fail(err, "index: batch get: a row number of %d bytes", PQgetlength(r, k, 0));
+      break;
+    }
+    size_t i = (size_t)ip[0] << 24 | (size_t)ip[1] << 16 | (size_t)ip[2] << 8 | ip[3];
+    if (fn(ud, NULL, i, PQgetvalue(r, k, 1), (size_t)PQgetlength(r, k, 1))) out = -1;
+  }
+  PQclear(r);
+  return out;
+}
+
 /* Pages through table in key order inside one REPEATABLE READ transaction (one snapshot). */
 static int pg_scan(idx_backend *be, enum idx_table table, const uint8_t *after, idx_scan_fn fn,
                    void *ud, br_err *err) {
@@ -730,6 +772,7 @@ static const idx_ops pg_ops = {
     .name = "postgres",
     .get = pg_get,
     .get_done = pg_get_done,
+    .get_many = pg_get_many,
     .scan = pg_scan,
     .key_owner = pg_key_owner,
     .stats = pg_stats,
