@@ -29,6 +29,7 @@ struct idx_backend {
   char *dsn;
   char node[300];          /* host/pid: who holds a purge claim (shown, never compared) */
   uint64_t purge_claim_ms; /* how long a purge claim holds */
+  int schema_ok;           /* set once at open: new connections prepare the hot reads */
   /* the writer's (writer thread only) */
   PGconn *wconn;
   PGresult *wres;                   /* holds the value rec_get / purge_get returned */
@@ -60,11 +61,32 @@ static void pq_message(PGconn *c, const PGresult *r, char *out, size_t cap) {
   out[strcspn(out, "\n")] = '\0';
 }
 
+/* The hot reads, prepared on every connection (planned once, not at each call: planning over
+ * 16 partitions costs more than the lookups themselves). */
+#define STMT_GET "br_get"
+#define SQL_GET "SELECT record FROM blobref_blobs WHERE digest = $1"
+#define STMT_GET_MANY "br_get_many"
+#define SQL_GET_MANY                                                                              \
+  "SELECT (q.i - 1)::int4, b.record FROM unnest($1::bytea[]) WITH ORDINALITY AS q(digest, i)"   \
+  " JOIN blobref_blobs b ON b.digest = q.digest"
+
+static int prepare(PGconn *c, const char *name, const char *sql, char *why, size_t cap) {
+  PGresult *r = PQprepare(c, name, sql, 0, NULL);
+  int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
+  if (!ok) pq_message(c, r, why, cap);
+  PQclear(r);
+  return ok ? 0 : -1;
+}
+
+/* A connection, NULL + why. The statements are prepared once the schema exists (not on the
+ * first connection, which creates it). */
 static PGconn *connect_db(idx_backend *be, char *why, size_t cap) {
   PGconn *c = PQconnectdb(be->dsn);
   if (c && PQstatus(c) == CONNECTION_OK) {
     PQclear(PQexec(c, "SET application_name = 'blobrefd'"));
-    return c;
+    if (!be->schema_ok || (prepare(c, STMT_GET, SQL_GET, why, cap) == 0 &&
+                           prepare(c, STMT_GET_MANY, SQL_GET_MANY, why, cap) == 0))
+      return c;
   }
   pq_message(c, NULL, why, cap);
   PQfinish(c);
@@ -227,16 +249,17 @@ static int read_fail(idx_backend *be, PGconn *c, PGresult *r, const char *what, 
 /* Runs a read query with binary parameters and results on a pooled connection, once more on a
  * fresh connection when the pooled one had been cut (a database restart). The result (tuples)
  * or NULL with *rc set. */
-static PGresult *read_query(idx_backend *be, const char *sql, int n, const char *const *vals,
-                            const int *lens, const int *fmts, const char *what, int *rc,
-                            br_err *err) {
+static PGresult *run_read(idx_backend *be, const char *stmt, const char *sql, int n,
+                          const char *const *vals, const int *lens, const int *fmts,
+                          const char *what, int *rc, br_err *err) {
   for (int attempt = 0; attempt < 2; attempt++) {
     PGconn *c = pool_take(be, 0, err);
     if (!c) {
       *rc = BR_INDEX_UNAVAILABLE;
       return NULL;
     }
-    PGresult *r = PQexecParams(c, sql, n, NULL, vals, lens, fmts, 1);
+    PGresult *r = stmt ? PQexecPrepared(c, stmt, n, vals, lens, fmts, 1)
+                       : PQexecParams(c, sql, n, NULL, vals, lens, fmts, 1);
     if (r && PQresultStatus(r) == PGRES_TUPLES_OK) {
       atomic_store(&be->up, 1);
       pool_give(be, c);
@@ -250,12 +273,17 @@ static PGresult *read_query(idx_backend *be, const char *sql, int n, const char 
   return NULL;
 }
 
+static PGresult *read_query(idx_backend *be, const char *sql, int n, const char *const *vals,
+                            const int *lens, const int *fmts, const char *what, int *rc,
+                            br_err *err) {
+  return run_read(be, NULL, sql, n, vals, lens, fmts, what, rc, err);
+}
+
 static int pg_get(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void **val,
                   size_t *len, void **hold, br_err *err) {
   const char *v[1] = {(const char *)digest};
   int l[1] = {BR_SHA256_LEN}, f[1] = {1}, rc = 0;
-  PGresult *r = read_query(be, "SELECT record FROM blobref_blobs WHERE digest = $1", 1, v, l, f,
-                           "get", &rc, err);
+  PGresult *r = run_read(be, STMT_GET, NULL, 1, v, l, f, "get", &rc, err);
   if (!r) return rc;
   if (PQntuples(r) == 0) {
     PQclear(r);
@@ -293,11 +321,7 @@ static int pg_get_many(idx_backend *be, const uint8_t *digests, size_t n, idx_sc
   }
   const char *v[1] = {(const char *)arr};
   int l[1] = {(int)len}, f[1] = {1}, rc = 0;
-  PGresult *r = read_query(be,
-                           "SELECT (q.i - 1)::int4, b.record FROM unnest($1::bytea[])"
-                           " WITH ORDINALITY AS q(digest, i) JOIN blobref_blobs b"
-                           " ON b.digest = q.digest",
-                           1, v, l, f, "batch get", &rc, err);
+  PGresult *r = run_read(be, STMT_GET_MANY, NULL, 1, v, l, f, "batch get", &rc, err);
   free(arr);
   if (!r) return rc;
   int rows = PQntuples(r), out = 0;
@@ -814,6 +838,14 @@ idx_backend *idx_pg_open(const br_index_options *opt, const idx_ops **ops, br_er
   char why[512];
   PGconn *c = connect_db(be, why, sizeof why);
   if (!c || ensure_schema(c, why, sizeof why) < 0) {
+    br_fail(err, "index: PostgreSQL: %s", why);
+    PQfinish(c);
+    pg_close(be);
+    return NULL;
+  }
+  be->schema_ok = 1;
+  if (prepare(c, STMT_GET, SQL_GET, why, sizeof why) < 0 ||
+      prepare(c, STMT_GET_MANY, SQL_GET_MANY, why, sizeof why) < 0) {
     br_fail(err, "index: PostgreSQL: %s", why);
     PQfinish(c);
     pg_close(be);
