@@ -104,6 +104,25 @@ int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int l
 #define BR_INDEX_LEASE_DRAIN 2 /* a pass of the drain of old copies */
 int br_index_lease(br_index *idx, int which, int take, br_err *err);
 
+/* ---- shared state (PostgreSQL only) -----------------------------------------------------------
+ * What every node must answer alike (reconcile's reports and per-run lists): bytes by key in one
+ * table, each call its own durable transaction, beside the index rather than in its writer's
+ * batches. br_index_has_shared: 1 when the index offers it (never on LMDB: the caller keeps its
+ * own). The others as backend.h's kv_* and next_id: 0 (get: 1 absent) or a negative code + err;
+ * a scan's fn gets each key and value (valid during the call) and stops it returning non-zero. */
+int br_index_has_shared(br_index *idx);
+int br_index_shared_put(br_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
+                        br_err *err);
+int br_index_shared_get(br_index *idx, const void *key, size_t klen, char **val, size_t *vlen,
+                        br_err *err);
+typedef int (*br_index_kv_fn)(void *ud, const uint8_t *key, size_t klen, const void *val,
+                              size_t vlen);
+int br_index_shared_scan(br_index *idx, const void *from, size_t flen, const void *to, size_t tlen,
+                         int desc, br_index_kv_fn fn, void *ud, br_err *err);
+int br_index_shared_del(br_index *idx, const void *from, size_t flen, const void *to, size_t tlen,
+                        br_err *err);
+int br_index_next_id(br_index *idx, uint64_t *id, br_err *err);
+
 /* Stops the writer (after finishing queued operations) and closes the environment. */
 void br_index_close(br_index *idx);
 

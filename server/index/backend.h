@@ -73,6 +73,20 @@ typedef struct idx_ops {
    * how many, or a negative code + err. A put or a delete of a purge ends its claim. */
   int (*purge_claim)(idx_backend *be, uint64_t now_ms, size_t max, idx_scan_fn fn, void *ud,
                      br_err *err);
+  /* Optional (shared backends; any thread, each call its own transaction): state that every
+   * node must see, keys and values as bytes. kv_get: 0 with *val malloc'd (NUL-terminated), 1
+   * absent. kv_scan: the keys in [from, to) ascending (desc: descending) until fn returns
+   * non-zero. kv_del: removes the keys in [from, to). next_id: the next of a cluster-wide
+   * sequence (never given twice). 0 or a negative code + err. */
+  int (*kv_put)(idx_backend *be, const void *key, size_t klen, const void *val, size_t vlen,
+                br_err *err);
+  int (*kv_get)(idx_backend *be, const void *key, size_t klen, char **val, size_t *vlen,
+                br_err *err);
+  int (*kv_scan)(idx_backend *be, const void *from, size_t flen, const void *to, size_t tlen,
+                 int desc, idx_scan_fn fn, void *ud, br_err *err);
+  int (*kv_del)(idx_backend *be, const void *from, size_t flen, const void *to, size_t tlen,
+                br_err *err);
+  int (*next_id)(idx_backend *be, uint64_t *id, br_err *err);
   void (*close)(idx_backend *be);
 } idx_ops;
 

@@ -923,6 +923,37 @@ int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int l
 
 const char *br_index_kind(br_index *idx) { return idx->ops->name; }
 
+int br_index_has_shared(br_index *idx) { return idx->ops->kv_put != NULL; }
+
+int br_index_shared_put(br_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
+                        br_err *err) {
+  if (!idx->ops->kv_put) return br_fail(err, "index: no shared state on %s", idx->ops->name);
+  return idx->ops->kv_put(idx->be, key, klen, val, vlen, err);
+}
+
+int br_index_shared_get(br_index *idx, const void *key, size_t klen, char **val, size_t *vlen,
+                        br_err *err) {
+  if (!idx->ops->kv_get) return br_fail(err, "index: no shared state on %s", idx->ops->name);
+  return idx->ops->kv_get(idx->be, key, klen, val, vlen, err);
+}
+
+int br_index_shared_scan(br_index *idx, const void *from, size_t flen, const void *to, size_t tlen,
+                         int desc, br_index_kv_fn fn, void *ud, br_err *err) {
+  if (!idx->ops->kv_scan) return br_fail(err, "index: no shared state on %s", idx->ops->name);
+  return idx->ops->kv_scan(idx->be, from, flen, to, tlen, desc, fn, ud, err);
+}
+
+int br_index_shared_del(br_index *idx, const void *from, size_t flen, const void *to, size_t tlen,
+                        br_err *err) {
+  if (!idx->ops->kv_del) return br_fail(err, "index: no shared state on %s", idx->ops->name);
+  return idx->ops->kv_del(idx->be, from, flen, to, tlen, err);
+}
+
+int br_index_next_id(br_index *idx, uint64_t *id, br_err *err) {
+  if (!idx->ops->next_id) return br_fail(err, "index: no shared sequence on %s", idx->ops->name);
+  return idx->ops->next_id(idx->be, id, err);
+}
+
 br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err) {
   br_index *idx = calloc(1, sizeof *idx);
   if (!idx) {

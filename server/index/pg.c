@@ -150,10 +150,22 @@ static int schema_purge_claims(PGconn *c, char *why, size_t cap) {
   return rc;
 }
 
+/* Schema step "shared state": what every node answers alike (reconcile's reports and per-run
+ * lists) as bytes by key, and the sequence of reconcile run ids. */
+static int schema_shared_state(PGconn *c, char *why, size_t cap) {
+  int rc = exec_ok(c,
+                   "CREATE TABLE blobref_shared (key bytea NOT NULL PRIMARY KEY,"
+                   " value bytea NOT NULL)",
+                   why, cap);
+  if (!rc) rc = exec_ok(c, "CREATE SEQUENCE blobref_run_ids", why, cap);
+  return rc;
+}
+
 /* The migration steps in order: step i brings the schema to version i + 1. */
 static int (*const SCHEMA_STEPS[])(PGconn *c, char *why, size_t cap) = {
     schema_v1,
     schema_purge_claims,
+    schema_shared_state,
 };
 #define SCHEMA_VERSION ((int)(sizeof SCHEMA_STEPS / sizeof SCHEMA_STEPS[0]))
 
@@ -260,7 +272,7 @@ static PGresult *run_read(idx_backend *be, const char *stmt, const char *sql, in
     }
     PGresult *r = stmt ? PQexecPrepared(c, stmt, n, vals, lens, fmts, 1)
                        : PQexecParams(c, sql, n, NULL, vals, lens, fmts, 1);
-    if (r && PQresultStatus(r) == PGRES_TUPLES_OK) {
+    if (r && (PQresultStatus(r) == PGRES_TUPLES_OK || PQresultStatus(r) == PGRES_COMMAND_OK)) {
       atomic_store(&be->up, 1);
       pool_give(be, c);
       return r;
@@ -702,6 +714,115 @@ static int pg_purge_del(idx_backend *be, const uint8_t *digest) {
   return rc ? rc : rows ? 0 : IDX_ABSENT;
 }
 
+/* ---- shared state ---------------------------------------------------------------------------
+ */
+
+static int pg_kv_put(idx_backend *be, const void *key, size_t klen, const void *val, size_t vlen,
+                     br_err *err) {
+  const char *v[2] = {key, val};
+  int l[2] = {(int)klen, (int)vlen}, f[2] = {1, 1}, rc = 0;
+  PGresult *r = read_query(be,
+                           "INSERT INTO blobref_shared (key, value) VALUES ($1, $2)"
+                           " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                           2, v, l, f, "shared state", &rc, err);
+  PQclear(r);
+  return r ? 0 : rc;
+}
+
+static int pg_kv_get(idx_backend *be, const void *key, size_t klen, char **val, size_t *vlen,
+                     br_err *err) {
+  const char *v[1] = {key};
+  int l[1] = {(int)klen}, f[1] = {1}, rc = 0;
+  PGresult *r = read_query(be, "SELECT value FROM blobref_shared WHERE key = $1", 1, v, l, f,
+                           "shared state", &rc, err);
+  if (!r) return rc;
+  int out = 1;
+  if (PQntuples(r) == 1) {
+    size_t n = (size_t)PQgetlength(r, 0, 0);
+    *val = malloc(n + 1);
+    if (!*val) {
+      out = br_fail(err, "out of memory");
+    } else {
+      memcpy(*val, PQgetvalue(r, 0, 0), n);
+      (*val)[n] = '\0';
+      *vlen = n;
+      out = 0;
+    }
+  }
+  PQclear(r);
+  return out;
+}
+
+#define KV_PAGE 16 /* rows per query of a shared-state scan (list chunks are up to 640 KiB) */
+
+static int pg_kv_scan(idx_backend *be, const void *from, size_t flen, const void *to, size_t tlen,
+                      int desc, idx_scan_fn fn, void *ud, br_err *err) {
+  uint8_t *last = NULL; /* the last key given: the next page starts past it */
+  size_t last_len = 0;
+  int out = 0;
+  for (int more = 1; more && !out;) {
+    char sql[256];
+    /* ascending: [from, to), then (last, to); descending: [from, to), then [from, last) */
+    snprintf(sql, sizeof sql,
+             "SELECT key, value FROM blobref_shared WHERE key %s $1 AND key %s $2"
+             " ORDER BY key %s LIMIT %d",
+             desc || !last ? ">=" : ">", "<", desc ? "DESC" : "ASC", KV_PAGE);
+    const char *v[2] = {desc ? from : last ? (const char *)last : from,
+                        desc && last ? (const char *)last : to};
+    int l[2] = {(int)(desc ? flen : last ? last_len : flen), (int)(desc && last ? last_len : tlen)};
+    int f[2] = {1, 1}, rc = 0;
+    PGresult *r = read_query(be, sql, 2, v, l, f, "shared state", &rc, err);
+    if (!r) {
+      out = rc;
+      break;
+    }
+    int n = PQntuples(r);
+    more = n == KV_PAGE;
+    for (int i = 0; i < n; i++) {
+      const uint8_t *k = (const uint8_t *)PQgetvalue(r, i, 0);
+      size_t kl = (size_t)PQgetlength(r, i, 0);
+      if (fn(ud, k, kl, PQgetvalue(r, i, 1), (size_t)PQgetlength(r, i, 1))) {
+        more = 0;
+        break;
+      }
+      uint8_t *grown = realloc(last, kl ? kl : 1);
+      if (!grown) {
+        out = br_fail(err, "out of memory");
+        break;
+      }
+      memcpy(grown, k, kl);
+      last = grown, last_len = kl;
+    }
+    PQclear(r);
+  }
+  free(last);
+  return out;
+}
+
+static int pg_kv_del(idx_backend *be, const void *from, size_t flen, const void *to, size_t tlen,
+                     br_err *err) {
+  const char *v[2] = {from, to};
+  int l[2] = {(int)flen, (int)tlen}, f[2] = {1, 1}, rc = 0;
+  PGresult *r = read_query(be, "DELETE FROM blobref_shared WHERE key >= $1 AND key < $2", 2, v,
+                           l, f, "shared state", &rc, err);
+  PQclear(r);
+  return r ? 0 : rc;
+}
+
+static int pg_next_id(idx_backend *be, uint64_t *id, br_err *err) {
+  int rc = 0;
+  PGresult *r = read_query(be, "SELECT nextval('blobref_run_ids')::text", 0, NULL, NULL, NULL,
+                           "run id", &rc, err);
+  if (!r) return rc;
+  /* binary results: the text cast comes back as its characters */
+  char buf[32];
+  int n = PQgetlength(r, 0, 0);
+  snprintf(buf, sizeof buf, "%.*s", n < 31 ? n : 31, PQgetvalue(r, 0, 0));
+  PQclear(r);
+  *id = strtoull(buf, NULL, 10);
+  return *id ? 0 : br_fail(err, "index: run id: '%s'", buf);
+}
+
 static void pg_close(idx_backend *be) {
   release_wres(be);
   PQfinish(be->wconn);
@@ -819,6 +940,11 @@ static const idx_ops pg_ops = {
     .purge_put = pg_purge_put,
     .purge_del = pg_purge_del,
     .purge_claim = pg_purge_claim,
+    .kv_put = pg_kv_put,
+    .kv_get = pg_kv_get,
+    .kv_scan = pg_kv_scan,
+    .kv_del = pg_kv_del,
+    .next_id = pg_next_id,
     .close = pg_close,
 };
 
