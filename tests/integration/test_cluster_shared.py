@@ -75,16 +75,17 @@ class Cdn:
 
 @pytest.fixture
 def shared_cluster(pg_supported, postgres, rgw, tmp_path, request):
-    """Factory: shared_cluster(n, index_extra="", extra="") -> a started Cluster of n nodes over one
-    fresh PostgreSQL database; `extra` is a format string given the node's number (1..n). At the
-    end every node the test did not kill stops cleanly."""
+    """Factory: shared_cluster(n, index_extra="", extra="", server="") -> a started Cluster of n
+    nodes over one fresh PostgreSQL database; `extra` is a format string given the node's number
+    (1..n). At the end every node the test did not kill stops cleanly."""
     if not pg_supported:
         pytest.skip("this blobrefd has no PostgreSQL index")
     made = []
     bucket = rgw.make_bucket(bucket_name(request.node))
 
-    def make(n, index_extra="", extra=""):
-        c = Cluster(tmp_path / f"cluster{len(made)}", rgw, bucket, n, dsn=postgres.database())
+    def make(n, index_extra="", extra="", server=""):
+        c = Cluster(tmp_path / f"cluster{len(made)}", rgw, bucket, n, dsn=postgres.database(),
+                    server=server)
         for i, node in enumerate(c.nodes):
             node.config_text += index_extra + "\n" + extra.format(node=i + 1)
         made.append(c)
@@ -191,3 +192,56 @@ def test_killed_claimer_purge_sent_by_other_node_after_timeout(shared_cluster):
               f"(timeout {claim_s} s)")
     finally:
         cdn.close()
+
+
+def run_to_end(node):
+    r = requests.post(f"{node.url}/v1/reconcile", timeout=TIMEOUT)
+    assert r.status_code == 202, (r.status_code, r.text)
+    rid = r.json()["id"]
+    wait_for(lambda: requests.get(f"{node.url}/v1/reconcile/runs/{rid}", timeout=TIMEOUT)
+             .json()["state"] != "running", 60, f"run {rid} to end")
+    return rid
+
+
+def test_reconcile_runs_same_on_every_node(shared_cluster, tmp_path):
+    """Four runs started alternately on node A and node B (each to its end): both nodes list the
+    same four runs with four distinct ids, answer the same report for each, and the same blob
+    list of each action (without shared state each node numbered its own runs from 1 and knew
+    only them)."""
+    from reconcile_util import IceTable, blob
+
+    t = IceTable(tmp_path / "t")
+    refs = [blob("sref", i) for i in range(5)]
+    t.write_data({"ref.parquet": [sha(d) for d in refs]})
+    t.append("ref.parquet")
+    c = shared_cluster(2, extra="[reconcile]\ninterval = 0\ngrace = 1s\nretention = 1h\n"
+                       "max_fraction = 1\n" + t.conf().replace("{", "{{").replace("}", "}}"),
+                       server="dedup_touch_interval = 0s\n")
+    a, b = c.nodes
+    unref = [new_blob("sunref", i) for i in range(30)]
+    with requests.Session() as s:
+        for d in refs + unref:
+            assert s.put(f"{c.url}/v1/blobs/{sha(d)}", data=d, timeout=TIMEOUT).status_code == 201
+    time.sleep(1.2)  # the grace (1 s) of the unreferenced uploads passes
+    ids = [run_to_end(n) for n in (a, b, a, b)]
+    assert len(set(ids)) == 4, f"run ids given twice: {ids}"
+    listed = [requests.get(f"{n.url}/v1/reconcile/runs", timeout=TIMEOUT).json()["runs"]
+              for n in (a, b)]
+    assert listed[0] == listed[1], listed
+    assert sorted(r["id"] for r in listed[0]) == sorted(ids), (ids, listed[0])
+    total = 0
+    for rid in ids:
+        reports = [requests.get(f"{n.url}/v1/reconcile/runs/{rid}", timeout=TIMEOUT) for n in (a, b)]
+        assert reports[0].status_code == reports[1].status_code == 200
+        assert reports[0].json() == reports[1].json()
+        for action in ("quarantined", "deleted"):
+            pages = [requests.get(f"{n.url}/v1/reconcile/runs/{rid}/blobs",
+                                  params={"action": action}, timeout=TIMEOUT) for n in (a, b)]
+            assert pages[0].status_code == pages[1].status_code == 200, pages[0].text
+            assert pages[0].json() == pages[1].json()
+            total += len(pages[0].json().get("blobs", []))
+    first = requests.get(f"{b.url}/v1/reconcile/runs/{ids[0]}/blobs",
+                         params={"action": "quarantined"}, timeout=TIMEOUT).json()
+    assert {x["sha256"] for x in first["blobs"]} == \
+        {sha(d) for d in unref}, first
+    print(f"\nruns {ids}: the same on both nodes ({total} listed blobs compared)")
