@@ -103,8 +103,7 @@ static const struct key_spec index_keys[] = {
     {"dsn", KEY_STRING, SRV(index_dsn), "", 0, 0, 0, 0},
     /* how long a node's claim on a CDN purge keeps other nodes off it (a killed node's claims
      * are sent by another node once it passes) */
-    {"purge_claim_timeout", KEY_DURATION, SRV(purge_claim_timeout_ms), "60s", 1000, 86400000, 0,
-     0},
+    {"purge_claim_timeout", KEY_DURATION, SRV(purge_claim_timeout_ms), "60s", 1000, 86400000, 0, 0},
 };
 static const struct key_spec auth_keys[] = {
     {"anonymous", KEY_ANONYMOUS, SRV(anonymous_scopes), "read", 0, 0, 0, 0},

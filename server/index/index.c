@@ -136,9 +136,12 @@ static int many_entry(void *arg, const uint8_t *key, size_t i, const void *val, 
   struct many_state *st = arg;
   (void)key;
   br_record rec;
-  if (i >= st->n) st->rc = br_fail(st->err, "index: batch get: row %zu of %zu", i, st->n);
-  else if (br_record_decode(val, vlen, &rec, st->err) < 0) st->rc = -1;
-  else if (st->fn(st->ud, st->base + i, &rec)) st->rc = -1;
+  if (i >= st->n)
+    st->rc = br_fail(st->err, "index: batch get: row %zu of %zu", i, st->n);
+  else if (br_record_decode(val, vlen, &rec, st->err) < 0)
+    st->rc = -1;
+  else if (st->fn(st->ud, st->base + i, &rec))
+    st->rc = -1;
   return st->rc;
 }
 

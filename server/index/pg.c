@@ -66,8 +66,8 @@ static void pq_message(PGconn *c, const PGresult *r, char *out, size_t cap) {
 #define STMT_GET "br_get"
 #define SQL_GET "SELECT record FROM blobref_blobs WHERE digest = $1"
 #define STMT_GET_MANY "br_get_many"
-#define SQL_GET_MANY                                                                              \
-  "SELECT (q.i - 1)::int4, b.record FROM unnest($1::bytea[]) WITH ORDINALITY AS q(digest, i)"   \
+#define SQL_GET_MANY                                                                          \
+  "SELECT (q.i - 1)::int4, b.record FROM unnest($1::bytea[]) WITH ORDINALITY AS q(digest, i)" \
   " JOIN blobref_blobs b ON b.digest = q.digest"
 
 static int prepare(PGconn *c, const char *name, const char *sql, char *why, size_t cap) {
@@ -688,15 +688,15 @@ static int pg_purge_claim(idx_backend *be, uint64_t now_ms, size_t max, idx_scan
   snprintf(claim_s, sizeof claim_s, "%llu", (unsigned long long)be->purge_claim_ms);
   const char *v[4] = {now_s, max_s, claim_s, be->node};
   int rc = 0;
-  PGresult *r = read_query(
-      be,
-      "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms),"
-      " c AS (SELECT digest FROM blobref_purges, now WHERE due_ms <= $1::int8"
-      " AND claimed_until <= now.ms ORDER BY due_ms, digest LIMIT $2::int8"
-      " FOR UPDATE OF blobref_purges SKIP LOCKED)"
-      " UPDATE blobref_purges p SET claimed_until = now.ms + $3::int8, claimed_by = $4"
-      " FROM c, now WHERE p.digest = c.digest RETURNING p.digest, p.value",
-      4, v, NULL, NULL, "claim purges", &rc, err);
+  PGresult *r =
+      read_query(be,
+                 "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms),"
+                 " c AS (SELECT digest FROM blobref_purges, now WHERE due_ms <= $1::int8"
+                 " AND claimed_until <= now.ms ORDER BY due_ms, digest LIMIT $2::int8"
+                 " FOR UPDATE OF blobref_purges SKIP LOCKED)"
+                 " UPDATE blobref_purges p SET claimed_until = now.ms + $3::int8, claimed_by = $4"
+                 " FROM c, now WHERE p.digest = c.digest RETURNING p.digest, p.value",
+                 4, v, NULL, NULL, "claim purges", &rc, err);
   if (!r) return rc;
   int n = PQntuples(r);
   for (int i = 0; i < n; i++)
@@ -767,7 +767,9 @@ static int pg_kv_scan(idx_backend *be, const void *from, size_t flen, const void
              "SELECT key, value FROM blobref_shared WHERE key %s $1 AND key %s $2"
              " ORDER BY key %s LIMIT %d",
              desc || !last ? ">=" : ">", "<", desc ? "DESC" : "ASC", KV_PAGE);
-    const char *v[2] = {desc ? from : last ? (const char *)last : from,
+    const char *v[2] = {desc   ? from
+                        : last ? (const char *)last
+                               : from,
                         desc && last ? (const char *)last : to};
     int l[2] = {(int)(desc ? flen : last ? last_len : flen), (int)(desc && last ? last_len : tlen)};
     int f[2] = {1, 1}, rc = 0;
@@ -803,8 +805,8 @@ static int pg_kv_del(idx_backend *be, const void *from, size_t flen, const void 
                      br_err *err) {
   const char *v[2] = {from, to};
   int l[2] = {(int)flen, (int)tlen}, f[2] = {1, 1}, rc = 0;
-  PGresult *r = read_query(be, "DELETE FROM blobref_shared WHERE key >= $1 AND key < $2", 2, v,
-                           l, f, "shared state", &rc, err);
+  PGresult *r = read_query(be, "DELETE FROM blobref_shared WHERE key >= $1 AND key < $2", 2, v, l,
+                           f, "shared state", &rc, err);
   PQclear(r);
   return r ? 0 : rc;
 }
