@@ -62,7 +62,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD_ROOT)/fuzz/bin/%)
 
 # Keep the objects of unit and fuzz binaries (make would delete them as intermediates).
 .SECONDARY:
-.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile bench-tables bench-direct test-failover clean format install
+.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile bench-tables bench-direct bench-cluster test-failover clean format install
 all: $(BIN)/blobrefd $(BIN)/blobref
 
 deps:
@@ -163,6 +163,12 @@ bench:
 	@$(MAKE) --no-print-directory all
 	tests/bench/run.sh
 	tests/bench/s3-bench.sh
+
+# Cluster benchmark (not in `make test`, about 4 minutes): one LMDB node vs one and two
+# PostgreSQL nodes for new uploads, HEAD, redirect and batch lookup, with ratios (README table).
+bench-cluster:
+	@$(MAKE) --no-print-directory all
+	/usr/bin/python3 tests/bench/cluster_bench.py bin
 
 # Patroni failover (not in `make test`): three etcd members, Patroni over two PostgreSQL 15, the
 # leader killed -9 under load, the window until writes are acknowledged again (about 3.5 minutes).

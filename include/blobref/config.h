@@ -109,8 +109,10 @@ typedef struct br_config {
   uint64_t connection_memory;
   uint64_t index_map_size;
   uint64_t index_batch_max;
-  char *index_kind;          /* [index] kind: lmdb (DATA_DIR/index) or postgres (index_dsn) */
-  char *index_dsn;           /* [index] dsn: libpq conninfo or URI (the PG* environment applies) */
+  char *index_kind; /* [index] kind: lmdb (DATA_DIR/index) or postgres (index_dsn) */
+  char *index_dsn;  /* [index] dsn: libpq conninfo or URI (the PG* environment applies) */
+  /* [index] purge_claim_timeout: how long a node's claim on a CDN purge holds (postgres) */
+  uint64_t purge_claim_timeout_ms;
   uint64_t cache_max_age_ms; /* redirects' private max-age */
   uint64_t cache_size;       /* in-memory cache of small blobs (0 = off) */
   uint64_t cache_max_blob;   /* largest blob it holds */

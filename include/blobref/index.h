@@ -75,6 +75,7 @@ typedef struct br_index_options {
   int read_only;      /* open without the writer thread (fsck, tools) */
   int queue_purges;   /* state and location changes that make CDN copies stale queue a purge */
   const char *dsn;    /* non-empty: a PostgreSQL index (libpq conninfo or URI), not LMDB in dir */
+  uint64_t purge_claim_ms; /* PostgreSQL: how long a claim on due purges holds (0: 60 s) */
 } br_index_options;
 
 /* Opens (creating) the index in directory dir and starts the writer thread. NULL + err. */
@@ -100,7 +101,27 @@ int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int l
  * take: 1 taken, 0 another node holds it, or a negative code + err. Give back: 0. */
 #define BR_INDEX_LEASE_CLASS 0x62726c73 /* "brls" */
 #define BR_INDEX_LEASE_RECONCILE 1
+#define BR_INDEX_LEASE_DRAIN 2 /* a pass of the drain of old copies */
 int br_index_lease(br_index *idx, int which, int take, br_err *err);
+
+/* ---- shared state (PostgreSQL only) -----------------------------------------------------------
+ * What every node must answer alike (reconcile's reports and per-run lists): bytes by key in one
+ * table, each call its own durable transaction, beside the index rather than in its writer's
+ * batches. br_index_has_shared: 1 when the index offers it (never on LMDB: the caller keeps its
+ * own). The others as backend.h's kv_* and next_id: 0 (get: 1 absent) or a negative code + err;
+ * a scan's fn gets each key and value (valid during the call) and stops it returning non-zero. */
+int br_index_has_shared(br_index *idx);
+int br_index_shared_put(br_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
+                        br_err *err);
+int br_index_shared_get(br_index *idx, const void *key, size_t klen, char **val, size_t *vlen,
+                        br_err *err);
+typedef int (*br_index_kv_fn)(void *ud, const uint8_t *key, size_t klen, const void *val,
+                              size_t vlen);
+int br_index_shared_scan(br_index *idx, const void *from, size_t flen, const void *to, size_t tlen,
+                         int desc, br_index_kv_fn fn, void *ud, br_err *err);
+int br_index_shared_del(br_index *idx, const void *from, size_t flen, const void *to, size_t tlen,
+                        br_err *err);
+int br_index_next_id(br_index *idx, uint64_t *id, br_err *err);
 
 /* Stops the writer (after finishing queued operations) and closes the environment. */
 void br_index_close(br_index *idx);
@@ -108,6 +129,14 @@ void br_index_close(br_index *idx);
 /* Looks a blob up. Returns 0 and fills rec; 1 if absent; -1 with err on failure.
  * Safe from any thread; readers never wait for the writer. */
 int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err);
+
+/* Looks up the n digests at digests (n * 32 bytes): fn(ud, i, rec) for each i present (in any
+ * order; rec valid during the call; non-zero stops with -1). On PostgreSQL one statement per
+ * BR_INDEX_GET_MANY digests; on LMDB br_index_get each. Returns 0, or a negative code + err. */
+#define BR_INDEX_GET_MANY 1000
+typedef int (*br_index_many_fn)(void *ud, size_t i, const br_record *rec);
+int br_index_get_many(br_index *idx, const uint8_t *digests, size_t n, br_index_many_fn fn,
+                      void *ud, br_err *err);
 
 /* Records an acknowledged upload, durably, before returning. If the blob is absent (or being
  * deleted: its record is replaced, its bytes were written again), rec is
@@ -249,7 +278,10 @@ int br_index_queue_purges(br_index *idx, const uint8_t (*digests)[BR_SHA256_LEN]
 /* Copies up to max pending purges that are due at now_ms into out, in digest order starting
  * after `after` (NULL: the first), looking at no more than BR_INDEX_PURGE_SCAN entries. *next
  * receives the last digest looked at and *wrapped = 1 when the scan reached the end (start from
- * NULL next time). Returns how many were copied, or -1 + err. */
+ * NULL next time). On PostgreSQL the purges returned are claimed for this node (other nodes skip
+ * them, FOR UPDATE SKIP LOCKED) until settled or until purge_claim_ms passes (a killed node's
+ * claims then go to another node); `after` is unused there and *wrapped is 1. Returns how many
+ * were copied, or -1 + err. */
 #define BR_INDEX_PURGE_SCAN 10000
 int br_index_purges_due(br_index *idx, const uint8_t *after, uint64_t now_ms, br_purge *out,
                         size_t max, uint8_t next[BR_SHA256_LEN], int *wrapped, br_err *err);

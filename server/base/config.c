@@ -101,6 +101,9 @@ static const struct key_spec reconcile_keys[] = {
 static const struct key_spec index_keys[] = {
     {"kind", KEY_STRING, SRV(index_kind), "lmdb", 0, 0, 0, 0},
     {"dsn", KEY_STRING, SRV(index_dsn), "", 0, 0, 0, 0},
+    /* how long a node's claim on a CDN purge keeps other nodes off it (a killed node's claims
+     * are sent by another node once it passes) */
+    {"purge_claim_timeout", KEY_DURATION, SRV(purge_claim_timeout_ms), "60s", 1000, 86400000, 0, 0},
 };
 static const struct key_spec auth_keys[] = {
     {"anonymous", KEY_ANONYMOUS, SRV(anonymous_scopes), "read", 0, 0, 0, 0},

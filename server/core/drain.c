@@ -1,5 +1,6 @@
 /* The drain thread: deletes the old copies of moved blobs (locations `draining` since longer
- * than drain_grace), under each blob's lock, then drops their locations in batches. */
+ * than drain_grace), under each blob's lock, then drops their locations in batches; each pass
+ * under the index's drain lease (on PostgreSQL, one node's pass at a time cluster-wide). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,7 +135,10 @@ static void *drain_main(void *arg) {
     s.cutoff = now > srv->cfg->drain_grace_ms ? now - srv->cfg->drain_grace_ms : 0;
     s.n = 0;
     br_err err;
-    if (br_index_foreach(srv->index, drain_cb, &s, &err) < 0)
+    /* once cluster-wide: a pass runs under the drain lease (another node's pass: skipped) */
+    int lease = br_index_lease(srv->index, BR_INDEX_LEASE_DRAIN, 1, &err);
+    if (lease < 0) br_warn("drain: %s (the next pass)", err.msg);
+    if (lease == 1 && br_index_foreach(srv->index, drain_cb, &s, &err) < 0)
       br_warn("drain: scanning the index: %s", err.msg);
     size_t ndrop = 0;
     for (size_t i = 0; i < s.n; i++) {
@@ -145,6 +149,7 @@ static void *drain_main(void *arg) {
       if (drain_one(srv, &s.items[i])) s.items[ndrop++] = s.items[i];
     }
     drain_drop(srv, s.items, ndrop, s.cutoff + 1);
+    if (lease == 1) br_index_lease(srv->index, BR_INDEX_LEASE_DRAIN, 0, &err);
     pthread_mutex_lock(&mv->lock);
     if (s.n == s.cap) continue; /* more to do at once */
     struct timespec ts;

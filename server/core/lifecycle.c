@@ -54,7 +54,8 @@ int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_er
                                            : 1,
                           .read_only = mode == BR_OPEN_CHECK,
                           .queue_purges = mode != BR_OPEN_CHECK && cfg->ncdns > 0,
-                          .dsn = !strcmp(cfg->index_kind, "postgres") ? cfg->index_dsn : NULL};
+                          .dsn = !strcmp(cfg->index_kind, "postgres") ? cfg->index_dsn : NULL,
+                          .purge_claim_ms = cfg->purge_claim_timeout_ms};
   int read_only = mode != BR_OPEN_SERVE;
   /* uploads without a type get one from their first bytes: no database, no start */
   if (mode == BR_OPEN_SERVE && br_sniff_open(err) < 0) return -1;

@@ -100,6 +100,35 @@ done:
   return rc;
 }
 
+/* What a batch get found of hash i: present and live, and its size. */
+struct looked {
+  uint64_t size;
+  int live;
+};
+
+static int looked_fn(void *ud, size_t i, const br_record *rec) {
+  struct looked *l = ud;
+  l[i].live = rec->state == BR_STATE_LIVE;
+  l[i].size = rec->size;
+  return 0;
+}
+
+/* Looks the n digests up (PostgreSQL: one statement per BR_INDEX_GET_MANY). NULL + *rc, err. */
+static struct looked *look_up(struct request *req, const uint8_t *digests, size_t n, int *rc,
+                              br_err *err) {
+  struct looked *l = calloc(n ? n : 1, sizeof *l);
+  if (!l) {
+    *rc = br_fail(err, "out of memory");
+    return NULL;
+  }
+  *rc = br_index_get_many(req->srv->index, digests, n, looked_fn, l, err);
+  if (*rc < 0) {
+    free(l);
+    return NULL;
+  }
+  return l;
+}
+
 enum MHD_Result lookup_finish(struct request *req) {
   uint8_t *digests = NULL;
   size_t n = 0;
@@ -113,36 +142,39 @@ enum MHD_Result lookup_finish(struct request *req) {
     free(digests);
     return r;
   }
+  br_err err;
+  int rc = 0;
   /* ?lease=ID: the blobs present are attached first, then read (and reported) below */
   if (req->lease[0]) {
-    uint8_t *present = malloc(n ? n * BR_SHA256_LEN : 1);
+    struct looked *l = look_up(req, digests, n, &rc, &err);
+    uint8_t *present = l ? malloc(n ? n * BR_SHA256_LEN : 1) : NULL;
     size_t npresent = 0;
-    for (size_t i = 0; present && i < n; i++) {
-      br_record rec;
-      br_err err;
-      if (br_index_get(req->srv->index, digests + i * BR_SHA256_LEN, &rec, &err) == 0 &&
-          rec.state == BR_STATE_LIVE)
+    for (size_t i = 0; present && i < n; i++)
+      if (l[i].live)
         memcpy(present + npresent++ * BR_SHA256_LEN, digests + i * BR_SHA256_LEN, BR_SHA256_LEN);
+    free(l);
+    if (!present) {
+      free(digests);
+      return l ? reply_error(req, E_INTERNAL, "out of memory")
+               : reply_error(req, index_error(rc), "%s", err.msg);
     }
-    int rc = present ? lease_attach(req, present, npresent, &r) : -1;
+    rc = lease_attach(req, present, npresent, &r);
     free(present);
     if (rc < 0) {
       free(digests);
-      return present ? r : reply_error(req, E_INTERNAL, "out of memory");
+      return r;
     }
+  }
+  struct looked *l = look_up(req, digests, n, &rc, &err);
+  if (!l) {
+    free(digests);
+    return reply_error(req, index_error(rc), "%s", err.msg);
   }
   json_t *found = json_array(), *missing = json_array();
   for (size_t i = 0; i < n; i++) {
     const uint8_t *digest = digests + i * BR_SHA256_LEN;
-    br_record rec;
-    br_err err;
-    int rc = br_index_get(req->srv->index, digest, &rec, &err);
-    if (rc < 0) {
-      r = reply_error(req, index_error(rc), "%s", err.msg);
-      goto done;
-    }
-    if (rc == 0 && rec.state == BR_STATE_LIVE) {
-      json_array_append_new(found, blob_json(digest, rec.size));
+    if (l[i].live) {
+      json_array_append_new(found, blob_json(digest, l[i].size));
     } else {
       char hex[BR_HEX_LEN + 1];
       br_hex_encode(digest, hex);
@@ -150,9 +182,9 @@ enum MHD_Result lookup_finish(struct request *req) {
     }
   }
   r = reply_json(req, MHD_HTTP_OK, json_pack("{s:O,s:O}", "found", found, "missing", missing));
-done:
   json_decref(found);
   json_decref(missing);
+  free(l);
   free(digests);
   return r;
 }

@@ -32,6 +32,10 @@ typedef struct idx_ops {
   int (*get)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void **val, size_t *len,
              void **hold, br_err *err);
   void (*get_done)(idx_backend *be, void *hold);
+  /* Optional: the records of up to BR_INDEX_GET_MANY digests (n * 32 bytes) in one round trip,
+   * fn(ud, i, val, len) for each present (the klen argument carries i; any order). */
+  int (*get_many)(idx_backend *be, const uint8_t *digests, size_t n, idx_scan_fn fn, void *ud,
+                  br_err *err);
   /* Entries of table after `after` (NULL: from the first) in key order, from one snapshot. */
   int (*scan)(idx_backend *be, enum idx_table table, const uint8_t *after, idx_scan_fn fn, void *ud,
               br_err *err);
@@ -64,6 +68,25 @@ typedef struct idx_ops {
   int (*purge_put)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void *val,
                    size_t len);
   int (*purge_del)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN]);
+  /* Optional (shared backends; any thread, its own transaction): claims up to max purges due at
+   * now_ms that no live claim holds, for claim_ms, and passes each to fn (as scan does). Returns
+   * how many, or a negative code + err. A put or a delete of a purge ends its claim. */
+  int (*purge_claim)(idx_backend *be, uint64_t now_ms, size_t max, idx_scan_fn fn, void *ud,
+                     br_err *err);
+  /* Optional (shared backends; any thread, each call its own transaction): state that every
+   * node must see, keys and values as bytes. kv_get: 0 with *val malloc'd (NUL-terminated), 1
+   * absent. kv_scan: the keys in [from, to) ascending (desc: descending) until fn returns
+   * non-zero. kv_del: removes the keys in [from, to). next_id: the next of a cluster-wide
+   * sequence (never given twice). 0 or a negative code + err. */
+  int (*kv_put)(idx_backend *be, const void *key, size_t klen, const void *val, size_t vlen,
+                br_err *err);
+  int (*kv_get)(idx_backend *be, const void *key, size_t klen, char **val, size_t *vlen,
+                br_err *err);
+  int (*kv_scan)(idx_backend *be, const void *from, size_t flen, const void *to, size_t tlen,
+                 int desc, idx_scan_fn fn, void *ud, br_err *err);
+  int (*kv_del)(idx_backend *be, const void *from, size_t flen, const void *to, size_t tlen,
+                br_err *err);
+  int (*next_id)(idx_backend *be, uint64_t *id, br_err *err);
   void (*close)(idx_backend *be);
 } idx_ops;
 

@@ -124,6 +124,48 @@ int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *
   return out;
 }
 
+struct many_state {
+  br_index_many_fn fn;
+  void *ud;
+  size_t base, n;
+  br_err *err;
+  int rc;
+};
+
+static int many_entry(void *arg, const uint8_t *key, size_t i, const void *val, size_t vlen) {
+  struct many_state *st = arg;
+  (void)key;
+  br_record rec;
+  if (i >= st->n)
+    st->rc = br_fail(st->err, "index: batch get: row %zu of %zu", i, st->n);
+  else if (br_record_decode(val, vlen, &rec, st->err) < 0)
+    st->rc = -1;
+  else if (st->fn(st->ud, st->base + i, &rec))
+    st->rc = -1;
+  return st->rc;
+}
+
+int br_index_get_many(br_index *idx, const uint8_t *digests, size_t n, br_index_many_fn fn,
+                      void *ud, br_err *err) {
+  if (!idx->ops->get_many) { /* LMDB: each from the record cache or a read transaction */
+    for (size_t i = 0; i < n; i++) {
+      br_record rec;
+      int rc = br_index_get(idx, digests + i * BR_SHA256_LEN, &rec, err);
+      if (rc < 0) return rc;
+      if (rc == 0 && fn(ud, i, &rec)) return -1;
+    }
+    return 0;
+  }
+  for (size_t base = 0; base < n; base += BR_INDEX_GET_MANY) {
+    size_t m = n - base < BR_INDEX_GET_MANY ? n - base : BR_INDEX_GET_MANY;
+    struct many_state st = {.fn = fn, .ud = ud, .base = base, .n = m, .err = err};
+    int rc = idx->ops->get_many(idx->be, digests + base * BR_SHA256_LEN, m, many_entry, &st, err);
+    if (rc) return rc;
+    if (st.rc) return st.rc;
+  }
+  return 0;
+}
+
 /* Decodes a scanned record; an error names the blob. Returns 0 or -1 (err). */
 static int decode_at(const uint8_t *key, size_t klen, const void *val, size_t vlen, br_record *rec,
                      br_err *err) {
@@ -840,6 +882,10 @@ int br_index_purges_due(br_index *idx, const uint8_t *after, uint64_t now_ms, br
   *wrapped = 1;
   if (!idx->ops->has_purges(idx->be)) return 0;
   struct due_state st = {.now_ms = now_ms, .out = out, .max = max, .next = next};
+  if (idx->ops->purge_claim) { /* shared: what this node claimed, all due */
+    int n = idx->ops->purge_claim(idx->be, now_ms, max, due_entry, &st, err);
+    return n < 0 ? n : (int)st.n;
+  }
   int rc = idx->ops->scan(idx->be, IDX_PURGES, after, due_entry, &st, err);
   if (rc) return rc;
   if (st.stopped) *wrapped = 0;
@@ -879,6 +925,37 @@ int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int l
 }
 
 const char *br_index_kind(br_index *idx) { return idx->ops->name; }
+
+int br_index_has_shared(br_index *idx) { return idx->ops->kv_put != NULL; }
+
+int br_index_shared_put(br_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
+                        br_err *err) {
+  if (!idx->ops->kv_put) return br_fail(err, "index: no shared state on %s", idx->ops->name);
+  return idx->ops->kv_put(idx->be, key, klen, val, vlen, err);
+}
+
+int br_index_shared_get(br_index *idx, const void *key, size_t klen, char **val, size_t *vlen,
+                        br_err *err) {
+  if (!idx->ops->kv_get) return br_fail(err, "index: no shared state on %s", idx->ops->name);
+  return idx->ops->kv_get(idx->be, key, klen, val, vlen, err);
+}
+
+int br_index_shared_scan(br_index *idx, const void *from, size_t flen, const void *to, size_t tlen,
+                         int desc, br_index_kv_fn fn, void *ud, br_err *err) {
+  if (!idx->ops->kv_scan) return br_fail(err, "index: no shared state on %s", idx->ops->name);
+  return idx->ops->kv_scan(idx->be, from, flen, to, tlen, desc, fn, ud, err);
+}
+
+int br_index_shared_del(br_index *idx, const void *from, size_t flen, const void *to, size_t tlen,
+                        br_err *err) {
+  if (!idx->ops->kv_del) return br_fail(err, "index: no shared state on %s", idx->ops->name);
+  return idx->ops->kv_del(idx->be, from, flen, to, tlen, err);
+}
+
+int br_index_next_id(br_index *idx, uint64_t *id, br_err *err) {
+  if (!idx->ops->next_id) return br_fail(err, "index: no shared sequence on %s", idx->ops->name);
+  return idx->ops->next_id(idx->be, id, err);
+}
 
 br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err) {
   br_index *idx = calloc(1, sizeof *idx);

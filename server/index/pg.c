@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
-#define SCHEMA_VERSION 1
 #define SCHEMA_LOCK 0x626c6f6272656631ll /* pg_advisory_xact_lock key for schema changes */
 #define POOL_MAX 32                      /* reader connections at most */
 #define SCAN_PAGE 1000                   /* rows per query of a scan */
@@ -27,6 +27,9 @@ struct held_lock {
 
 struct idx_backend {
   char *dsn;
+  char node[300];          /* host/pid: who holds a purge claim (shown, never compared) */
+  uint64_t purge_claim_ms; /* how long a purge claim holds */
+  int schema_ok;           /* set once at open: new connections prepare the hot reads */
   /* the writer's (writer thread only) */
   PGconn *wconn;
   PGresult *wres;                   /* holds the value rec_get / purge_get returned */
@@ -58,11 +61,32 @@ static void pq_message(PGconn *c, const PGresult *r, char *out, size_t cap) {
   out[strcspn(out, "\n")] = '\0';
 }
 
+/* The hot reads, prepared on every connection (planned once, not at each call: planning over
+ * 16 partitions costs more than the lookups themselves). */
+#define STMT_GET "br_get"
+#define SQL_GET "SELECT record FROM blobref_blobs WHERE digest = $1"
+#define STMT_GET_MANY "br_get_many"
+#define SQL_GET_MANY                                                                          \
+  "SELECT (q.i - 1)::int4, b.record FROM unnest($1::bytea[]) WITH ORDINALITY AS q(digest, i)" \
+  " JOIN blobref_blobs b ON b.digest = q.digest"
+
+static int prepare(PGconn *c, const char *name, const char *sql, char *why, size_t cap) {
+  PGresult *r = PQprepare(c, name, sql, 0, NULL);
+  int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
+  if (!ok) pq_message(c, r, why, cap);
+  PQclear(r);
+  return ok ? 0 : -1;
+}
+
+/* A connection, NULL + why. The statements are prepared once the schema exists (not on the
+ * first connection, which creates it). */
 static PGconn *connect_db(idx_backend *be, char *why, size_t cap) {
   PGconn *c = PQconnectdb(be->dsn);
   if (c && PQstatus(c) == CONNECTION_OK) {
     PQclear(PQexec(c, "SET application_name = 'blobrefd'"));
-    return c;
+    if (!be->schema_ok || (prepare(c, STMT_GET, SQL_GET, why, cap) == 0 &&
+                           prepare(c, STMT_GET_MANY, SQL_GET_MANY, why, cap) == 0))
+      return c;
   }
   pq_message(c, NULL, why, cap);
   PQfinish(c);
@@ -93,6 +117,58 @@ static int exec_ok(PGconn *c, const char *sql, char *why, size_t cap) {
   return ok ? 0 : -1;
 }
 
+/* Schema step 1: the blobs (16 range partitions), the owners and the purges. */
+static int schema_v1(PGconn *c, char *why, size_t cap) {
+  char sql[256];
+  int rc = 0;
+  for (size_t i = 0; !rc && i < sizeof SCHEMA_V1 / sizeof SCHEMA_V1[0]; i++)
+    rc = exec_ok(c, SCHEMA_V1[i], why, cap);
+  for (int p = 0; !rc && p < 16; p++) {
+    char from[16], to[16];
+    snprintf(from, sizeof from, p ? "('\\x%02x')" : "(MINVALUE)", p * 16);
+    snprintf(to, sizeof to, p < 15 ? "('\\x%02x')" : "(MAXVALUE)", (p + 1) * 16);
+    snprintf(sql, sizeof sql,
+             "CREATE TABLE blobref_blobs_%x PARTITION OF blobref_blobs FOR VALUES FROM %s TO %s", p,
+             from, to);
+    rc = exec_ok(c, sql, why, cap);
+  }
+  return rc;
+}
+
+/* Schema step "purge claims": a purge's due time (its value's next_ms, for the claim's WHERE) and
+ * its claim (until, database clock in ms since the epoch, and by whom), so that the nodes share
+ * one queue: rows are claimed FOR UPDATE SKIP LOCKED and skipped while a claim lives. */
+static int schema_purge_claims(PGconn *c, char *why, size_t cap) {
+  int rc = exec_ok(c,
+                   "ALTER TABLE blobref_purges ADD COLUMN due_ms bigint NOT NULL DEFAULT 0,"
+                   " ADD COLUMN claimed_until bigint NOT NULL DEFAULT 0,"
+                   " ADD COLUMN claimed_by text NOT NULL DEFAULT ''",
+                   why, cap);
+  if (!rc)
+    rc = exec_ok(c, "CREATE INDEX blobref_purges_due ON blobref_purges (due_ms, claimed_until)",
+                 why, cap);
+  return rc;
+}
+
+/* Schema step "shared state": what every node answers alike (reconcile's reports and per-run
+ * lists) as bytes by key, and the sequence of reconcile run ids. */
+static int schema_shared_state(PGconn *c, char *why, size_t cap) {
+  int rc = exec_ok(c,
+                   "CREATE TABLE blobref_shared (key bytea NOT NULL PRIMARY KEY,"
+                   " value bytea NOT NULL)",
+                   why, cap);
+  if (!rc) rc = exec_ok(c, "CREATE SEQUENCE blobref_run_ids", why, cap);
+  return rc;
+}
+
+/* The migration steps in order: step i brings the schema to version i + 1. */
+static int (*const SCHEMA_STEPS[])(PGconn *c, char *why, size_t cap) = {
+    schema_v1,
+    schema_purge_claims,
+    schema_shared_state,
+};
+#define SCHEMA_VERSION ((int)(sizeof SCHEMA_STEPS / sizeof SCHEMA_STEPS[0]))
+
 /* Creates or migrates the schema in one transaction under an advisory lock (nodes starting
  * together wait for each other). 0 or -1 with why. */
 static int ensure_schema(PGconn *c, char *why, size_t cap) {
@@ -117,20 +193,13 @@ static int ensure_schema(PGconn *c, char *why, size_t cap) {
              SCHEMA_VERSION);
     rc = -1;
   }
-  if (!rc && version < 1) {
-    br_info("index: creating the PostgreSQL schema (version %d)", SCHEMA_VERSION);
-    for (size_t i = 0; !rc && i < sizeof SCHEMA_V1 / sizeof SCHEMA_V1[0]; i++)
-      rc = exec_ok(c, SCHEMA_V1[i], why, cap);
-    for (int p = 0; !rc && p < 16; p++) {
-      char from[16], to[16];
-      snprintf(from, sizeof from, p ? "('\\x%02x')" : "(MINVALUE)", p * 16);
-      snprintf(to, sizeof to, p < 15 ? "('\\x%02x')" : "(MAXVALUE)", (p + 1) * 16);
-      snprintf(sql, sizeof sql,
-               "CREATE TABLE blobref_blobs_%x PARTITION OF blobref_blobs FOR VALUES FROM %s TO %s",
-               p, from, to);
-      rc = exec_ok(c, sql, why, cap);
-    }
-    if (!rc) rc = exec_ok(c, "INSERT INTO blobref_schema VALUES (1)", why, cap);
+  if (!rc && version < SCHEMA_VERSION)
+    br_info("index: %s the PostgreSQL schema (version %d -> %d)",
+            version ? "migrating" : "creating", version, SCHEMA_VERSION);
+  for (int v = version; !rc && v < SCHEMA_VERSION; v++) {
+    rc = SCHEMA_STEPS[v](c, why, cap);
+    snprintf(sql, sizeof sql, "INSERT INTO blobref_schema VALUES (%d)", v + 1);
+    if (!rc) rc = exec_ok(c, sql, why, cap);
   }
   if (!rc) return exec_ok(c, "COMMIT", why, cap);
   PQclear(PQexec(c, "ROLLBACK"));
@@ -192,17 +261,18 @@ static int read_fail(idx_backend *be, PGconn *c, PGresult *r, const char *what, 
 /* Runs a read query with binary parameters and results on a pooled connection, once more on a
  * fresh connection when the pooled one had been cut (a database restart). The result (tuples)
  * or NULL with *rc set. */
-static PGresult *read_query(idx_backend *be, const char *sql, int n, const char *const *vals,
-                            const int *lens, const int *fmts, const char *what, int *rc,
-                            br_err *err) {
+static PGresult *run_read(idx_backend *be, const char *stmt, const char *sql, int n,
+                          const char *const *vals, const int *lens, const int *fmts,
+                          const char *what, int *rc, br_err *err) {
   for (int attempt = 0; attempt < 2; attempt++) {
     PGconn *c = pool_take(be, 0, err);
     if (!c) {
       *rc = BR_INDEX_UNAVAILABLE;
       return NULL;
     }
-    PGresult *r = PQexecParams(c, sql, n, NULL, vals, lens, fmts, 1);
-    if (r && PQresultStatus(r) == PGRES_TUPLES_OK) {
+    PGresult *r = stmt ? PQexecPrepared(c, stmt, n, vals, lens, fmts, 1)
+                       : PQexecParams(c, sql, n, NULL, vals, lens, fmts, 1);
+    if (r && (PQresultStatus(r) == PGRES_TUPLES_OK || PQresultStatus(r) == PGRES_COMMAND_OK)) {
       atomic_store(&be->up, 1);
       pool_give(be, c);
       return r;
@@ -215,12 +285,17 @@ static PGresult *read_query(idx_backend *be, const char *sql, int n, const char 
   return NULL;
 }
 
+static PGresult *read_query(idx_backend *be, const char *sql, int n, const char *const *vals,
+                            const int *lens, const int *fmts, const char *what, int *rc,
+                            br_err *err) {
+  return run_read(be, NULL, sql, n, vals, lens, fmts, what, rc, err);
+}
+
 static int pg_get(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void **val,
                   size_t *len, void **hold, br_err *err) {
   const char *v[1] = {(const char *)digest};
   int l[1] = {BR_SHA256_LEN}, f[1] = {1}, rc = 0;
-  PGresult *r = read_query(be, "SELECT record FROM blobref_blobs WHERE digest = $1", 1, v, l, f,
-                           "get", &rc, err);
+  PGresult *r = run_read(be, STMT_GET, NULL, 1, v, l, f, "get", &rc, err);
   if (!r) return rc;
   if (PQntuples(r) == 0) {
     PQclear(r);
@@ -235,6 +310,44 @@ static int pg_get(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const vo
 static void pg_get_done(idx_backend *be, void *hold) {
   (void)be;
   PQclear(hold);
+}
+
+static void put_be32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+/* One statement for up to BR_INDEX_GET_MANY digests, sent as one binary bytea[] (ndim, flags,
+ * element type, length and lower bound, then each element's length and bytes). */
+static int pg_get_many(idx_backend *be, const uint8_t *digests, size_t n, idx_scan_fn fn, void *ud,
+                       br_err *err) {
+  if (n > BR_INDEX_GET_MANY) return br_fail(err, "index: batch get of %zu digests", n);
+  size_t len = 20 + n * (4 + BR_SHA256_LEN);
+  uint8_t *arr = malloc(len), *p = arr;
+  if (!arr) return br_fail(err, "out of memory");
+  put_be32(p, 1), put_be32(p + 4, 0), put_be32(p + 8, 17 /* bytea */);
+  put_be32(p + 12, (uint32_t)n), put_be32(p + 16, 1);
+  p += 20;
+  for (size_t i = 0; i < n; i++, p += 4 + BR_SHA256_LEN) {
+    put_be32(p, BR_SHA256_LEN);
+    memcpy(p + 4, digests + i * BR_SHA256_LEN, BR_SHA256_LEN);
+  }
+  const char *v[1] = {(const char *)arr};
+  int l[1] = {(int)len}, f[1] = {1}, rc = 0;
+  PGresult *r = run_read(be, STMT_GET_MANY, NULL, 1, v, l, f, "batch get", &rc, err);
+  free(arr);
+  if (!r) return rc;
+  int rows = PQntuples(r), out = 0;
+  for (int k = 0; k < rows && !out; k++) {
+    const uint8_t *ip = (const uint8_t *)PQgetvalue(r, k, 0);
+    if (PQgetlength(r, k, 0) != 4) {
+      out = br_fail(err, "index: batch get: a row number of %d bytes", PQgetlength(r, k, 0));
+      break;
+    }
+    size_t i = (size_t)ip[0] << 24 | (size_t)ip[1] << 16 | (size_t)ip[2] << 8 | ip[3];
+    if (fn(ud, NULL, i, PQgetvalue(r, k, 1), (size_t)PQgetlength(r, k, 1))) out = -1;
+  }
+  PQclear(r);
+  return out;
 }
 
 /* Pages through table in key order inside one REPEATABLE READ transaction (one snapshot). */
@@ -549,13 +662,49 @@ static int pg_purge_get(idx_backend *be, const uint8_t *digest, const void **val
                       val, len);
 }
 
+/* Stores a purge, due at its value's next_ms, and ends any claim on it (a settle gives it back,
+ * a new queuing is due anew). */
 static int pg_purge_put(idx_backend *be, const uint8_t *digest, const void *val, size_t len) {
-  const char *v[2] = {(const char *)digest, val};
-  int l[2] = {BR_SHA256_LEN, (int)len}, f[2] = {1, 1};
+  uint64_t due = 0;
+  for (int i = 7; len == PURGE_VALUE && i >= 0; i--) due = due << 8 | ((const uint8_t *)val)[8 + i];
+  char due_s[24];
+  snprintf(due_s, sizeof due_s, "%lld", (long long)(due > INT64_MAX ? INT64_MAX : due));
+  const char *v[3] = {(const char *)digest, val, due_s};
+  int l[3] = {BR_SHA256_LEN, (int)len, 0}, f[3] = {1, 1, 0};
   return wcommand(be,
-                  "INSERT INTO blobref_purges (digest, value) VALUES ($1, $2)"
-                  " ON CONFLICT (digest) DO UPDATE SET value = EXCLUDED.value",
-                  2, v, l, f, NULL);
+                  "INSERT INTO blobref_purges (digest, value, due_ms) VALUES ($1, $2, $3::int8)"
+                  " ON CONFLICT (digest) DO UPDATE SET value = EXCLUDED.value,"
+                  " due_ms = EXCLUDED.due_ms, claimed_until = 0, claimed_by = ''",
+                  3, v, l, f, NULL);
+}
+
+/* One statement, its own transaction: the due rows no live claim holds (rows another node is
+ * claiming or settling right now are skipped, not waited for) get this node's claim. */
+static int pg_purge_claim(idx_backend *be, uint64_t now_ms, size_t max, idx_scan_fn fn, void *ud,
+                          br_err *err) {
+  char now_s[24], max_s[24], claim_s[24];
+  snprintf(now_s, sizeof now_s, "%lld", (long long)(now_ms > INT64_MAX ? INT64_MAX : now_ms));
+  snprintf(max_s, sizeof max_s, "%zu", max);
+  snprintf(claim_s, sizeof claim_s, "%llu", (unsigned long long)be->purge_claim_ms);
+  const char *v[4] = {now_s, max_s, claim_s, be->node};
+  int rc = 0;
+  PGresult *r =
+      read_query(be,
+                 "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms),"
+                 " c AS (SELECT digest FROM blobref_purges, now WHERE due_ms <= $1::int8"
+                 " AND claimed_until <= now.ms ORDER BY due_ms, digest LIMIT $2::int8"
+                 " FOR UPDATE OF blobref_purges SKIP LOCKED)"
+                 " UPDATE blobref_purges p SET claimed_until = now.ms + $3::int8, claimed_by = $4"
+                 " FROM c, now WHERE p.digest = c.digest RETURNING p.digest, p.value",
+                 4, v, NULL, NULL, "claim purges", &rc, err);
+  if (!r) return rc;
+  int n = PQntuples(r);
+  for (int i = 0; i < n; i++)
+    if (fn(ud, (const uint8_t *)PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0),
+           PQgetvalue(r, i, 1), (size_t)PQgetlength(r, i, 1)))
+      break;
+  PQclear(r);
+  return n;
 }
 
 static int pg_purge_del(idx_backend *be, const uint8_t *digest) {
@@ -563,6 +712,117 @@ static int pg_purge_del(idx_backend *be, const uint8_t *digest) {
   int l[1] = {BR_SHA256_LEN}, f[1] = {1}, rows = 0;
   int rc = wcommand(be, "DELETE FROM blobref_purges WHERE digest = $1", 1, v, l, f, &rows);
   return rc ? rc : rows ? 0 : IDX_ABSENT;
+}
+
+/* ---- shared state ---------------------------------------------------------------------------
+ */
+
+static int pg_kv_put(idx_backend *be, const void *key, size_t klen, const void *val, size_t vlen,
+                     br_err *err) {
+  const char *v[2] = {key, val};
+  int l[2] = {(int)klen, (int)vlen}, f[2] = {1, 1}, rc = 0;
+  PGresult *r = read_query(be,
+                           "INSERT INTO blobref_shared (key, value) VALUES ($1, $2)"
+                           " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                           2, v, l, f, "shared state", &rc, err);
+  PQclear(r);
+  return r ? 0 : rc;
+}
+
+static int pg_kv_get(idx_backend *be, const void *key, size_t klen, char **val, size_t *vlen,
+                     br_err *err) {
+  const char *v[1] = {key};
+  int l[1] = {(int)klen}, f[1] = {1}, rc = 0;
+  PGresult *r = read_query(be, "SELECT value FROM blobref_shared WHERE key = $1", 1, v, l, f,
+                           "shared state", &rc, err);
+  if (!r) return rc;
+  int out = 1;
+  if (PQntuples(r) == 1) {
+    size_t n = (size_t)PQgetlength(r, 0, 0);
+    *val = malloc(n + 1);
+    if (!*val) {
+      out = br_fail(err, "out of memory");
+    } else {
+      memcpy(*val, PQgetvalue(r, 0, 0), n);
+      (*val)[n] = '\0';
+      *vlen = n;
+      out = 0;
+    }
+  }
+  PQclear(r);
+  return out;
+}
+
+#define KV_PAGE 16 /* rows per query of a shared-state scan (list chunks are up to 640 KiB) */
+
+static int pg_kv_scan(idx_backend *be, const void *from, size_t flen, const void *to, size_t tlen,
+                      int desc, idx_scan_fn fn, void *ud, br_err *err) {
+  uint8_t *last = NULL; /* the last key given: the next page starts past it */
+  size_t last_len = 0;
+  int out = 0;
+  for (int more = 1; more && !out;) {
+    char sql[256];
+    /* ascending: [from, to), then (last, to); descending: [from, to), then [from, last) */
+    snprintf(sql, sizeof sql,
+             "SELECT key, value FROM blobref_shared WHERE key %s $1 AND key %s $2"
+             " ORDER BY key %s LIMIT %d",
+             desc || !last ? ">=" : ">", "<", desc ? "DESC" : "ASC", KV_PAGE);
+    const char *v[2] = {desc   ? from
+                        : last ? (const char *)last
+                               : from,
+                        desc && last ? (const char *)last : to};
+    int l[2] = {(int)(desc ? flen : last ? last_len : flen), (int)(desc && last ? last_len : tlen)};
+    int f[2] = {1, 1}, rc = 0;
+    PGresult *r = read_query(be, sql, 2, v, l, f, "shared state", &rc, err);
+    if (!r) {
+      out = rc;
+      break;
+    }
+    int n = PQntuples(r);
+    more = n == KV_PAGE;
+    for (int i = 0; i < n; i++) {
+      const uint8_t *k = (const uint8_t *)PQgetvalue(r, i, 0);
+      size_t kl = (size_t)PQgetlength(r, i, 0);
+      if (fn(ud, k, kl, PQgetvalue(r, i, 1), (size_t)PQgetlength(r, i, 1))) {
+        more = 0;
+        break;
+      }
+      uint8_t *grown = realloc(last, kl ? kl : 1);
+      if (!grown) {
+        out = br_fail(err, "out of memory");
+        break;
+      }
+      memcpy(grown, k, kl);
+      last = grown, last_len = kl;
+    }
+    PQclear(r);
+  }
+  free(last);
+  return out;
+}
+
+static int pg_kv_del(idx_backend *be, const void *from, size_t flen, const void *to, size_t tlen,
+                     br_err *err) {
+  const char *v[2] = {from, to};
+  int l[2] = {(int)flen, (int)tlen}, f[2] = {1, 1}, rc = 0;
+  PGresult *r = read_query(be, "DELETE FROM blobref_shared WHERE key >= $1 AND key < $2", 2, v, l,
+                           f, "shared state", &rc, err);
+  PQclear(r);
+  return r ? 0 : rc;
+}
+
+static int pg_next_id(idx_backend *be, uint64_t *id, br_err *err) {
+  int rc = 0;
+  PGresult *r = read_query(be, "SELECT nextval('blobref_run_ids')::text", 0, NULL, NULL, NULL,
+                           "run id", &rc, err);
+  if (!r) return rc;
+  /* binary results: the text cast comes back as its characters */
+  char buf[32];
+  int n = PQgetlength(r, 0, 0);
+  snprintf(buf, sizeof buf, "%.*s", n < 31 ? n : 31, PQgetvalue(r, 0, 0));
+  PQclear(r);
+  *id = strtoull(buf, NULL, 10);
+  return *id ? 0 : br_fail(err, "index: run id: '%s'", buf);
 }
 
 static void pg_close(idx_backend *be) {
@@ -659,6 +919,7 @@ static const idx_ops pg_ops = {
     .name = "postgres",
     .get = pg_get,
     .get_done = pg_get_done,
+    .get_many = pg_get_many,
     .scan = pg_scan,
     .key_owner = pg_key_owner,
     .stats = pg_stats,
@@ -680,6 +941,12 @@ static const idx_ops pg_ops = {
     .purge_get = pg_purge_get,
     .purge_put = pg_purge_put,
     .purge_del = pg_purge_del,
+    .purge_claim = pg_purge_claim,
+    .kv_put = pg_kv_put,
+    .kv_get = pg_kv_get,
+    .kv_scan = pg_kv_scan,
+    .kv_del = pg_kv_del,
+    .next_id = pg_next_id,
     .close = pg_close,
 };
 
@@ -692,9 +959,21 @@ idx_backend *idx_pg_open(const br_index_options *opt, const idx_ops **ops, br_er
   }
   pthread_mutex_init(&be->lock, NULL);
   pthread_cond_init(&be->cv, NULL);
+  be->purge_claim_ms = opt->purge_claim_ms ? opt->purge_claim_ms : 60000;
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  snprintf(be->node, sizeof be->node, "%s/%ld", host, (long)getpid());
   char why[512];
   PGconn *c = connect_db(be, why, sizeof why);
   if (!c || ensure_schema(c, why, sizeof why) < 0) {
+    br_fail(err, "index: PostgreSQL: %s", why);
+    PQfinish(c);
+    pg_close(be);
+    return NULL;
+  }
+  be->schema_ok = 1;
+  if (prepare(c, STMT_GET, SQL_GET, why, sizeof why) < 0 ||
+      prepare(c, STMT_GET_MANY, SQL_GET_MANY, why, sizeof why) < 0) {
     br_fail(err, "index: PostgreSQL: %s", why);
     PQfinish(c);
     pg_close(be);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "blobref/common.h"
+#include "blobref/index.h"
 
 /* --- external sort: digests in, ascending unique digests out ------------------------------- */
 
@@ -28,8 +29,10 @@ void dsort_free(dsort *s);
 
 typedef struct rstate rstate;
 
-/* Opens (creating) the state environment in directory dir. */
-rstate *rstate_open(const char *dir, br_err *err);
+/* Opens (creating) the state environment in directory dir. With shared (an index with shared
+ * state: PostgreSQL), the run ids, reports and per-run lists live there instead, so that every
+ * node answers the same runs; the data-file cache stays in dir (a node's own). */
+rstate *rstate_open(const char *dir, br_index *shared, br_err *err);
 void rstate_close(rstate *st);
 
 /* The identity of a data file read for one column: SHA-256 over its path, size and record count

@@ -41,7 +41,7 @@ br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err) {
   r->env = *env;
   snprintf(r->state_dir, sizeof r->state_dir, "%s", env->state_dir);
   r->env.state_dir = r->state_dir;
-  r->state = rstate_open(r->state_dir, err);
+  r->state = rstate_open(r->state_dir, br_index_has_shared(env->index) ? env->index : NULL, err);
   if (!r->state) {
     free(r);
     return NULL;

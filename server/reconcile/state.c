@@ -1,7 +1,9 @@
 /* Reconcile's state between runs, in an LMDB environment of its own (DATA_DIR/reconcile) so that
  * its writes never queue behind or in front of uploads: the data-file cache (each data file's
  * hashes, by file identity, in chunks of at most 65,536), the run reports (JSON by run id) and
- * each run's blob lists (raw digests by run and action, in chunks of at most 16,384). */
+ * each run's blob lists (raw digests by run and action, in chunks of at most 16,384). On a shared
+ * index (PostgreSQL) the run ids, reports and lists are in the index's shared state instead
+ * (keys 'R' + run id, 'L' + list key), so that every node answers the same runs. */
 #include <errno.h>
 #include <lmdb.h>
 #include <openssl/evp.h>
@@ -23,6 +25,7 @@
  * per 64 data files instead of four per file. A crash loses at most the uncommitted batch, which
  * the next run reads again. */
 struct rstate {
+  br_index *shared; /* non-NULL: runs and lists in the index's shared state */
   MDB_env *env;
   MDB_dbi files, runs, lists;
   MDB_txn *batch;
@@ -42,7 +45,7 @@ static int fail(br_err *err, const char *what, int rc) {
   return br_fail(err, "reconcile state: %s: %s", what, mdb_strerror(rc));
 }
 
-rstate *rstate_open(const char *dir, br_err *err) {
+rstate *rstate_open(const char *dir, br_index *shared, br_err *err) {
   if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
     br_fail(err, "reconcile state: mkdir %s: %s", dir, strerror(errno));
     return NULL;
@@ -67,6 +70,7 @@ rstate *rstate_open(const char *dir, br_err *err) {
     free(st);
     return NULL;
   }
+  st->shared = shared;
   return st;
 }
 
@@ -287,7 +291,35 @@ static void id_key(uint64_t id, uint8_t key[8]) {
   for (int i = 0; i < 8; i++) key[i] = (uint8_t)(id >> (56 - 8 * i));
 }
 
+/* Shared keys: a tag byte, then the LMDB key. */
+#define SHARED_KEY_MAX 16
+static size_t shared_key(char tag, const uint8_t *key, size_t len, uint8_t out[SHARED_KEY_MAX]) {
+  out[0] = (uint8_t)tag;
+  memcpy(out + 1, key, len);
+  return len + 1;
+}
+
+static uint64_t key_id(const uint8_t *p, size_t len) {
+  uint64_t id = 0;
+  for (size_t i = 0; i < 8 && i < len; i++) id = id << 8 | p[i];
+  return id;
+}
+
+/* Drops the shared reports and lists of the runs before `below`. */
+static int shared_prune(rstate *st, uint64_t below, br_err *err) {
+  uint8_t lo[8] = {0}, hi[8], from[SHARED_KEY_MAX], to[SHARED_KEY_MAX];
+  id_key(below, hi);
+  size_t fl = shared_key('R', lo, 8, from), tl = shared_key('R', hi, 8, to);
+  int rc = br_index_shared_del(st->shared, from, fl, to, tl, err);
+  fl = shared_key('L', lo, 8, from), tl = shared_key('L', hi, 8, to);
+  return rc ? rc : br_index_shared_del(st->shared, from, fl, to, tl, err);
+}
+
 uint64_t rstate_next_run_id(rstate *st, br_err *err) {
+  if (st->shared) {
+    uint64_t id = 0;
+    return br_index_next_id(st->shared, &id, err) < 0 ? 0 : id;
+  }
   MDB_txn *txn;
   int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
   if (rc) {
@@ -313,6 +345,17 @@ uint64_t rstate_next_run_id(rstate *st, br_err *err) {
 int rstate_put_report(rstate *st, uint64_t id, const char *json, br_err *err) {
   uint8_t key[8];
   id_key(id, key);
+  if (st->shared) {
+    uint8_t sk[SHARED_KEY_MAX];
+    size_t kl = shared_key('R', key, 8, sk);
+    int rc = br_index_shared_put(st->shared, sk, kl, json, strlen(json), err);
+    if (rc == 0 && id > KEEP_REPORTS) { /* keep the newest ones (ids have gaps: a bound) */
+      br_err perr;
+      if (shared_prune(st, id - KEEP_REPORTS + 1, &perr) < 0)
+        br_warn("reconcile state: pruning old reports: %s", perr.msg);
+    }
+    return rc < 0 ? -1 : 0;
+  }
   int rc = put_one(st, st->runs, key, sizeof key, json, strlen(json), err);
   if (rc == 0 && id > KEEP_REPORTS) { /* keep the newest ones */
     MDB_txn *txn;
@@ -352,6 +395,15 @@ int rstate_put_report(rstate *st, uint64_t id, const char *json, br_err *err) {
 
 char *rstate_get_report(rstate *st, uint64_t id, int *found, br_err *err) {
   *found = 0;
+  if (st->shared) {
+    uint8_t key[8], sk[SHARED_KEY_MAX];
+    id_key(id, key);
+    size_t kl = shared_key('R', key, 8, sk), len = 0;
+    char *out = NULL;
+    int rc = br_index_shared_get(st->shared, sk, kl, &out, &len, err);
+    *found = rc == 0;
+    return rc == 0 ? out : NULL;
+  }
   MDB_txn *txn;
   int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
   if (rc) {
@@ -379,8 +431,36 @@ char *rstate_get_report(rstate *st, uint64_t id, int *found, br_err *err) {
   return out;
 }
 
+struct each_shared {
+  int (*fn)(void *ud, uint64_t id, const char *json);
+  void *ud;
+  size_t limit, n;
+  int oom;
+};
+
+static int each_shared_report(void *arg, const uint8_t *key, size_t klen, const void *val,
+                              size_t vlen) {
+  struct each_shared *e = arg;
+  if (e->n == e->limit) return 1;
+  char *text = malloc(vlen + 1);
+  if (!text) return e->oom = 1;
+  memcpy(text, val, vlen);
+  text[vlen] = '\0';
+  int stop = e->fn(e->ud, key_id(key + 1, klen - 1), text);
+  free(text);
+  e->n++;
+  return stop;
+}
+
 int rstate_each_report(rstate *st, size_t limit, int (*fn)(void *ud, uint64_t id, const char *json),
                        void *ud, br_err *err) {
+  if (st->shared) {
+    uint8_t from[1] = {'R'}, to[1] = {'R' + 1};
+    struct each_shared e = {.fn = fn, .ud = ud, .limit = limit};
+    int rc = br_index_shared_scan(st->shared, from, 1, to, 1, 1, each_shared_report, &e, err);
+    if (rc < 0) return -1;
+    return e.oom ? br_fail(err, "out of memory") : 0;
+  }
   MDB_txn *txn;
   int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
   if (rc) return fail(err, "read", rc);
@@ -457,6 +537,16 @@ rstate_lists *rstate_lists_begin(rstate *st, uint64_t run, br_err *err) {
   }
   l->st = st;
   l->run = run;
+  if (st->shared) { /* what a crashed run of this id left (ids are not reused: nothing) */
+    uint8_t lo[8], hi[8], from[SHARED_KEY_MAX], to[SHARED_KEY_MAX];
+    id_key(run, lo), id_key(run + 1, hi);
+    size_t fl = shared_key('L', lo, 8, from), tl = shared_key('L', hi, 8, to);
+    if (br_index_shared_del(st->shared, from, fl, to, tl, err) < 0) {
+      free(l);
+      return NULL;
+    }
+    return l;
+  }
   MDB_txn *txn;
   int rc = mdb_txn_begin(st->env, NULL, 0, &txn);
   if (rc) {
@@ -495,7 +585,14 @@ static int lists_flush_one(rstate_lists *l, int a, br_err *err) {
   uint8_t key[LIST_KEY];
   list_key(l->run, a, ++l->chunks[a], key);
   size_t len = l->n[a] * list_stride(a);
-  int rc = put_one(l->st, l->st->lists, key, sizeof key, l->buf[a], len, err);
+  int rc;
+  if (l->st->shared) {
+    uint8_t sk[SHARED_KEY_MAX];
+    size_t kl = shared_key('L', key, sizeof key, sk);
+    rc = br_index_shared_put(l->st->shared, sk, kl, l->buf[a], len, err) < 0 ? -1 : 0;
+  } else {
+    rc = put_one(l->st, l->st->lists, key, sizeof key, l->buf[a], len, err);
+  }
   l->n[a] = 0;
   if (rc == 0) l->bytes += len;
   return rc;
@@ -515,6 +612,13 @@ int rstate_lists_add(rstate_lists *l, int a, const uint8_t d[D], uint64_t t_ms, 
 
 int rstate_lists_flush(rstate_lists *l, uint64_t counts[RL_NACTIONS], uint64_t *bytes,
                        br_err *err) {
+  if (l->st->shared) { /* each last chunk its own statement */
+    int rc = 0;
+    for (int a = 0; a < RL_NACTIONS && rc == 0; a++) rc = lists_flush_one(l, a, err);
+    for (int a = 0; a < RL_NACTIONS; a++) counts[a] = l->count[a];
+    *bytes = l->bytes;
+    return rc;
+  }
   /* the last chunks of every action in one commit (one sync per run for a small run) */
   int rc = batch_flush(l->st, err);
   MDB_txn *txn = NULL;
@@ -549,11 +653,77 @@ void rstate_lists_free(rstate_lists *l) {
   free(l);
 }
 
+struct page_state {
+  int action;
+  const uint8_t *after;
+  size_t limit, given;
+  int (*fn)(void *ud, const uint8_t d[D], uint64_t t_ms);
+  void *ud;
+  int more, out;
+  br_err *err;
+};
+
+/* Gives the entries of one list chunk past `after`, up to the limit. Non-zero: stop. */
+static int page_chunk(struct page_state *ps, const uint8_t *p, size_t len) {
+  size_t stride = list_stride(ps->action);
+  if (len % stride) {
+    ps->out = br_fail(ps->err, "reconcile state: damaged list chunk");
+    return 1;
+  }
+  size_t n = len / stride, i = 0;
+  if (ps->after) { /* the first entry past after (entries ascend) */
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (memcmp(p + mid * stride, ps->after, D) <= 0)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    i = lo;
+  }
+  for (; i < n; i++) {
+    if (ps->given == ps->limit) {
+      ps->more = 1;
+      return 1;
+    }
+    const uint8_t *e = p + i * stride;
+    uint64_t t = 0;
+    if (ps->action == RL_PENDING)
+      for (int j = 0; j < 8; j++) t = t << 8 | e[D + j];
+    if (ps->fn(ps->ud, e, t) != 0) {
+      ps->out = -1;
+      return 1;
+    }
+    ps->given++;
+  }
+  return 0;
+}
+
+static int page_shared_chunk(void *arg, const uint8_t *key, size_t klen, const void *val,
+                             size_t vlen) {
+  (void)key, (void)klen;
+  return page_chunk(arg, val, vlen);
+}
+
 int rstate_list_page(rstate *st, uint64_t run, int action, const uint8_t *after, size_t limit,
                      int (*fn)(void *ud, const uint8_t d[D], uint64_t t_ms), void *ud, int *more,
                      br_err *err) {
   *more = 0;
   if (action < 0 || action >= RL_NACTIONS) return br_fail(err, "no such action");
+  struct page_state ps = {
+      .action = action, .after = after, .limit = limit, .fn = fn, .ud = ud, .err = err};
+  uint8_t key[LIST_KEY];
+  list_key(run, action, 1, key);
+  if (st->shared) { /* the chunks of (run, action), in order */
+    uint8_t end[LIST_KEY], from[SHARED_KEY_MAX], to[SHARED_KEY_MAX];
+    list_key(run, action + 1, 0, end);
+    size_t fl = shared_key('L', key, sizeof key, from), tl = shared_key('L', end, 9, to);
+    if (br_index_shared_scan(st->shared, from, fl, to, tl, 0, page_shared_chunk, &ps, err) < 0)
+      return -1;
+    *more = ps.more;
+    return ps.out;
+  }
   MDB_txn *txn;
   int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
   if (rc) return fail(err, "read", rc);
@@ -563,49 +733,16 @@ int rstate_list_page(rstate *st, uint64_t run, int action, const uint8_t *after,
     mdb_txn_abort(txn);
     return fail(err, "read", rc);
   }
-  size_t stride = list_stride(action), given = 0;
-  uint8_t key[LIST_KEY];
-  list_key(run, action, 1, key);
   MDB_val k = {sizeof key, key}, v;
-  int op = MDB_SET_RANGE, out = 0;
+  int op = MDB_SET_RANGE;
   while ((rc = mdb_cursor_get(cur, &k, &v, op)) == 0) {
     op = MDB_NEXT;
     if (k.mv_size != LIST_KEY || memcmp(k.mv_data, key, 9)) break; /* another run or action */
-    if (v.mv_size % stride) {
-      out = br_fail(err, "reconcile state: damaged list chunk");
-      break;
-    }
-    const uint8_t *p = v.mv_data;
-    size_t n = v.mv_size / stride, i = 0;
-    if (after) { /* the first entry past after (entries ascend) */
-      size_t lo = 0, hi = n;
-      while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (memcmp(p + mid * stride, after, D) <= 0)
-          lo = mid + 1;
-        else
-          hi = mid;
-      }
-      i = lo;
-    }
-    for (; i < n; i++) {
-      if (given == limit) {
-        *more = 1;
-        break;
-      }
-      const uint8_t *e = p + i * stride;
-      uint64_t t = 0;
-      if (action == RL_PENDING)
-        for (int j = 0; j < 8; j++) t = t << 8 | e[D + j];
-      if (fn(ud, e, t) != 0) {
-        out = -1;
-        break;
-      }
-      given++;
-    }
-    if (*more || out) break;
+    if (page_chunk(&ps, v.mv_data, v.mv_size)) break;
   }
+  int out = ps.out;
   if (rc && rc != MDB_NOTFOUND) out = fail(err, "read", rc);
+  *more = ps.more;
   mdb_cursor_close(cur);
   mdb_txn_abort(txn);
   return out;

@@ -7,7 +7,8 @@
  *   -m gen       write the synthetic blobs as DIR/sha256/aa/bb/<hex>, print "hex path" lines
  *   -m disk      no HTTP: C writers each write+fsync+rename+dir-fsync blobs under DIR
  *   -m reqs      keep-alive read load: -f lists "METHOD PATH [RANGE]" lines, used in turn
- *                (wrk 4.1 cannot do HEAD: it waits for a body after a HEAD response)
+ *                (wrk 4.1 cannot do HEAD: it waits for a body after a HEAD response);
+ *                2xx and 3xx count as ok
  *   -u URL       http://IPv4:PORT/path            -o DIR   output directory (gen, disk)
  *   -f LIST      blobs from a "hex path" list     -s SIZE -n N -S SEED  synthetic blobs
  *   -c CONC      concurrency (1..1024, default 16)
@@ -645,7 +646,8 @@ static void on_response(struct conn *c, int eof) {
     if (c->state != C_CONNECTING) c->state = C_SENDING;
     return;
   }
-  int ok = c->status / 100 == 2 && !(g.mode == M_REGISTRY && c->step == 0);
+  int ok = (c->status / 100 == 2 || (g.mode == M_REQS && c->status / 100 == 3)) &&
+           !(g.mode == M_REGISTRY && c->step == 0); /* reqs: a redirect is an answer */
   record(c->t0, ok, c->status, ok && c->wait_100);
   if (c->close_after && !eof) {
     /* Let the server close first, as it said it would, so that TIME_WAIT stays on its side. */

@@ -76,7 +76,7 @@ static int count_fn(void *ud, const uint8_t d[BR_SHA256_LEN]) {
 
 static void test_state(const char *dir) {
   br_err err;
-  rstate *st = rstate_open(dir, &err);
+  rstate *st = rstate_open(dir, NULL, &err);
   CHECK(st != NULL, "open: %s", err.msg);
   if (!st) return;
   uint8_t a[BR_SHA256_LEN], b[BR_SHA256_LEN], d[BR_SHA256_LEN];

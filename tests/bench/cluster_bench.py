@@ -1,0 +1,193 @@
+#!/usr/bin/python3
+"""Cluster benchmark (make bench-cluster): one LMDB node vs one and two PostgreSQL nodes, side by
+side in one run, on 127.0.0.1: new 4 KiB uploads, cached HEAD, redirect (307) and batch lookup
+(POST /v1/lookup, 1,000 hashes a call, hashes/s). Each setup gets a fresh fs store (redirect
+mode; the two PostgreSQL nodes share its directory, as they would share a bucket) and a fresh
+database. The load of the two-node setup is split over both nodes (one client each, at once).
+
+usage: tests/bench/cluster_bench.py [BIN_DIR]
+env:   DURATION=8 (seconds per measurement)  N=20000 (blobs)  CONNS=32  LOOKUP_CLIENTS=4
+       OUT=build/bench/cluster.md  SETUPS="lmdb pg1 pg2"
+Prints a markdown table (also written to OUT) with each PostgreSQL figure's ratio to LMDB."""
+import http.client
+import json
+import multiprocessing
+import os
+import pathlib
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+BIN = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "bin").resolve()
+os.environ["BLOBREF_BIN_DIR"] = str(BIN)
+
+import pgutil  # noqa: E402
+from conftest import Server  # noqa: E402
+
+DURATION = float(os.environ.get("DURATION", "8"))
+N = int(os.environ.get("N", "20000"))
+CONNS = int(os.environ.get("CONNS", "32"))
+LOOKUP_CLIENTS = int(os.environ.get("LOOKUP_CLIENTS", "4"))
+BATCH = 1000
+SETUPS = os.environ.get("SETUPS", "lmdb pg1 pg2").split()
+OUT = pathlib.Path(os.environ.get("OUT", ROOT / "build" / "bench" / "cluster.md"))
+
+
+def conf(root, dsn):
+    text = (f"[server]\n\n[store local]\nkind = fs\nroot = {root}\n"
+            "serve = redirect\npublic_url = http://cdn.example/b\n")
+    if dsn:
+        text += f"\n[index]\nkind = postgres\ndsn = {dsn}\n"
+    return text
+
+
+def kv(line):
+    return dict(p.split("=", 1) for p in line.split() if "=" in p)
+
+
+def upload_load(ul, args):
+    out = subprocess.run([str(ul)] + [str(a) for a in args], capture_output=True, text=True,
+                         timeout=DURATION + 300)
+    if out.returncode:
+        raise RuntimeError(f"upload_load {args}: {out.stderr}")
+    return kv(out.stdout.strip().splitlines()[-1])
+
+
+def parallel(ul, per_node_args):
+    """Runs one upload_load per node at once; the summed rps and the requests that failed."""
+    procs = [subprocess.Popen([str(ul)] + [str(a) for a in a_], stdout=subprocess.PIPE, text=True)
+             for a_ in per_node_args]
+    outs = [kv(p.communicate(timeout=DURATION + 300)[0].strip().splitlines()[-1]) for p in procs]
+    return (sum(float(o["rps"]) for o in outs), sum(int(o["errors"]) for o in outs),
+            sum(int(o["ok"]) for o in outs))
+
+
+def lookup_client(args):
+    port, hexes, duration, seed = args
+    rnd = random.Random(seed)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    bodies = []
+    for _ in range(8):
+        pick = [hexes[rnd.randrange(len(hexes))] for _ in range(BATCH // 2)]
+        pick += ["%064x" % rnd.getrandbits(256) for _ in range(BATCH - len(pick))]  # missing
+        bodies.append(json.dumps({"hashes": pick}).encode())
+    n = bad = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < duration:
+        c.request("POST", "/v1/lookup", body=bodies[n % len(bodies)],
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        body = r.read()
+        if r.status != 200 or b'"found"' not in body:
+            bad += 1
+        n += 1
+    return n, bad, time.monotonic() - t0
+
+
+def lookup_rate(nodes, hexes):
+    """Hashes/s over all nodes: LOOKUP_CLIENTS clients per node, each BATCH hashes a call."""
+    jobs = [(n.port, hexes, DURATION, i * 7 + k) for i, n in enumerate(nodes)
+            for k in range(LOOKUP_CLIENTS)]
+    with multiprocessing.Pool(len(jobs)) as pool:
+        res = pool.map(lookup_client, jobs)
+    calls = sum(r[0] for r in res)
+    bad = sum(r[1] for r in res)
+    secs = max(r[2] for r in res)
+    return calls * BATCH / secs, bad
+
+
+def run_setup(name, work, ul, gen_list, hexes, pg):
+    d = work / name
+    root = d / "blobs"
+    root.mkdir(parents=True)
+    dsn = pg.database(f"bench_{name}") if name != "lmdb" else None
+    nnodes = 2 if name == "pg2" else 1
+    nodes = [Server(d / f"node{i + 1}", conf(root, dsn)).start(timeout=60) for i in range(nnodes)]
+    res = {}
+    try:
+        # new uploads: the generated blobs split over the nodes
+        lists = []
+        lines = gen_list.read_text().splitlines()
+        for i in range(nnodes):
+            p = d / f"up{i}.list"
+            p.write_text("\n".join(lines[i::nnodes]) + "\n")
+            lists.append(p)
+        t0 = time.monotonic()
+        rps, errs, ok = parallel(ul, [["-m", "put", "-u", f"{n.url}/v1/blobs", "-f", lists[i],
+                                       "-c", CONNS, "-d", 600]
+                                      for i, n in enumerate(nodes)])
+        assert errs == 0 and ok == len(lines), (name, "uploads", errs, ok)
+        res["uploads/s (4 KiB, new)"] = len(lines) / (time.monotonic() - t0)
+        for sc, method in (("HEAD req/s", "HEAD"), ("redirect req/s (307)", "GET")):
+            reqs = d / f"{method}.reqs"
+            reqs.write_text("".join(f"{method} /v1/blobs/{h}\n" for h in hexes))
+            for n in nodes:  # warm the caches once
+                upload_load(ul, ["-m", "reqs", "-u", n.url, "-f", reqs, "-c", CONNS, "-d", 2])
+            rps, errs, _ = parallel(ul, [["-m", "reqs", "-u", n.url, "-f", reqs, "-c", CONNS, "-d",
+                                          DURATION] for n in nodes])
+            assert errs == 0, (name, sc, errs)
+            res[sc] = rps
+        rate, bad = lookup_rate(nodes, hexes)
+        assert bad == 0, (name, "lookup", bad)
+        res["batch lookup hashes/s"] = rate
+    finally:
+        for n in nodes:
+            n.stop()
+    return res
+
+
+def main():
+    work = pathlib.Path(tempfile.mkdtemp(prefix="blobref-cbench-"))
+    ul = work / "upload_load"
+    subprocess.run(["cc", "-O2", "-std=c11", "-D_GNU_SOURCE", "-o", str(ul),
+                    str(ROOT / "tests" / "bench" / "upload_load.c"), "-lcrypto", "-lpthread"],
+                   check=True)
+    gen = subprocess.run([str(ul), "-m", "gen", "-s", "4096", "-n", str(N), "-S",
+                          f"cb{os.getpid()}", "-o", str(work / "files")], capture_output=True,
+                         text=True, check=True).stdout
+    gen_list = work / "gen.list"
+    gen_list.write_text(gen)
+    hexes = [line.split()[0] for line in gen.splitlines()]
+    pg = pgutil.Postgres()
+    results = {}
+    try:
+        for s in SETUPS:
+            t0 = time.monotonic()
+            results[s] = run_setup(s, work, ul, gen_list, hexes, pg)
+            print(f"{s}: {time.monotonic() - t0:.0f} s {results[s]}", file=sys.stderr)
+    finally:
+        pg.destroy()
+        shutil.rmtree(work, ignore_errors=True)
+    cores = os.cpu_count()
+    load = os.getloadavg()[0]
+    head = {"lmdb": "1 LMDB node", "pg1": "1 PG node", "pg2": "2 PG nodes"}
+    cols = [s for s in SETUPS]
+    lines = ["| scenario | " + " | ".join(head[s] for s in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    for sc in next(iter(results.values())):
+        cells = []
+        for s in cols:
+            v = results[s][sc]
+            cell = f"{v:,.0f}"
+            if s != "lmdb" and "lmdb" in results:
+                cell += f" ({v / results['lmdb'][sc]:.2f}x)"
+            cells.append(cell)
+        lines.append(f"| {sc} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"{cores} cores shared by the nodes, PostgreSQL 15 and the clients "
+                 f"(load average {load:.1f} at the end); {N} blobs, {DURATION:g} s a measurement, "
+                 f"{CONNS} connections per node, lookup: {LOOKUP_CLIENTS} clients per node, "
+                 f"{BATCH} hashes a call (half present).")
+    table = "\n".join(lines)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
