@@ -69,12 +69,18 @@ const br_location *br_record_primary(const br_record *rec);
 
 typedef struct br_index br_index;
 
+/* Told that another node changed the record of digest (NULL: any record may have changed), on
+ * the index's listener thread; must be cheap and thread-safe (a cache eviction). */
+typedef void (*br_index_change_fn)(void *ud, const uint8_t *digest);
+
 typedef struct br_index_options {
   uint64_t map_size;  /* bytes */
   unsigned batch_max; /* most operations per transaction (1 = no group commit) */
   int read_only;      /* open without the writer thread (fsck, tools) */
   int queue_purges;   /* state and location changes that make CDN copies stale queue a purge */
   const char *dsn;    /* non-empty: a PostgreSQL index (libpq conninfo or URI), not LMDB in dir */
+  br_index_change_fn on_change; /* a shared index: called until br_index_close returns */
+  void *on_change_ud;
 } br_index_options;
 
 /* Opens (creating) the index in directory dir and starts the writer thread. NULL + err. */
@@ -105,9 +111,17 @@ int br_index_lease(br_index *idx, int which, int take, br_err *err);
 /* Stops the writer (after finishing queued operations) and closes the environment. */
 void br_index_close(br_index *idx);
 
-/* Looks a blob up. Returns 0 and fills rec; 1 if absent; -1 with err on failure.
- * Safe from any thread; readers never wait for the writer. */
+/* Looks a blob up. Returns 0 and fills rec; 1 if absent; -1 (or BR_INDEX_UNAVAILABLE) with err
+ * on failure. Safe from any thread; readers never wait for the writer. On a shared index the
+ * answer may come from the record cache, at most about a second behind another node's commit
+ * (usually milliseconds: its change is announced, see br_index_get_latest). */
 int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err);
+
+/* Like br_index_get, but never from a cache that may lag another node's commit (on a shared
+ * index the record cache is at most PGL_BOUND_MS behind): for decisions taken under the blob's
+ * lock (br_index_lock_blob) that delete bytes or change locations. */
+int br_index_get_latest(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec,
+                        br_err *err);
 
 /* Records an acknowledged upload, durably, before returning. If the blob is absent (or being
  * deleted: its record is replaced, its bytes were written again), rec is
