@@ -111,6 +111,7 @@ typedef struct br_config {
   uint64_t index_batch_max;
   char *index_kind;          /* [index] kind: lmdb (DATA_DIR/index) or postgres (index_dsn) */
   char *index_dsn;           /* [index] dsn: libpq conninfo or URI (the PG* environment applies) */
+  char *index_read_dsn;      /* [index] read_dsn: a read replica for point reads ("" = none) */
   uint64_t cache_max_age_ms; /* redirects' private max-age */
   uint64_t cache_size;       /* in-memory cache of small blobs (0 = off) */
   uint64_t cache_max_blob;   /* largest blob it holds */

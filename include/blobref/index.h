@@ -74,11 +74,12 @@ typedef struct br_index br_index;
 typedef void (*br_index_change_fn)(void *ud, const uint8_t *digest);
 
 typedef struct br_index_options {
-  uint64_t map_size;  /* bytes */
-  unsigned batch_max; /* most operations per transaction (1 = no group commit) */
-  int read_only;      /* open without the writer thread (fsck, tools) */
-  int queue_purges;   /* state and location changes that make CDN copies stale queue a purge */
-  const char *dsn;    /* non-empty: a PostgreSQL index (libpq conninfo or URI), not LMDB in dir */
+  uint64_t map_size;    /* bytes */
+  unsigned batch_max;   /* most operations per transaction (1 = no group commit) */
+  int read_only;        /* open without the writer thread (fsck, tools) */
+  int queue_purges;     /* state and location changes that make CDN copies stale queue a purge */
+  const char *dsn;      /* non-empty: a PostgreSQL index (libpq conninfo or URI), not LMDB in dir */
+  const char *read_dsn; /* with dsn, optional: a read replica for point reads (br_index_get) */
   br_index_change_fn on_change; /* a shared index: called until br_index_close returns */
   void *on_change_ud;
 } br_index_options;
@@ -283,6 +284,11 @@ typedef struct br_index_stats {
   uint64_t cache_hits, cache_misses; /* br_index_get answered from the record cache or not */
   uint64_t stale_readers;            /* reader slots of dead processes cleared (mdb_reader_check) */
   uint64_t purges_pending;           /* blobs with a CDN purge not yet acknowledged everywhere */
+  /* a shared index: other nodes' change notifications heard, cache flushes (listener
+   * (re)connections, big batches, bad payloads), listener connections made; point reads answered
+   * by the read replica, and those absent there and asked of the primary */
+  uint64_t notifies, flushes, listens;
+  uint64_t replica_reads, replica_retries;
 } br_index_stats;
 void br_index_get_stats(br_index *idx, br_index_stats *out);
 

@@ -64,6 +64,7 @@ int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_er
                           .read_only = mode == BR_OPEN_CHECK,
                           .queue_purges = mode != BR_OPEN_CHECK && cfg->ncdns > 0,
                           .dsn = !strcmp(cfg->index_kind, "postgres") ? cfg->index_dsn : NULL,
+                          .read_dsn = cfg->index_read_dsn,
                           .on_change = index_changed,
                           .on_change_ud = srv};
   int read_only = mode != BR_OPEN_SERVE;

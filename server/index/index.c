@@ -3,6 +3,7 @@
  * PostgreSQL (backend.h). */
 #include "backend.h"
 #include "index/pg_listen.h"
+#include "index/pg_replica.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -64,6 +65,8 @@ struct br_index {
   struct rcache
       *rcache;          /* NULL for read-only opens (fsck), which have no writer to keep it exact */
   pgl_listener *listen; /* a shared index: other nodes' changes; NULL on LMDB */
+  pgr_pool *replica;    /* [index] read_dsn: point reads there when it is current enough */
+  atomic_uint_fast64_t replica_reads, replica_retries;
   br_index_change_fn on_change; /* told about the listener's evictions (the blob cache) */
   void *on_change_ud;
 };
@@ -114,8 +117,9 @@ static struct rcache *rcache_usable(br_index *idx) {
   return idx->rcache;
 }
 
+/* A read through the cache rc (NULL: none), and the replica unless latest. */
 static int get_record(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec,
-                      br_err *err, struct rcache *rc) {
+                      br_err *err, struct rcache *rc, int latest) {
   uint64_t epoch = 0;
   if (rc) {
     uint8_t buf[RCACHE_MAX_BYTES];
@@ -130,6 +134,19 @@ static int get_record(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_rec
   const void *val;
   size_t len;
   void *hold;
+  /* the replica, once it has replayed what the listener vouches for (read after the epoch, so
+   * that a change announced in between either is covered or stops the fill); absent there, or
+   * unable to say: the primary answers, so a fresh upload is never reported missing */
+  uint64_t lsn = idx->replica && !latest ? pgl_safe_lsn(idx->listen) : 0;
+  int on_replica = lsn ? pgr_get(idx->replica, digest, lsn, &val, &len, &hold) : 2;
+  if (on_replica == 0) {
+    atomic_fetch_add_explicit(&idx->replica_reads, 1, memory_order_relaxed);
+    int out = br_record_decode(val, len, rec, err);
+    if (out == 0 && rc) rcache_fill(rc, digest, val, len, epoch);
+    pgr_done(hold);
+    return out;
+  }
+  if (on_replica == 1) atomic_fetch_add_explicit(&idx->replica_retries, 1, memory_order_relaxed);
   int out = idx->ops->get(idx->be, digest, &val, &len, &hold, err);
   if (out) return out;
   out = br_record_decode(val, len, rec, err); /* copies out of the backend's buffer */
@@ -139,13 +156,13 @@ static int get_record(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_rec
 }
 
 int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err) {
-  return get_record(idx, digest, rec, err, rcache_usable(idx));
+  return get_record(idx, digest, rec, err, rcache_usable(idx), 0);
 }
 
 int br_index_get_latest(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec,
                         br_err *err) {
   /* LMDB's cache is exact (one writer, this one); a shared index's may lag other nodes' commits */
-  return get_record(idx, digest, rec, err, idx->listen ? NULL : idx->rcache);
+  return get_record(idx, digest, rec, err, idx->listen ? NULL : idx->rcache, 1);
 }
 
 /* Decodes a scanned record; an error names the blob. Returns 0 or -1 (err). */
@@ -989,6 +1006,9 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
     for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_init(&idx->rcache->locks[i], NULL);
     /* other nodes write a shared index: their changes are announced, the listener evicts them */
     if (shared && !(idx->listen = pgl_start(opt->dsn, on_announced, idx, err))) goto fail;
+    if (shared && opt->read_dsn && opt->read_dsn[0] &&
+        !(idx->replica = pgr_open(opt->read_dsn, err)))
+      goto fail;
     if (pthread_create(&idx->writer, NULL, writer_main, idx)) {
       br_fail(err, "index: cannot start the writer thread");
       goto fail;
@@ -998,6 +1018,7 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
   return idx;
 fail:
   pgl_stop(idx->listen);
+  pgr_close(idx->replica);
   free(idx->rcache);
   free(idx->batch);
   free(idx->changed);
@@ -1017,6 +1038,7 @@ void br_index_close(br_index *idx) {
   pthread_mutex_unlock(&idx->lock);
   if (idx->has_writer) pthread_join(idx->writer, NULL);
   pgl_stop(idx->listen);
+  pgr_close(idx->replica);
   idx->ops->close(idx->be);
   free(idx->batch);
   free(idx->changed);
@@ -1037,5 +1059,8 @@ void br_index_get_stats(br_index *idx, br_index_stats *out) {
     out->cache_hits = atomic_load(&idx->rcache->hits);
     out->cache_misses = atomic_load(&idx->rcache->misses);
   }
+  out->replica_reads = atomic_load(&idx->replica_reads);
+  out->replica_retries = atomic_load(&idx->replica_retries);
+  if (idx->listen) pgl_counters(idx->listen, &out->notifies, &out->flushes, &out->listens);
   idx->ops->stats(idx->be, out);
 }

@@ -84,6 +84,7 @@ struct pgl_listener {
   pthread_t thread;
   atomic_int stopping;
   atomic_uint_fast64_t fresh_until_ms; /* monotonic; 0: not trusted */
+  atomic_uint_fast64_t safe_lsn;       /* see pgl_safe_lsn; 0: none */
   atomic_uint_fast64_t notifies, flushes, connects;
 };
 
@@ -129,14 +130,28 @@ static void flush_all(pgl_listener *l) {
   l->fn(l->ud, NULL);
 }
 
-/* Hands every notification received so far to fn. */
-static void drain_notifies(pgl_listener *l, PGconn *c) {
+/* Parses "X/Y" (pg_lsn's text) into a 64-bit position; 0 when it is not one. */
+static uint64_t parse_lsn(const char *s) {
+  char *end;
+  unsigned long long hi = strtoull(s, &end, 16), lo;
+  if (end == s || *end != '/') return 0;
+  s = end + 1;
+  lo = strtoull(s, &end, 16);
+  if (end == s || *end || hi > 0xffffffffull || lo > 0xffffffffull) return 0;
+  return hi << 32 | lo;
+}
+
+/* Hands every notification received so far to fn; returns how many. */
+static size_t drain_notifies(pgl_listener *l, PGconn *c) {
   PGnotify *n;
+  size_t got = 0;
   while ((n = PQnotifies(c)) != NULL) {
+    if (!got++) atomic_store(&l->safe_lsn, 0); /* before the eviction: see pgl_safe_lsn */
     atomic_fetch_add(&l->notifies, 1);
     if (pgl_parse(n->extra, strlen(n->extra), l->fn, l->ud) <= 0) atomic_fetch_add(&l->flushes, 1);
     PQfreemem(n);
   }
+  return got;
 }
 
 /* The thread: (re)connect and flush, then ping every PGL_PING_MS while evicting what is
@@ -144,7 +159,8 @@ static void drain_notifies(pgl_listener *l, PGconn *c) {
 static void *listen_main(void *arg) {
   pgl_listener *l = arg;
   PGconn *c = NULL;
-  uint64_t last_try = 0, next_ping = 0, ping_sent = 0;
+  uint64_t last_try = 0, next_ping = 0, ping_sent = 0, lsn = 0;
+  uint64_t heard = 0, heard_at_ping = 0; /* notifications processed: in all, when the ping left */
   int pinging = 0, ping_ok = 0, was_down = 0;
   char why[256];
   while (!atomic_load(&l->stopping)) {
@@ -162,14 +178,17 @@ static void *listen_main(void *arg) {
         continue;
       }
       atomic_fetch_add(&l->connects, 1);
+      atomic_store(&l->safe_lsn, 0);
       flush_all(l); /* changes made while nobody listened are not announced again */
       if (was_down) br_info("index: change listener reconnected: caches flushed");
       was_down = 0, pinging = 0, next_ping = now;
     }
     int lost = 0;
-    if (!pinging && now >= next_ping) {
-      lost = !PQsendQuery(c, "SELECT 1") || PQflush(c) < 0;
+    /* every PGL_PING_MS, and at once after notifications (to cover them with a position) */
+    if (!pinging && (now >= next_ping || heard != heard_at_ping)) {
+      lost = !PQsendQuery(c, "SELECT pg_current_wal_lsn()::text") || PQflush(c) < 0;
       ping_sent = now, pinging = 1, ping_ok = 0, next_ping = now + PGL_PING_MS;
+      heard_at_ping = heard;
     }
     if (!lost) {
       struct pollfd pfd = {.fd = PQsocket(c), .events = POLLIN};
@@ -184,11 +203,18 @@ static void *listen_main(void *arg) {
         pinging = 0, answered = ping_ok;
         break;
       }
-      ping_ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+      ping_ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
+      /* a standby (a dsn without target_session_attrs=read-write) has no current position */
+      lsn = ping_ok && !PQgetisnull(r, 0, 0) ? parse_lsn(PQgetvalue(r, 0, 0)) : 0;
       PQclear(r);
     }
-    if (!lost) drain_notifies(l, c); /* those sent before the answer, before trusting it */
-    if (answered) atomic_store(&l->fresh_until_ms, ping_sent + PGL_BOUND_MS);
+    if (!lost) heard += drain_notifies(l, c); /* those sent before the answer, before trusting it */
+    if (answered) {
+      atomic_store(&l->fresh_until_ms, ping_sent + PGL_BOUND_MS);
+      /* the position covers every notification processed before the ping left, and every commit
+       * acknowledged before that: with none processed since, reads at it are current enough */
+      if (heard == heard_at_ping) atomic_store(&l->safe_lsn, lsn);
+    }
     if (!lost && pinging && mono_ms() - ping_sent > PING_GIVE_UP_MS) {
       first_line("a ping went unanswered", why, sizeof why);
       lost = 1;
@@ -225,6 +251,8 @@ pgl_listener *pgl_start(const char *dsn, pgl_change_fn fn, void *ud, br_err *err
 }
 
 int pgl_fresh(pgl_listener *l) { return mono_ms() < atomic_load(&l->fresh_until_ms); }
+
+uint64_t pgl_safe_lsn(pgl_listener *l) { return pgl_fresh(l) ? atomic_load(&l->safe_lsn) : 0; }
 
 void pgl_counters(pgl_listener *l, uint64_t *notifies, uint64_t *flushes, uint64_t *connects) {
   *notifies = atomic_load(&l->notifies);

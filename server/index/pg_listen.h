@@ -47,6 +47,13 @@ pgl_listener *pgl_start(const char *dsn, pgl_change_fn fn, void *ud, br_err *err
  * than PGL_BOUND_MS ago, and it has flushed since it last (re)connected. Any thread. */
 int pgl_fresh(pgl_listener *l);
 
+/* A WAL position of the primary (pg_lsn as 64 bits) that a read replica must have replayed for
+ * its answers to be as current as this node's caches: the primary's position when a ping was
+ * sent after every notification processed so far, so it covers each change announced to this
+ * node and each commit acknowledged before that ping (sent at most PGL_PING_MS after it). 0 when
+ * there is none (notifications came since, the listener is not fresh): read the primary then. */
+uint64_t pgl_safe_lsn(pgl_listener *l);
+
 /* Counters for /metrics: notifications received, flushes, (re)connections. Any thread. */
 void pgl_counters(pgl_listener *l, uint64_t *notifies, uint64_t *flushes, uint64_t *connects);
 
