@@ -213,3 +213,64 @@ def test_terminated_listener_reconnects_and_flushes(nodes, postgres):
                                            timeout=TIMEOUT).status_code == 410, timeout=BOUND + 1)
     assert wait_until(lambda: "change listener reconnected: caches flushed" in b.read_log(),
                       timeout=15), b.read_log()[-2000:]
+
+
+def metric(srv, name):
+    text = requests.get(f"{srv.url}/metrics", timeout=TIMEOUT).text
+    m = re.search(r"^" + re.escape(name) + r" (\d+)$", text, re.M)
+    assert m, f"no {name} in /metrics"
+    return int(m.group(1))
+
+
+REPLICA_FOUND = 'blobref_index_replica_reads_total{result="found"}'
+
+
+def test_read_replica_is_used_when_current_and_never_reports_a_fresh_upload_missing(tmp_path):
+    """B reads on the synchronous standby ([index] read_dsn). With its replay paused (it still
+    flushes, so commits are acknowledged), every blob uploaded on A is found on B at once (absent or
+    behind on the replica: asked of the primary), and a quarantine on A is answered 410 by B,
+    which had the blob cached (the paused replica still says live); once replay resumes, B's cold
+    reads are answered by the replica again."""
+    from cluster_util import PgPair
+    pair = PgPair().start()
+    a = b = None
+    try:
+        db = pair.create_database("replica_t")
+        dsn = pair.dsn(db)
+        read_dsn = f"host=127.0.0.1 port={pair.standby.port} dbname={db} user=postgres"
+        a = Server(tmp_path / "na", config(tmp_path, dsn)).start()
+        b = Server(tmp_path / "nb", config(tmp_path, dsn) + f"read_dsn = {read_dsn}\n").start()
+        # cold reads on B go to the replica once it is current
+        assert wait_until(lambda: requests.get(
+            f"{b.url}/v1/blobs/{put(a, os.urandom(100))}", timeout=TIMEOUT).status_code == 200
+            and metric(b, REPLICA_FOUND) > 0, timeout=10), b.read_log()
+        cached = put(a, os.urandom(400))
+        served_from_cache(b, cached)
+        pair.standby.sql("SELECT pg_wal_replay_pause()")
+        try:
+            for i in range(20):
+                data = os.urandom(200 + i)
+                h = put(a, data)
+                got = requests.get(f"{b.url}/v1/blobs/{h}", timeout=TIMEOUT)
+                assert got.status_code == 200 and got.content == data, (i, got.status_code)
+            assert requests.delete(f"{a.url}/v1/blobs/{cached}", timeout=TIMEOUT).status_code \
+                == 200
+            t0 = time.monotonic()
+            delay, last_stale, got = until_changed(b, cached, is_ok, t0)
+            assert_error(got, 410, "quarantined")
+            assert last_stale is None or last_stale - t0 < BOUND
+            for _ in range(3):  # and it stays so: the stale replica never answers for it
+                assert requests.get(f"{b.url}/v1/blobs/{cached}", timeout=TIMEOUT).status_code \
+                    == 410
+        finally:
+            pair.standby.sql("SELECT pg_wal_replay_resume()")
+        found = metric(b, REPLICA_FOUND)
+        assert wait_until(lambda: requests.get(
+            f"{b.url}/v1/blobs/{put(a, os.urandom(100))}", timeout=TIMEOUT).status_code == 200
+            and metric(b, REPLICA_FOUND) > found, timeout=10)
+    finally:
+        for s in (a, b):
+            if s is not None:
+                alive, rc = s.alive(), s.stop()
+                assert alive and rc == 0, s.read_log()
+        pair.remove()
