@@ -44,12 +44,19 @@ def nodes(tmp_path, postgres):
     """Nodes A and B on one database and shared stores; B's listener's backend pid."""
     dsn = postgres.database()
     db = dsn.split("dbname=")[1]
-    a = Server(tmp_path / "na", config(tmp_path, dsn)).start()
-    assert wait_until(lambda: len(listeners(postgres, db)) == 1), a.read_log()
-    before = listeners(postgres, db)
-    b = Server(tmp_path / "nb", config(tmp_path, dsn)).start()
-    assert wait_until(lambda: len(listeners(postgres, db)) == 2), b.read_log()
-    b.listener_pid = (listeners(postgres, db) - before).pop()
+    a = Server(tmp_path / "na", config(tmp_path, dsn))
+    b = Server(tmp_path / "nb", config(tmp_path, dsn))
+    try:
+        a.start()
+        assert wait_until(lambda: len(listeners(postgres, db)) == 1, timeout=10), a.read_log()
+        before = listeners(postgres, db)
+        b.start()
+        assert wait_until(lambda: len(listeners(postgres, db)) == 2, timeout=10), b.read_log()
+        b.listener_pid = (listeners(postgres, db) - before).pop()
+    except BaseException:
+        a.stop()
+        b.stop()
+        raise
     yield a, b
     for s in (a, b):
         alive = s.alive()
@@ -299,3 +306,10 @@ def test_read_replica_is_used_when_current_and_never_reports_a_fresh_upload_miss
                 alive, rc = s.alive(), s.stop()
                 assert alive and rc == 0, s.read_log()
         pair.remove()
+
+
+def test_read_dsn_without_a_postgres_index_is_refused(tmp_path):
+    for conf in ("[index]\nread_dsn = host=x\n", "[index]\nkind = lmdb\nread_dsn = host=x\n"):
+        srv = Server(tmp_path / "bad", conf)
+        with pytest.raises(RuntimeError, match="read_dsn goes with kind = postgres and a dsn"):
+            srv.start()
