@@ -316,15 +316,18 @@ enum MHD_Result metrics_get(struct request *req) {
           "# HELP blobref_index_change_notifications_total Change notifications heard from the "
           "nodes sharing the index (PostgreSQL).\n"
           "# TYPE blobref_index_change_notifications_total counter\n"
-          "blobref_index_change_notifications_total %" PRIu64 "\n"
+          "blobref_index_change_notifications_total %" PRIu64
+          "\n"
           "# HELP blobref_index_cache_flushes_total Whole flushes of the record and blob caches "
           "(change listener connected again, big batches, bad payloads).\n"
           "# TYPE blobref_index_cache_flushes_total counter\n"
-          "blobref_index_cache_flushes_total %" PRIu64 "\n"
+          "blobref_index_cache_flushes_total %" PRIu64
+          "\n"
           "# HELP blobref_index_replica_reads_total Point reads answered by the read replica, "
           "or absent there and asked of the primary.\n"
           "# TYPE blobref_index_replica_reads_total counter\n"
-          "blobref_index_replica_reads_total{result=\"found\"} %" PRIu64 "\n"
+          "blobref_index_replica_reads_total{result=\"found\"} %" PRIu64
+          "\n"
           "blobref_index_replica_reads_total{result=\"retried_on_primary\"} %" PRIu64 "\n",
           is.notifies, is.flushes, is.replica_reads, is.replica_retries);
   appendf(&t,
