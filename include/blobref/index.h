@@ -69,6 +69,10 @@ const br_location *br_record_primary(const br_record *rec);
 
 typedef struct br_index br_index;
 
+/* Told that another node changed the record of digest (NULL: any record may have changed), on
+ * the index's listener thread; must be cheap and thread-safe (a cache eviction). */
+typedef void (*br_index_change_fn)(void *ud, const uint8_t *digest);
+
 typedef struct br_index_options {
   uint64_t map_size;  /* bytes */
   unsigned batch_max; /* most operations per transaction (1 = no group commit) */
@@ -76,6 +80,9 @@ typedef struct br_index_options {
   int queue_purges;   /* state and location changes that make CDN copies stale queue a purge */
   const char *dsn;    /* non-empty: a PostgreSQL index (libpq conninfo or URI), not LMDB in dir */
   uint64_t purge_claim_ms; /* PostgreSQL: how long a claim on due purges holds (0: 60 s) */
+  const char *read_dsn;    /* with dsn, optional: a read replica for point reads (br_index_get) */
+  br_index_change_fn on_change; /* a shared index: called until br_index_close returns */
+  void *on_change_ud;
 } br_index_options;
 
 /* Opens (creating) the index in directory dir and starts the writer thread. NULL + err. */
@@ -126,8 +133,10 @@ int br_index_next_id(br_index *idx, uint64_t *id, br_err *err);
 /* Stops the writer (after finishing queued operations) and closes the environment. */
 void br_index_close(br_index *idx);
 
-/* Looks a blob up. Returns 0 and fills rec; 1 if absent; -1 with err on failure.
- * Safe from any thread; readers never wait for the writer. */
+/* Looks a blob up. Returns 0 and fills rec; 1 if absent; -1 (or BR_INDEX_UNAVAILABLE) with err
+ * on failure. Safe from any thread; readers never wait for the writer. On a shared index the
+ * answer may come from the record cache, at most about a second behind another node's commit
+ * (usually milliseconds: its change is announced, see br_index_get_latest). */
 int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err);
 
 /* Looks up the n digests at digests (n * 32 bytes): fn(ud, i, rec) for each i present (in any
@@ -137,6 +146,11 @@ int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *
 typedef int (*br_index_many_fn)(void *ud, size_t i, const br_record *rec);
 int br_index_get_many(br_index *idx, const uint8_t *digests, size_t n, br_index_many_fn fn,
                       void *ud, br_err *err);
+/* Like br_index_get, but never from a cache that may lag another node's commit (on a shared
+ * index the record cache is at most PGL_BOUND_MS behind): for decisions taken under the blob's
+ * lock (br_index_lock_blob) that delete bytes or change locations. */
+int br_index_get_latest(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec,
+                        br_err *err);
 
 /* Records an acknowledged upload, durably, before returning. If the blob is absent (or being
  * deleted: its record is replaced, its bytes were written again), rec is
@@ -301,6 +315,11 @@ typedef struct br_index_stats {
   uint64_t cache_hits, cache_misses; /* br_index_get answered from the record cache or not */
   uint64_t stale_readers;            /* reader slots of dead processes cleared (mdb_reader_check) */
   uint64_t purges_pending;           /* blobs with a CDN purge not yet acknowledged everywhere */
+  /* a shared index: other nodes' change notifications heard, cache flushes (listener
+   * (re)connections, big batches, bad payloads), listener connections made; point reads answered
+   * by the read replica, and those absent there and asked of the primary */
+  uint64_t notifies, flushes, listens;
+  uint64_t replica_reads, replica_retries;
 } br_index_stats;
 void br_index_get_stats(br_index *idx, br_index_stats *out);
 

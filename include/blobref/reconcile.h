@@ -21,8 +21,10 @@ typedef struct br_reconcile_env {
   br_store *const *stores;
   int nstores;
   const char *state_dir; /* LMDB of the cache and reports, and spill files (DATA_DIR/reconcile) */
-  /* Serialises the deletion of a blob with uploads of the same hash (lock = 1 / 0). */
-  void (*lock_blob)(void *ud, const uint8_t digest[BR_SHA256_LEN], int lock);
+  /* Serialises the deletion of a blob with uploads of the same hash (lock = 1 / 0). Locking
+   * returns 0, or a negative index code when the lock cannot be had (then nothing is held and the
+   * blob is left alone). */
+  int (*lock_blob)(void *ud, const uint8_t digest[BR_SHA256_LEN], int lock);
   /* Told about each blob that was quarantined, held or deleted (caches, CDN purges). */
   void (*on_gone)(void *ud, const uint8_t digest[BR_SHA256_LEN]);
   void *ud;

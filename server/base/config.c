@@ -104,6 +104,7 @@ static const struct key_spec index_keys[] = {
     /* how long a node's claim on a CDN purge keeps other nodes off it (a killed node's claims
      * are sent by another node once it passes) */
     {"purge_claim_timeout", KEY_DURATION, SRV(purge_claim_timeout_ms), "60s", 1000, 86400000, 0, 0},
+    {"read_dsn", KEY_STRING, SRV(index_read_dsn), "", 0, 0, 0, 0},
 };
 static const struct key_spec auth_keys[] = {
     {"anonymous", KEY_ANONYMOUS, SRV(anonymous_scopes), "read", 0, 0, 0, 0},
@@ -769,6 +770,8 @@ int br_config_finish(br_config *cfg, br_err *err) {
     return br_fail(err, "%s: [index] kind: '%s' is not lmdb or postgres", where, cfg->index_kind);
   if (!strcmp(cfg->index_kind, "postgres") != !!*cfg->index_dsn)
     return br_fail(err, "%s: [index] dsn goes with kind = postgres (and only with it)", where);
+  if (*cfg->index_read_dsn && !*cfg->index_dsn)
+    return br_fail(err, "%s: [index] read_dsn goes with kind = postgres and a dsn", where);
   if (!*cfg->tls_cert != !*cfg->tls_key)
     return br_fail(err, "%s: [server] tls_cert and tls_key go together", where);
   if (!*cfg->upload_store) br_config_set_string(&cfg->upload_store, cfg->stores[0].name);

@@ -161,6 +161,16 @@ void blobcache_remove(blobcache *c, const uint8_t digest[32]) {
   pthread_mutex_unlock(&s->lock);
 }
 
+void blobcache_clear(blobcache *c) {
+  if (!c) return;
+  for (int i = 0; i < SHARDS; i++) {
+    struct shard *s = &c->shards[i];
+    pthread_mutex_lock(&s->lock);
+    while (s->oldest) unlink_entry(s, s->oldest);
+    pthread_mutex_unlock(&s->lock);
+  }
+}
+
 const uint8_t *cached_blob_data(const cached_blob *e) { return e->data; }
 size_t cached_blob_size(const cached_blob *e) { return e->size; }
 

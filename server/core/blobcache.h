@@ -26,6 +26,8 @@ cached_blob *blobcache_put(blobcache *c, const uint8_t digest[32], const void *d
 
 /* Forgets a blob (it was deleted). */
 void blobcache_remove(blobcache *c, const uint8_t digest[32]);
+/* Forgets every blob (another node's changes may have been missed). */
+void blobcache_clear(blobcache *c);
 
 const uint8_t *cached_blob_data(const cached_blob *e);
 size_t cached_blob_size(const cached_blob *e);

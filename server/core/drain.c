@@ -52,8 +52,8 @@ static int drain_one(br_server *srv, const struct drain_item *it) {
   br_err err;
   br_record rec;
   int drop = 0;
-  br_server_lock_blob(srv, it->digest, 1);
-  int rc = br_index_get(srv->index, it->digest, &rec, &err);
+  if (br_server_lock_blob(srv, it->digest, 1) < 0) return 0;        /* the next pass tries again */
+  int rc = br_index_get_latest(srv->index, it->digest, &rec, &err); /* bytes are deleted on it */
   int still = 0, shared = 0;
   for (int i = 0; rc == 0 && i < rec.nlocations; i++) {
     const br_location *l = &rec.locations[i];

@@ -43,6 +43,15 @@ static int lock_data_dir(br_server *srv, const char *data_dir, br_err *err) {
   return 0;
 }
 
+/* The index's listener: another node changed digest's record (NULL: maybe any record). */
+static void index_changed(void *ud, const uint8_t *digest) {
+  br_server *srv = ud;
+  if (digest)
+    blobcache_remove(srv->cache, digest);
+  else
+    blobcache_clear(srv->cache);
+}
+
 int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_err *err) {
   srv->cfg = cfg;
   if (mode != BR_OPEN_CHECK && lock_data_dir(srv, cfg->data_dir, err) < 0) return -1;
@@ -55,10 +64,15 @@ int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_er
                           .read_only = mode == BR_OPEN_CHECK,
                           .queue_purges = mode != BR_OPEN_CHECK && cfg->ncdns > 0,
                           .dsn = !strcmp(cfg->index_kind, "postgres") ? cfg->index_dsn : NULL,
-                          .purge_claim_ms = cfg->purge_claim_timeout_ms};
+                          .purge_claim_ms = cfg->purge_claim_timeout_ms,
+                          .read_dsn = cfg->index_read_dsn,
+                          .on_change = index_changed,
+                          .on_change_ud = srv};
   int read_only = mode != BR_OPEN_SERVE;
   /* uploads without a type get one from their first bytes: no database, no start */
   if (mode == BR_OPEN_SERVE && br_sniff_open(err) < 0) return -1;
+  /* before the index: its listener evicts from it (and the index closes first) */
+  if (mode == BR_OPEN_SERVE) srv->cache = blobcache_new(cfg->cache_size, cfg->cache_max_blob);
   srv->index = br_index_open(dir, &opt, err);
   if (!srv->index) return -1;
   for (int i = 0; i < cfg->nstores; i++) {
@@ -69,7 +83,6 @@ int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_er
     srv->stores[srv->nstores++] = st;
   }
   srv->upload_store = br_server_store(srv, cfg->upload_store);
-  if (mode == BR_OPEN_SERVE) srv->cache = blobcache_new(cfg->cache_size, cfg->cache_max_blob);
   return 0;
 }
 
@@ -98,10 +111,10 @@ int br_server_add_stores(br_server *srv, br_config *fresh, br_err *err) {
 }
 
 void br_server_close(br_server *srv) {
+  br_index_close(srv->index); /* its listener evicts from the cache until then */
+  srv->index = NULL;
   blobcache_free(srv->cache);
   srv->cache = NULL;
-  br_index_close(srv->index);
-  srv->index = NULL;
   for (int i = 0; i < srv->nstores; i++) br_store_close(srv->stores[i]);
   srv->nstores = 0;
   if (srv->data_locked) close(srv->data_lock_fd); /* releases the flock */

@@ -77,7 +77,13 @@ void br_server_move_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], st
   }
   /* The drain thread deletes draining copies under the blob's lock: `to` may be one (a move
    * back). Checked again under the lock, it cannot go away before it is the primary. */
-  br_server_lock_blob(srv, digest, 1);
+  if (br_server_lock_blob(srv, digest, 1) < 0) {
+    mv->index_rc = BR_INDEX_UNAVAILABLE;
+    move_fail(mv, BR_MOVE_INDEX_ERROR,
+              "the blob's lock cannot be had: the index database is "
+              "unavailable");
+    goto out;
+  }
   locked = 1;
   uint64_t size2 = 0;
   rc = br_store_stat(dst, mv->to.key, &size2, &err);

@@ -32,8 +32,8 @@ static void on_gone(void *ud, const uint8_t digest[BR_SHA256_LEN]) {
   br_server_blob_gone(ud, digest);
 }
 
-static void lock_blob(void *ud, const uint8_t digest[BR_SHA256_LEN], int lock) {
-  br_server_lock_blob(ud, digest, lock);
+static int lock_blob(void *ud, const uint8_t digest[BR_SHA256_LEN], int lock) {
+  return br_server_lock_blob(ud, digest, lock);
 }
 
 static json_int_t blobs_field(json_t *rep, const char *name) {

@@ -15,18 +15,25 @@ br_store *br_server_store(br_server *srv, const char *name) {
   return NULL;
 }
 
-void br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int lock) {
+int br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int lock) {
   pthread_mutex_t *m = &srv->blob_locks[(digest[0] | (unsigned)digest[1] << 8) % BLOB_LOCKS];
   br_err err;
+  int rc = 0;
   if (lock) {
     pthread_mutex_lock(m);
-    /* a shared index: the other nodes' holders too (if the database is down, the index write
-     * that follows fails as well, so nothing goes unserialised) */
-    if (br_index_lock_blob(srv->index, digest, 1, &err) < 0) br_warn("%s", err.msg);
+    /* a shared index: the other nodes' holders too; without it nothing may go on */
+    rc = br_index_lock_blob(srv->index, digest, 1, &err);
+    if (rc < 0) {
+      char hex[BR_HEX_LEN + 1];
+      br_hex_encode(digest, hex);
+      br_warn("blob %s: cannot take its lock in the database: %s", hex, err.msg);
+      pthread_mutex_unlock(m);
+    }
   } else {
     br_index_lock_blob(srv->index, digest, 0, &err);
     pthread_mutex_unlock(m);
   }
+  return rc;
 }
 
 void br_server_blob_gone(br_server *srv, const uint8_t digest[BR_SHA256_LEN]) {

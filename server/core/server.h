@@ -89,8 +89,11 @@ void br_server_stop(br_server *srv);
 /* The store named name, or NULL. */
 br_store *br_server_store(br_server *srv, const char *name);
 /* Locks (lock = 1) or unlocks the stripe of digest: held by an upload's commit, reconcile's final
- * delete of the same hash, moves, the drain's deletes and admin state changes. */
-void br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int lock);
+ * delete of the same hash, moves, the drain's deletes and admin state changes. On a shared index
+ * it takes the database's lock too: when that fails (database down, lock_timeout) nothing is held
+ * and BR_INDEX_UNAVAILABLE is returned (logged; the caller answers 503 index_unavailable and
+ * changes nothing). Unlocking, and locking on LMDB, always return 0. */
+int br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int lock);
 /* A blob stopped being servable (quarantined, held, deleted, moved): forget its cached bytes and
  * queue its purge at the CDNs. Call it without holding the blob's stripe. */
 void br_server_blob_gone(br_server *srv, const uint8_t digest[BR_SHA256_LEN]);

@@ -23,14 +23,16 @@ static enum MHD_Result change_state(struct request *req, enum br_change_kind kin
   br_change ch = {.kind = kind, .reason = reason};
   memcpy(ch.digest, req->digest, BR_SHA256_LEN);
   br_err err;
-  br_server_lock_blob(req->srv, req->digest, 1);
+  if (br_server_lock_blob(req->srv, req->digest, 1) < 0)
+    return reply_error(req, E_INDEX_UNAVAILABLE,
+                       "the blob's lock cannot be had: the index database is unavailable");
   int rc = br_index_apply_changes(req->srv->index, &ch, 1, br_now_ms(), &err);
   br_record rec;
-  int grc = rc == 0 ? br_index_get(req->srv->index, req->digest, &rec, &err) : -1;
+  int grc = rc == 0 ? br_index_get_latest(req->srv->index, req->digest, &rec, &err) : -1;
   br_server_lock_blob(req->srv, req->digest, 0);
   if (rc < 0) return reply_error(req, index_error(rc), "%s", err.msg);
   if (grc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
-  if (grc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (grc < 0) return reply_error(req, index_error(grc), "%s", err.msg);
   if (rec.state == BR_STATE_DELETING)
     return reply_error(req, E_BLOB_DELETING,
                        "the blob is being deleted for good: its bytes are gone or going; upload "

@@ -323,6 +323,24 @@ enum MHD_Result metrics_get(struct request *req) {
           is.entries, is.map_size, is.map_used, is.cache_hits, is.cache_misses, is.stale_readers,
           srv->started_ms / 1000);
   appendf(&t,
+          "# HELP blobref_index_change_notifications_total Change notifications heard from the "
+          "nodes sharing the index (PostgreSQL).\n"
+          "# TYPE blobref_index_change_notifications_total counter\n"
+          "blobref_index_change_notifications_total %" PRIu64
+          "\n"
+          "# HELP blobref_index_cache_flushes_total Whole flushes of the record and blob caches "
+          "(change listener connected again, big batches, bad payloads).\n"
+          "# TYPE blobref_index_cache_flushes_total counter\n"
+          "blobref_index_cache_flushes_total %" PRIu64
+          "\n"
+          "# HELP blobref_index_replica_reads_total Point reads answered by the read replica, "
+          "or absent there and asked of the primary.\n"
+          "# TYPE blobref_index_replica_reads_total counter\n"
+          "blobref_index_replica_reads_total{result=\"found\"} %" PRIu64
+          "\n"
+          "blobref_index_replica_reads_total{result=\"retried_on_primary\"} %" PRIu64 "\n",
+          is.notifies, is.flushes, is.replica_reads, is.replica_retries);
+  appendf(&t,
           "# HELP blobref_index_blobs Blobs in the index by state (refreshed at most every "
           "10 s).\n# TYPE blobref_index_blobs gauge\n");
   for (int i = 0; i < CENSUS_STATES; i++)

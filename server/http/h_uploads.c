@@ -23,6 +23,7 @@ struct upload_item {
 
 struct upload_batch {
   size_t n;
+  atomic_int unlocked; /* commit: a blob's lock could not be had (the database is unavailable) */
   struct upload_item items[];
 };
 
@@ -134,7 +135,7 @@ enum MHD_Result uploads_post(struct request *req) {
     br_err err;
     int rc = br_index_get(req->srv->index, it->digest, &rec, &err);
     if (rc < 0) {
-      r = reply_error(req, E_INTERNAL, "%s", err.msg);
+      r = reply_error(req, index_error(rc), "%s", err.msg);
       goto done;
     }
     json_t *o = rc == 0 && rec.state == BR_STATE_LIVE
@@ -243,7 +244,13 @@ static void *commit_worker(void *arg) {
   for (;;) {
     size_t i = atomic_fetch_add(&cp->next, 1);
     if (i >= cp->b->n) return NULL;
-    br_server_lock_blob(cp->req->srv, cp->b->items[i].digest, 1);
+    if (br_server_lock_blob(cp->req->srv, cp->b->items[i].digest, 1) < 0) {
+      atomic_store(&cp->b->unlocked, 1);
+      cp->b->items[i].status = "error";
+      snprintf(cp->b->items[i].message, sizeof cp->b->items[i].message,
+               "the blob's lock cannot be had: the index database is unavailable");
+      continue;
+    }
     commit_one(cp->req, st, &cp->b->items[i]);
     br_server_lock_blob(cp->req->srv, cp->b->items[i].digest, 0);
   }
@@ -268,6 +275,10 @@ static void commit_run(struct request *req) {
 enum MHD_Result uploads_commit_post(struct request *req) {
   if (req->phase == PHASE_RESUMED) {
     struct upload_batch *b = req->job_data;
+    if (atomic_load(&b->unlocked)) /* the others are recorded: a commit again answers them */
+      return reply_error(req, E_INDEX_UNAVAILABLE,
+                         "a blob's lock cannot be had: the index database is unavailable; "
+                         "commit again");
     json_t *out = json_array();
     for (size_t i = 0; i < b->n; i++) {
       struct upload_item *it = &b->items[i];

@@ -67,7 +67,13 @@ static void finish_upload_locked(struct request *req);
  * same hash runs either wholly before (the upload then writes anew) or wholly after (and finds
  * the blob live again). */
 static void finish_upload(struct request *req) {
-  br_server_lock_blob(req->srv, req->digest, 1);
+  if (br_server_lock_blob(req->srv, req->digest, 1) < 0) {
+    req->finish_rc = -1; /* the writer is aborted with the request: nothing recorded */
+    req->finish_error = E_INDEX_UNAVAILABLE;
+    snprintf(req->finish_message, sizeof req->finish_message,
+             "the blob's lock cannot be had: the index database is unavailable");
+    return;
+  }
   finish_upload_locked(req);
   br_server_lock_blob(req->srv, req->digest, 0);
 }

@@ -54,6 +54,9 @@ typedef struct idx_ops {
   int (*retry)(idx_backend *be, int code, int attempt);
   /* Fills err for a spoiled transaction and returns the public code (BR_INDEX_FULL, ...). */
   int (*fail)(idx_backend *be, int code, const char *what, br_err *err);
+  /* Tells the other nodes, in the writer's transaction, that the records of digests[0..n)
+   * changed (NULL on LMDB: nobody else has a cache). 0 or a code that spoils the transaction. */
+  int (*announce)(idx_backend *be, const uint8_t (*digests)[BR_SHA256_LEN], size_t n);
   int (*rec_get)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void **val,
                  size_t *len);
   int (*rec_put)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void *val, size_t len);

@@ -2,6 +2,8 @@
  * that applies queued operations in group commits, deciding each change the same way on LMDB and
  * PostgreSQL (backend.h). */
 #include "backend.h"
+#include "index/pg_listen.h"
+#include "index/pg_replica.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -24,8 +26,11 @@ struct op;
  * only if no commit came in between (under the slot's lock, which the clearing also takes), so a
  * record read from a snapshot older than a commit can never land in the cache after that
  * commit's clearing has passed. On LMDB only blobrefd's own writer writes the index while it runs
- * (--rebuild-index needs the server stopped); on a shared PostgreSQL index there is no record
- * cache (other nodes write too). */
+ * (--rebuild-index needs the server stopped). On a shared PostgreSQL index the other nodes' writers
+ * announce what they changed (LISTEN/NOTIFY, pg_listen.c) and the listener thread clears those
+ * slots the same way (epoch first); the cache is used only while the listener is known to be
+ * alive (pgl_fresh), so no node serves an answer more than PGL_BOUND_MS older than a change
+ * another node acknowledged, and usually a few milliseconds. */
 #define RCACHE_SLOTS 16384   /* direct-mapped by the digest's first bytes (uniformly random) */
 #define RCACHE_LOCKS 256     /* slot i is guarded by lock i % RCACHE_LOCKS */
 #define RCACHE_MAX_BYTES 320 /* larger records (many locations, long strings) are not cached */
@@ -54,10 +59,16 @@ struct br_index {
   struct op *head, *tail;
   int stopping, has_writer;
   pthread_t writer;
-  struct op **batch; /* the writer's scratch: batch_max operations */
+  struct op **batch;                 /* the writer's scratch: batch_max operations */
+  uint8_t (*changed)[BR_SHA256_LEN]; /* the writer's scratch: the digests a batch announces */
   atomic_uint_fast64_t commits, ops_applied;
   struct rcache
-      *rcache; /* NULL for read-only opens (fsck), which have no writer to keep it exact */
+      *rcache;          /* NULL for read-only opens (fsck), which have no writer to keep it exact */
+  pgl_listener *listen; /* a shared index: other nodes' changes; NULL on LMDB */
+  pgr_pool *replica;    /* [index] read_dsn: point reads there when it is current enough */
+  atomic_uint_fast64_t replica_reads, replica_retries;
+  br_index_change_fn on_change; /* told about the listener's evictions (the blob cache) */
+  void *on_change_ud;
 };
 
 static size_t rcache_slot_of(const uint8_t digest[BR_SHA256_LEN]) {
@@ -100,8 +111,15 @@ static void rcache_fill(struct rcache *rc, const uint8_t digest[BR_SHA256_LEN], 
   pthread_mutex_unlock(lock);
 }
 
-int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err) {
-  struct rcache *rc = idx->rcache;
+/* The record cache, when it may be used now (on a shared index: while the listener is alive). */
+static struct rcache *rcache_usable(br_index *idx) {
+  if (!idx->rcache || (idx->listen && !pgl_fresh(idx->listen))) return NULL;
+  return idx->rcache;
+}
+
+/* A read through the cache rc (NULL: none), and the replica unless latest. */
+static int get_record(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec,
+                      br_err *err, struct rcache *rc, int latest) {
   uint64_t epoch = 0;
   if (rc) {
     uint8_t buf[RCACHE_MAX_BYTES];
@@ -116,6 +134,19 @@ int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *
   const void *val;
   size_t len;
   void *hold;
+  /* the replica, once it has replayed what the listener vouches for (read after the epoch, so
+   * that a change announced in between either is covered or stops the fill); absent there, or
+   * unable to say: the primary answers, so a fresh upload is never reported missing */
+  uint64_t lsn = idx->replica && !latest ? pgl_safe_lsn(idx->listen) : 0;
+  int on_replica = lsn ? pgr_get(idx->replica, digest, lsn, &val, &len, &hold) : 2;
+  if (on_replica == 0) {
+    atomic_fetch_add_explicit(&idx->replica_reads, 1, memory_order_relaxed);
+    int out = br_record_decode(val, len, rec, err);
+    if (out == 0 && rc) rcache_fill(rc, digest, val, len, epoch);
+    pgr_done(hold);
+    return out;
+  }
+  if (on_replica == 1) atomic_fetch_add_explicit(&idx->replica_retries, 1, memory_order_relaxed);
   int out = idx->ops->get(idx->be, digest, &val, &len, &hold, err);
   if (out) return out;
   out = br_record_decode(val, len, rec, err); /* copies out of the backend's buffer */
@@ -164,6 +195,16 @@ int br_index_get_many(br_index *idx, const uint8_t *digests, size_t n, br_index_
     if (st.rc) return st.rc;
   }
   return 0;
+}
+
+int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err) {
+  return get_record(idx, digest, rec, err, rcache_usable(idx), 0);
+}
+
+int br_index_get_latest(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec,
+                        br_err *err) {
+  /* LMDB's cache is exact (one writer, this one); a shared index's may lag other nodes' commits */
+  return get_record(idx, digest, rec, err, idx->listen ? NULL : idx->rcache, 1);
 }
 
 /* Decodes a scanned record; an error names the blob. Returns 0 or -1 (err). */
@@ -271,6 +312,8 @@ struct op {
   int gone;    /* touch: the record was absent or not live */
   int taken;   /* put_record: a new location's key is another record's; nothing was written */
   int fail_rc; /* with apply's -1: the caller's code (BR_INDEX_KEY_TAKEN), else -1 */
+  int wrote;   /* an existing record was changed or deleted: other nodes' caches are told */
+  size_t seq;  /* its place in the queue (the batch is sorted by digest, then seq) */
   br_change *change;
   br_loc_change *loc;
   const br_purge *purge; /* settle */
@@ -416,9 +459,12 @@ static int put_record(br_index *idx, struct op *op, const br_record *rec) {
   br_record old;
   int rc = current_record(idx, op->digest, &old, &op->err);
   if (rc && rc != IDX_ABSENT) return rc;
-  rc = sync_places(idx, op->digest, rc == 0 ? &old : NULL, rec, &op->taken);
+  int existed = rc == 0; /* a record nobody had cannot be in another node's cache */
+  rc = sync_places(idx, op->digest, existed ? &old : NULL, rec, &op->taken);
   if (rc || op->taken) return rc;
-  return idx->ops->rec_put(idx->be, op->digest, buf, len);
+  rc = idx->ops->rec_put(idx->be, op->digest, buf, len);
+  if (rc == 0 && existed) op->wrote = 1;
+  return rc;
 }
 
 /* Deletes op's record (as found: rec) and frees its places. 0 or an LMDB code. */
@@ -427,6 +473,7 @@ static int del_record(br_index *idx, struct op *op, const br_record *rec) {
   int rc = sync_places(idx, op->digest, rec, NULL, &taken);
   if (rc) return rc;
   rc = idx->ops->rec_del(idx->be, op->digest);
+  if (rc == 0) op->wrote = 1;
   return rc == IDX_ABSENT ? 0 : rc;
 }
 
@@ -649,6 +696,18 @@ static int apply_location(br_index *idx, struct op *op) {
   return 0;
 }
 
+/* Tells the other nodes, in the batch's transaction (so that they hear of it if and only if it
+ * commits), which records it changed. 0 or a code that spoils the transaction. */
+static int announce(br_index *idx, struct op **ops, size_t n) {
+  if (!idx->ops->announce) return 0;
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) /* sorted: the same digest twice is adjacent */
+    if (ops[i]->wrote && !ops[i]->rc &&
+        (!m || memcmp(idx->changed[m - 1], ops[i]->digest, BR_SHA256_LEN)))
+      memcpy(idx->changed[m++], ops[i]->digest, BR_SHA256_LEN);
+  return m ? idx->ops->announce(idx->be, (const uint8_t(*)[BR_SHA256_LEN])idx->changed, m) : 0;
+}
+
 /* Runs ops[0..n) in one transaction. An operation's apply returning -1 failed alone (nothing of
  * it was written); any other non-zero code spoils the transaction, which is then aborted, never
  * used again. The backend may ask for the batch to run again (LMDB: a full map after stale readers
@@ -663,12 +722,14 @@ static void run_batch(br_index *idx, struct op **ops, size_t n) {
       ops[i]->rc = 0;
       ops[i]->taken = 0;
       ops[i]->fail_rc = 0;
+      ops[i]->wrote = 0;
       int r = ops[i]->apply(idx, ops[i]);
       if (r == -1)
         ops[i]->rc = ops[i]->fail_rc ? ops[i]->fail_rc : -1;
       else if (r != 0)
         spoiled = r;
     }
+    if (!spoiled) spoiled = announce(idx, ops, n);
     if (!spoiled)
       spoiled = idx->ops->commit(idx->be);
     else
@@ -689,16 +750,46 @@ static void run_batch(br_index *idx, struct op **ops, size_t n) {
 
 /* The writer's side, after a batch: no reader may fill from an older snapshot any more, and
  * whatever is cached for the keys the batch wrote is gone. */
+static void rcache_clear(struct rcache *rc, const uint8_t digest[BR_SHA256_LEN]) {
+  size_t i = rcache_slot_of(digest);
+  struct rcache_slot *s = &rc->slots[i];
+  pthread_mutex_t *lock = rcache_lock_of(rc, i);
+  pthread_mutex_lock(lock);
+  if (s->len && !memcmp(s->digest, digest, BR_SHA256_LEN)) s->len = 0;
+  pthread_mutex_unlock(lock);
+}
+
 static void rcache_written(struct rcache *rc, struct op **ops, size_t n) {
   atomic_fetch_add(&rc->epoch, 1);
-  for (size_t j = 0; j < n; j++) {
-    size_t i = rcache_slot_of(ops[j]->digest);
-    struct rcache_slot *s = &rc->slots[i];
-    pthread_mutex_t *lock = rcache_lock_of(rc, i);
-    pthread_mutex_lock(lock);
-    if (s->len && !memcmp(s->digest, ops[j]->digest, BR_SHA256_LEN)) s->len = 0;
-    pthread_mutex_unlock(lock);
+  for (size_t j = 0; j < n; j++) rcache_clear(rc, ops[j]->digest);
+}
+
+/* The listener's side (another node changed digest; NULL: anything may have changed): the same
+ * order as the writer's, the epoch first, so that no read from before the change fills a slot. */
+static void on_announced(void *arg, const uint8_t *digest) {
+  br_index *idx = arg;
+  struct rcache *rc = idx->rcache;
+  if (rc) {
+    atomic_fetch_add(&rc->epoch, 1);
+    if (digest) {
+      rcache_clear(rc, digest);
+    } else {
+      for (size_t l = 0; l < RCACHE_LOCKS; l++) {
+        pthread_mutex_lock(&rc->locks[l]);
+        for (size_t i = l; i < RCACHE_SLOTS; i += RCACHE_LOCKS) rc->slots[i].len = 0;
+        pthread_mutex_unlock(&rc->locks[l]);
+      }
+    }
   }
+  if (idx->on_change) idx->on_change(idx->on_change_ud, digest);
+}
+
+/* Batch order: by digest, then queue order (two nodes' batches lock the rows they share in the
+ * same order, so that they cannot deadlock; one blob's operations keep their order). */
+static int by_digest(const void *a, const void *b) {
+  const struct op *x = *(struct op *const *)a, *y = *(struct op *const *)b;
+  int c = memcmp(x->digest, y->digest, BR_SHA256_LEN);
+  return c ? c : x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
 static void *writer_main(void *arg) {
@@ -710,11 +801,14 @@ static void *writer_main(void *arg) {
     if (!idx->head) break;
     size_t n = 0;
     while (idx->head && n < idx->batch_max) {
-      batch[n++] = idx->head;
+      batch[n] = idx->head;
+      batch[n]->seq = n;
+      n++;
       idx->head = idx->head->next;
     }
     if (!idx->head) idx->tail = NULL;
     pthread_mutex_unlock(&idx->lock);
+    if (n > 1) qsort(batch, n, sizeof *batch, by_digest);
     run_batch(idx, batch, n);
     if (idx->rcache) rcache_written(idx->rcache, batch, n); /* committed or not: clearing is safe */
     pthread_mutex_lock(&idx->lock);
@@ -921,7 +1015,8 @@ int br_index_lease(br_index *idx, int which, int take, br_err *err) {
 }
 
 int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int lock, br_err *err) {
-  return idx->ops->lock_blob ? idx->ops->lock_blob(idx->be, digest, lock, err) : 0;
+  int rc = idx->ops->lock_blob ? idx->ops->lock_blob(idx->be, digest, lock, err) : 0;
+  return rc < 0 ? BR_INDEX_UNAVAILABLE : 0; /* whatever the cause (lock_timeout too) */
 }
 
 const char *br_index_kind(br_index *idx) { return idx->ops->name; }
@@ -965,6 +1060,8 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
   }
   idx->batch_max = opt->batch_max ? opt->batch_max : 1;
   idx->queue_purges = opt->queue_purges;
+  idx->on_change = opt->on_change;
+  idx->on_change_ud = opt->on_change_ud;
   pthread_mutex_init(&idx->lock, NULL);
   pthread_cond_init(&idx->work_cv, NULL);
   pthread_cond_init(&idx->done_cv, NULL);
@@ -973,18 +1070,22 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
   if (!idx->be) goto fail;
   if (!opt->read_only) {
     idx->batch = calloc(idx->batch_max, sizeof *idx->batch);
-    if (!idx->batch) {
+    idx->changed = calloc(idx->batch_max, sizeof *idx->changed);
+    if (!idx->batch || !idx->changed) {
       br_fail(err, "index: out of memory");
       goto fail;
     }
-    if (!shared) { /* other nodes write a shared index: no cache could stay exact */
-      idx->rcache = calloc(1, sizeof *idx->rcache);
-      if (!idx->rcache) {
-        br_fail(err, "index: out of memory");
-        goto fail;
-      }
-      for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_init(&idx->rcache->locks[i], NULL);
+    idx->rcache = calloc(1, sizeof *idx->rcache);
+    if (!idx->rcache) {
+      br_fail(err, "index: out of memory");
+      goto fail;
     }
+    for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_init(&idx->rcache->locks[i], NULL);
+    /* other nodes write a shared index: their changes are announced, the listener evicts them */
+    if (shared && !(idx->listen = pgl_start(opt->dsn, on_announced, idx, err))) goto fail;
+    if (shared && opt->read_dsn && opt->read_dsn[0] &&
+        !(idx->replica = pgr_open(opt->read_dsn, err)))
+      goto fail;
     if (pthread_create(&idx->writer, NULL, writer_main, idx)) {
       br_fail(err, "index: cannot start the writer thread");
       goto fail;
@@ -993,8 +1094,11 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
   }
   return idx;
 fail:
+  pgl_stop(idx->listen);
+  pgr_close(idx->replica);
   free(idx->rcache);
   free(idx->batch);
+  free(idx->changed);
   if (idx->be) idx->ops->close(idx->be);
   pthread_mutex_destroy(&idx->lock);
   pthread_cond_destroy(&idx->work_cv);
@@ -1010,8 +1114,11 @@ void br_index_close(br_index *idx) {
   pthread_cond_broadcast(&idx->work_cv);
   pthread_mutex_unlock(&idx->lock);
   if (idx->has_writer) pthread_join(idx->writer, NULL);
+  pgl_stop(idx->listen);
+  pgr_close(idx->replica);
   idx->ops->close(idx->be);
   free(idx->batch);
+  free(idx->changed);
   if (idx->rcache)
     for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_destroy(&idx->rcache->locks[i]);
   free(idx->rcache);
@@ -1029,5 +1136,8 @@ void br_index_get_stats(br_index *idx, br_index_stats *out) {
     out->cache_hits = atomic_load(&idx->rcache->hits);
     out->cache_misses = atomic_load(&idx->rcache->misses);
   }
+  out->replica_reads = atomic_load(&idx->replica_reads);
+  out->replica_retries = atomic_load(&idx->replica_retries);
+  if (idx->listen) pgl_counters(idx->listen, &out->notifies, &out->flushes, &out->listens);
   idx->ops->stats(idx->be, out);
 }

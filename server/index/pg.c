@@ -2,6 +2,7 @@
  * lock), a pool of reader connections, and the writer's connection, whose transactions lock the
  * rows they read (FOR UPDATE) so that the shared decision code sees them as they are. */
 #include "backend.h"
+#include "index/pg_listen.h"
 
 #include <libpq-fe.h>
 #include <pthread.h>
@@ -915,6 +916,24 @@ static int pg_lease(idx_backend *be, int which, int take, br_err *err) {
   return advisory(be, BR_INDEX_LEASE_CLASS, which, take ? LOCK_TRY : LOCK_RELEASE, err);
 }
 
+/* pg_notify on the writer's connection: the other nodes' listeners (pg_listen.c) hear of it when
+ * the transaction commits, and only then. */
+static int pg_announce(idx_backend *be, const uint8_t (*digests)[BR_SHA256_LEN], size_t n) {
+  char payload[PGL_PAYLOAD_MAX + 1];
+  size_t parts = 1;
+  for (size_t part = 0; part < parts; part++) {
+    size_t len = pgl_payload(digests, n, part, &parts, payload);
+    if (!len) break;
+    const char *v[1] = {payload};
+    int rc = 0;
+    PGresult *r = wquery(be, "SELECT pg_notify('" PGL_CHANNEL "', $1)", 1, v, NULL, NULL,
+                         PGRES_TUPLES_OK, &rc);
+    if (!r) return rc;
+    PQclear(r);
+  }
+  return 0;
+}
+
 static const idx_ops pg_ops = {
     .name = "postgres",
     .get = pg_get,
@@ -932,6 +951,7 @@ static const idx_ops pg_ops = {
     .abort = pg_abort,
     .retry = pg_retry,
     .fail = pg_fail,
+    .announce = pg_announce,
     .rec_get = pg_rec_get,
     .rec_put = pg_rec_put,
     .rec_del = pg_rec_del,

@@ -419,11 +419,14 @@ static int delete_location(br_reconciler *r, const uint8_t digest[D], const br_r
  * Returns 1 deleted, 0 skipped, -1 on an error (record kept). */
 static int delete_blob(br_reconciler *r, const struct candidate *c, json_t *errors) {
   const br_reconcile_env *env = &r->env;
-  if (env->lock_blob) env->lock_blob(env->ud, c->digest, 1);
+  if (env->lock_blob && env->lock_blob(env->ud, c->digest, 1) < 0) {
+    add_error(errors, "index: the blob's lock cannot be had (the database is unavailable)");
+    return -1;
+  }
   br_record rec;
   br_err err;
   int out = 0;
-  int rc = br_index_get(env->index, c->digest, &rec, &err);
+  int rc = br_index_get_latest(env->index, c->digest, &rec, &err); /* bytes are deleted on it */
   if (rc < 0) {
     add_error(errors, "index: %s", err.msg);
     out = -1;

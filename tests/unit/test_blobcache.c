@@ -68,6 +68,22 @@ int main(void) {
   blobcache_release(blobcache_put(c, d, "x", 1));
   blobcache_remove(c, d);
   CHECK(blobcache_get(c, d) == NULL, "removed");
+  /* clear: everything goes, a reference held meanwhile stays valid */
+  for (unsigned i = 10; i < 20; i++) {
+    digest_of(i, d);
+    blobcache_release(blobcache_put(c, d, "y", 1));
+  }
+  cached_blob *kept = blobcache_get(c, d);
+  blobcache_clear(c);
+  int left = 0;
+  for (unsigned i = 10; i < 20; i++) {
+    digest_of(i, d);
+    cached_blob *h = blobcache_get(c, d);
+    left += h != NULL;
+    blobcache_release(h);
+  }
+  CHECK(left == 0 && kept && cached_blob_data(kept)[0] == 'y', "clear: %d left", left);
+  blobcache_release(kept);
   /* concurrent gets and puts with eviction */
   pthread_t t[4];
   for (int i = 0; i < 4; i++) pthread_create(&t[i], NULL, hammer, c);
