@@ -5,6 +5,7 @@
 #include "blobref/reconcile.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,6 +210,27 @@ static int mark_table(struct mark *m, const br_table_config *t, json_t *tables, 
   return 0;
 }
 
+/* A test hook, inert unless BLOBREF_TEST_RECONCILE_PAUSE names a FIFO: every run opens it for
+ * reading between mark and sweep (the open returns once a test opens it for writing: the run has
+ * marked) and waits for its end of file (the test closes it: the run goes on). */
+static void test_pause(void) {
+  const char *fifo = getenv("BLOBREF_TEST_RECONCILE_PAUSE");
+  if (!fifo || !*fifo) return;
+  int fd = open(fifo, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    br_warn("reconcile: test pause %s: %s", fifo, strerror(errno));
+    return;
+  }
+  br_info("reconcile: paused between mark and sweep (test hook %s)", fifo);
+  char buf[64];
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
+    break;
+  }
+  close(fd);
+}
+
 /* ---- sweep ----------------------------------------------------------------------------------- */
 
 enum decision { DO_QUARANTINE, DO_RESTORE, DO_DELETE };
@@ -265,7 +287,9 @@ static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
     kind = DO_DELETE; /* decided before: finished, referenced or not (its bytes may be gone) */
   } else if (rec->state == BR_STATE_LIVE) {
     /* unreferenced: quarantined once past grace (and the touch slack) and every lease */
-    uint64_t leased = marked ? 0 : br_leased_until(s->r->leases, digest, br_now_ms(), NULL);
+    /* leases as they were at the run's start, when the tables were marked: a lease ending
+     * mid-run still held the blob when its table commit could have been missed */
+    uint64_t leased = marked ? 0 : br_leased_until(s->r->leases, digest, s->now, NULL);
     uint64_t eligible = rec->last_upload_ms + s->protect;
     if (!marked && rec->last_upload_ms < s->grace_cutoff && !leased) {
       kind = DO_QUARANTINE;
@@ -664,6 +688,7 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
     }
   }
   uint64_t mark_end = br_now_ms();
+  test_pause();
 
   /* sweep: the decisions, against the index in key order */
   struct sweep s = {.r = r, .sorter = m.sorter, .now = started, .held_list = held};

@@ -209,3 +209,65 @@ def test_python_client_lease_context_manager(tmp_path):
         assert quarantined(api, rep["id"]) == sorted([h, old])
     finally:
         srv.stop()
+
+
+def test_lease_that_expires_mid_run(tmp_path, monkeypatch):
+    """A lease live when a run marks its tables and ended before the sweep still holds the blob
+    for that run (its pipeline's commit could be the one the mark missed); the next run
+    quarantines it. The run waits between mark and sweep on a FIFO (BLOBREF_TEST_RECONCILE_PAUSE)
+    until the lease has ended."""
+    import errno
+    import os
+    fifo = tmp_path / "pause"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("BLOBREF_TEST_RECONCILE_PAUSE", str(fifo))
+    t = IceTable(tmp_path / "t")
+    srv = start(tmp_path, t, grace="1s")
+    api = Api(srv)
+
+    def at_pause(timeout=60):
+        """Waits until a run reached the pause (it opened the FIFO); returns the writer's fd."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as e:
+                assert e.errno == errno.ENXIO and time.monotonic() < deadline, e
+                time.sleep(0.02)
+
+    try:
+        keep = api.put(b"referenced")
+        t.write_data({"a.parquet": [keep]})
+        t.append("a.parquet")
+        lease = new_lease(api, "4s", "short-job")
+        data = blob("mid-run", 0)
+        r = api.s.put(f"{api.url}/v1/blobs/{sha(data)}", params={"lease": lease["id"]},
+                      data=data, timeout=30)
+        assert r.status_code == 201, r.text
+        h = sha(data)
+        time.sleep(GRACE + MARGIN)  # past grace: only the lease holds it
+        r = api.start_run()
+        assert r.status_code == 202, r.text
+        rid = r.json()["id"]
+        fd = at_pause()
+        deadline = time.monotonic() + 30
+        while api.s.get(f"{api.url}/v1/leases/{lease['id']}", timeout=30).status_code != 404:
+            assert time.monotonic() < deadline, "the lease never ended"
+            time.sleep(0.05)
+        os.close(fd)  # the lease has ended: the run sweeps now
+        rep = api.wait(rid)
+        assert rep["state"] == "done", rep
+        assert parse_ts(rep["started_at"]) < parse_ts(lease["expires_at"]), \
+            "the run must start while the lease is live (a loaded machine: retry)"
+        assert quarantined(api, rid) == [] and list(pending(api, rid)) == [h], rep
+        assert api.code(h) == 200
+
+        r = api.start_run()
+        assert r.status_code == 202, r.text
+        rid = r.json()["id"]
+        os.close(at_pause())
+        api.wait(rid)
+        assert quarantined(api, rid) == [h]
+        assert api.code(h) == 410
+    finally:
+        srv.stop()
