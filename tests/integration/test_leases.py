@@ -271,3 +271,43 @@ def test_lease_that_expires_mid_run(tmp_path, monkeypatch):
         assert api.code(h) == 410
     finally:
         srv.stop()
+
+
+def test_leased_uploads_never_sync_on_the_network_thread(tmp_path):
+    """PUT and POST ?lease= attach their blob to the lease durably (an LMDB commit: fdatasync) on a
+    finisher thread: the thread that answers the request (libmicrohttpd's) never syncs. A PUT
+    dedup hit with Expect: 100-continue still gets its answer before any body."""
+    import pytest
+    from util_strace import SYNC_CALLS, Tracer
+    if not Tracer.available():
+        pytest.skip("strace is not installed")
+    t = IceTable(tmp_path / "t")
+    srv = start(tmp_path, t, grace="1h")
+    api = Api(srv)
+    try:
+        lease = new_lease(api, "1h", "traced")
+        present = api.put(blob("present", 0))
+        with Tracer(srv.proc.pid, tmp_path / "strace.txt") as tr:
+            assert tr.attached >= 2, "strace did not attach to the server threads"
+            new_b, post_b = blob("traced-put", 0), blob("traced-post", 0)
+            r = api.s.put(f"{api.url}/v1/blobs/{sha(new_b)}", params={"lease": lease["id"]},
+                          data=new_b, timeout=30)
+            assert r.status_code == 201, r.text
+            r = api.s.post(f"{api.url}/v1/blobs", params={"lease": lease["id"]}, data=post_b,
+                           timeout=30)
+            assert r.status_code == 201, r.text
+            r = api.s.put(f"{api.url}/v1/blobs/{present}", params={"lease": lease["id"]},
+                          data=blob("present", 0), headers={"Expect": "100-continue"},
+                          timeout=30)
+            assert r.status_code == 200, r.text
+        calls = tr.calls()
+        answering = {c.pid for c in calls if c.name in ("sendto", "sendmsg", "writev", "write")
+                     and "HTTP/1.1 20" in c.args}
+        assert answering, "no answer seen in the trace"
+        syncs = [c for c in calls if c.name in SYNC_CALLS]
+        assert syncs, "the attaches must be durable"
+        assert not [c for c in syncs if c.pid in answering], (answering, syncs)
+        r = api.s.get(f"{api.url}/v1/leases/{lease['id']}", timeout=30)
+        assert r.json()["blobs"] == 3, r.text
+    finally:
+        srv.stop()
