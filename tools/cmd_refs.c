@@ -17,9 +17,13 @@ static const char usage_text[] =
     "usage: blobref refs TABLE --column NAME [--form hex|binary|url] [--rewrite FROM=TO]...\n"
     "                    [--count] [--strict] [--token T]\n"
     "       blobref refs TABLE --files [--rewrite FROM=TO]... [--token T]\n"
+    "       blobref refs TABLE --versions [--token T]\n"
     "       blobref refs -c FILE NAME [--count|--files] [--strict]\n"
     "TABLE: a table folder, a metadata.json path or URL, or rest:URI#namespace.table; a folder\n"
     "       holding _delta_log/ is a Delta Lake table (--files prints VERSION<TAB>PATH)\n"
+    "--versions: each retained snapshot (version) and its commit time, SNAPSHOT<TAB>ISO-TIME\n"
+    "            (Iceberg timestamp-ms; Delta commitInfo inCommitTimestamp or timestamp; - if "
+    "none)\n"
     "-c FILE NAME: the [table NAME] of a blobref config (location, column, form, rewrites, and\n"
     "              the store whose credentials read s3:// table files)\n";
 
@@ -44,6 +48,14 @@ static int on_file(void *ud, int64_t snapshot_id, const char *path) {
   return 0;
 }
 
+static int on_version(void *ud, int64_t id, int64_t timestamp_ms) {
+  (void)ud;
+  char ts[64] = "-";
+  if (timestamp_ms >= 0) br_format_time_ms((uint64_t)timestamp_ms, ts, sizeof ts);
+  printf("%" PRId64 "\t%s\n", id, ts);
+  return 0;
+}
+
 static int cmp_line(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
@@ -55,6 +67,8 @@ typedef struct delta_lister {
 
 static int refs_run(br_iceberg_table_config *cfg_in, br_iceberg_rewrite *rewrites, int files,
                     int count_only, const delta_lister *delta);
+static int versions_run(br_iceberg_table_config *cfg, br_iceberg_rewrite *rewrites,
+                        const delta_lister *delta);
 
 static int usage_error(const char *msg) {
   fprintf(stderr, "blobref refs: %s\n%s", msg, usage_text);
@@ -68,7 +82,7 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
   memset(&cfg, 0, sizeof cfg);
   cfg.form = BR_FORM_HEX;
   cfg.token = getenv("BLOBREF_CATALOG_TOKEN");
-  int count_only = 0, files = 0, form_given = 0;
+  int count_only = 0, files = 0, versions = 0, form_given = 0;
   const char *table = NULL, *config_path = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -103,6 +117,8 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
       count_only = 1;
     } else if (!strcmp(a, "--files")) {
       files = 1;
+    } else if (!strcmp(a, "--versions")) {
+      versions = 1;
     } else if (!strcmp(a, "--strict")) {
       cfg.fail_on_invalid = 1;
     } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -165,10 +181,26 @@ int cmd_refs(const cli_globals *g, int argc, char **argv) {
               (format == BR_TABLE_AUTO && (br_delta_is_local_table(cfg.location) ||
                                            (s3_table && br_delta_s3_is_table(s3, cfg.location))));
   delta_lister lister = {s3_table ? br_delta_list_s3 : NULL, s3};
-  int rc_all = refs_run(&cfg, rewrites, files, count_only, delta ? &lister : NULL);
+  int rc_all = versions && (files || count_only) ? usage_error("--versions goes alone")
+               : versions ? versions_run(&cfg, rewrites, delta ? &lister : NULL)
+                          : refs_run(&cfg, rewrites, files, count_only, delta ? &lister : NULL);
   br_iceberg_s3_free(s3);
   br_config_free(&conf);
   return rc_all;
+}
+
+/* Prints each retained snapshot (version) and its commit time; returns the exit status. */
+static int versions_run(br_iceberg_table_config *cfg, br_iceberg_rewrite *rewrites,
+                        const delta_lister *delta) {
+  cfg->rewrites = rewrites;
+  br_err err = {{0}};
+  int rc = delta ? br_delta_list_versions(cfg, delta->fn, delta->ud, on_version, NULL, &err)
+                 : br_iceberg_list_snapshots(cfg, on_version, NULL, &err);
+  if (rc != 0) {
+    fprintf(stderr, "blobref refs: %s\n", err.msg);
+    return 1;
+  }
+  return fflush(stdout) == 0 ? 0 : 1;
 }
 
 /* Prints the table's references (or files) as asked; returns the exit status. */

@@ -37,6 +37,12 @@ int br_delta_s3_is_table(void *ud, const char *location);
 int br_delta_list_files(const br_iceberg_table_config *cfg, br_delta_list_fn lister, void *list_ud,
                         br_iceberg_file_fn fn, void *ud, br_iceberg_stats *stats, br_err *err);
 
+/* Calls fn once per retained version with its commit time (commitInfo's inCommitTimestamp, else
+ * its timestamp; -1 when the commit records none or the version is read from a checkpoint only).
+ * Same replay and fail closed rules as br_delta_list_files. Returns 0, -1 + err or fn's value. */
+int br_delta_list_versions(const br_iceberg_table_config *cfg, br_delta_list_fn lister,
+                           void *list_ud, br_iceberg_snapshot_fn fn, void *ud, br_err *err);
+
 /* Calls fn once per distinct referenced file (every file live in any retained version, and the
  * change-data files of retained commits), after the whole log has been read and checked. Fails
  * closed (-1 + err naming the file or version): a missing commit between the oldest retained

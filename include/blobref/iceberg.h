@@ -108,6 +108,15 @@ typedef int (*br_iceberg_file_fn)(void *ud, int64_t snapshot_id, const char *pat
 int br_iceberg_list_files(const br_iceberg_table_config *cfg, br_iceberg_file_fn fn, void *ud,
                           br_iceberg_stats *stats, br_err *err);
 
+/* Called once per retained snapshot with its id and commit time (ms since the epoch, -1 when the
+ * table does not record one). Non-zero stops; that value is returned. */
+typedef int (*br_iceberg_snapshot_fn)(void *ud, int64_t snapshot_id, int64_t timestamp_ms);
+
+/* Reads the table's metadata only and calls fn per retained snapshot (timestamp-ms). Returns 0,
+ * -1 + err, or fn's non-zero value. */
+int br_iceberg_list_snapshots(const br_iceberg_table_config *cfg, br_iceberg_snapshot_fn fn,
+                              void *ud, br_err *err);
+
 /* --- what reconcile needs: the live data files, then each file's hashes ---------------------- */
 
 /* One distinct live data file of the retained snapshots, with what its manifest records. */

@@ -70,10 +70,13 @@ int br_reconciler_list_page(br_reconciler *r, uint64_t id, const char *action, c
                             size_t limit,
                             int (*fn)(void *ud, const uint8_t d[BR_SHA256_LEN], uint64_t t_ms),
                             void *ud, int *more, br_err *err);
-/* Which configured tables reference the blob, read now (every live data file of every retained
- * snapshot, a targeted read that does not use the run's cache): a JSON array of {"name",
- * "data_files":[{"path","snapshots":[ids]}]} or {"name","error"}. NULL + err when a table's
- * store cannot be opened. Costs a full read of the tables: bounded by them, not by the index. */
+/* Which configured tables (Iceberg and Delta) reference the blob: their metadata read now (every
+ * live data file of every retained snapshot or version), each data file's hashes from the last
+ * runs' cache (a read-only transaction, any thread) or, for a file not cached yet, a targeted
+ * read. A JSON array of {"name","format","data_files":[{"path","snapshots":[ids]}],
+ * "snapshots":[{"id","timestamp"}] (those referencing it; Delta: versions and commit times),
+ * "data_files_cached","data_files_read"} or {"name","format","error"}. NULL + err when a table's
+ * store cannot be opened. Bounded by the tables' metadata and the files not cached. */
 json_t *br_reconciler_refs(br_reconciler *r, const uint8_t digest[BR_SHA256_LEN], br_err *err);
 /* Up to limit reports, newest first, as a JSON array (new reference). */
 json_t *br_reconciler_reports(br_reconciler *r, size_t limit, br_err *err);

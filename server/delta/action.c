@@ -179,7 +179,7 @@ static int line_actions(json_t *line, dl_action_fn fn, void *ud, br_err *err) {
   json_object_foreach(line, key, obj) {
     dl_action a;
     memset(&a, 0, sizeof a);
-    a.size = a.records = -1;
+    a.size = a.records = a.timestamp = -1;
     int rc = 0;
     if (!strcmp(key, "add") || !strcmp(key, "remove") || !strcmp(key, "cdc") ||
         !strcmp(key, "sidecar")) {
@@ -208,8 +208,13 @@ static int line_actions(json_t *line, dl_action_fn fn, void *ud, br_err *err) {
       a.cm_mode = json_is_string(mode) ? json_string_value(mode) : NULL;
       json_t *schema = json_object_get(obj, "schemaString");
       a.schema = json_is_string(schema) ? json_string_value(schema) : NULL;
+    } else if (!strcmp(key, "commitInfo")) {
+      if (!json_is_object(obj)) continue; /* not a reader's concern: only its time is shown */
+      a.kind = DL_COMMITINFO;
+      a.timestamp = get_int(obj, "inCommitTimestamp");
+      if (a.timestamp < 0) a.timestamp = get_int(obj, "timestamp");
     } else {
-      continue; /* commitInfo, txn, domainMetadata, checkpointMetadata, ... */
+      continue; /* txn, domainMetadata, checkpointMetadata, ... */
     }
     rc = fn(ud, &a, err);
     if (rc != 0) return rc;

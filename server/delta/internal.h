@@ -43,7 +43,15 @@ int dl_reader_feature_known(const char *name, size_t len);
 
 /* One action of a commit line or a checkpoint row. Strings point into parser memory, valid only
  * during the callback. */
-enum dl_action_kind { DL_ADD = 1, DL_REMOVE, DL_CDC, DL_PROTOCOL, DL_METADATA, DL_SIDECAR };
+enum dl_action_kind {
+  DL_ADD = 1,
+  DL_REMOVE,
+  DL_CDC,
+  DL_PROTOCOL,
+  DL_METADATA,
+  DL_SIDECAR,
+  DL_COMMITINFO
+};
 typedef struct dl_action {
   enum dl_action_kind kind;
   const char *path; /* add/remove/cdc/sidecar: the recorded (still encoded) path */
@@ -54,14 +62,15 @@ typedef struct dl_action {
   int64_t min_reader;  /* protocol: minReaderVersion */
   const char *cm_mode; /* metaData: delta.columnMapping.mode, NULL if absent */
   const char *schema;  /* metaData: schemaString, NULL if absent */
+  int64_t timestamp;   /* commitInfo: inCommitTimestamp, else timestamp (ms), -1 if absent */
 } dl_action;
 typedef int (*dl_action_fn)(void *ud, const dl_action *a, br_err *err);
 
 /* Parses the JSON lines of a commit (or a v2 JSON checkpoint) and calls fn per add, remove, cdc,
- * protocol, metaData and sidecar action (other actions are skipped). Empty lines are skipped; a
- * line that is not a JSON object, an action whose path is not a non-empty string, or a protocol
- * whose reader version or features this reader does not understand is an error naming the line.
- * Returns 0, -1 + err, or fn's non-zero value. */
+ * protocol, metaData, sidecar and commitInfo action (other actions are skipped). Empty lines are
+ * skipped; a line that is not a JSON object, an action whose path is not a non-empty string, or a
+ * protocol whose reader version or features this reader does not understand is an error naming the
+ * line. Returns 0, -1 + err, or fn's non-zero value. */
 int dl_parse_commit(const uint8_t *data, size_t len, dl_action_fn fn, void *ud, br_err *err);
 
 /* Maps a logical column path ("a" or "a.b") to the physical one through a metaData schemaString:

@@ -175,6 +175,9 @@ typedef struct replay {
   char incomplete[160]; /* the newest multi-part checkpoint missing parts, for messages */
   br_iceberg_file_fn fn;
   void *ud;
+  int64_t commit_ts;              /* the commit being read: its commitInfo time, -1 if none */
+  br_iceberg_snapshot_fn snap_fn; /* per retained version, with commit_ts (or NULL) */
+  void *snap_ud;
 } replay;
 
 static int push(size_t **v, size_t *n, size_t *cap, size_t x) {
@@ -241,6 +244,9 @@ static int on_commit_action(void *ud, const dl_action *a, br_err *err) {
       return set_schema(r, a->schema, err);
     case DL_SIDECAR:
       return br_fail(err, "sidecar action in a commit");
+    case DL_COMMITINFO:
+      r->commit_ts = a->timestamp;
+      return 0;
     case DL_PROTOCOL:
       return 0; /* checked by the parser */
   }
@@ -623,7 +629,8 @@ static int table_root(replay *r, br_err *err) {
 
 /* The whole replay: on success every referenced file has referenced = 1. */
 static int run_replay(replay *r, const br_iceberg_table_config *cfg, br_delta_list_fn lister,
-                      void *list_ud, br_iceberg_file_fn fn, void *ud, br_iceberg_stats *stats,
+                      void *list_ud, br_iceberg_file_fn fn, void *ud,
+                      br_iceberg_snapshot_fn snap_fn, void *snap_ud, br_iceberg_stats *stats,
                       br_err *err) {
   memset(r, 0, sizeof *r);
   memset(stats, 0, sizeof *stats);
@@ -631,6 +638,8 @@ static int run_replay(replay *r, const br_iceberg_table_config *cfg, br_delta_li
   r->stats = stats;
   r->fn = fn;
   r->ud = ud;
+  r->snap_fn = snap_fn;
+  r->snap_ud = snap_ud;
   r->pm.rewrites = cfg->rewrites;
   r->pm.nrewrites = cfg->nrewrites;
   if (table_root(r, err) != 0) return -1;
@@ -702,9 +711,11 @@ static int run_replay(replay *r, const br_iceberg_table_config *cfg, br_delta_li
       if ((rc = load_checkpoint(r, k, err)) != 0) break;
     }
     r->nadds = r->nremoves = r->ncdcs = 0;
+    r->commit_ts = -1;
     if (c && (rc = read_commit(r, c, from_ckpt, err)) != 0) break;
     stats->snapshots++;
     rc = emit_version(r, v, (size_t)(v - first), from_ckpt);
+    if (rc == 0 && r->snap_fn) rc = r->snap_fn(r->snap_ud, v, r->commit_ts);
   }
 out:
   free(cks);
@@ -720,7 +731,16 @@ int br_delta_list_files(const br_iceberg_table_config *cfg, br_delta_list_fn lis
                         br_iceberg_file_fn fn, void *ud, br_iceberg_stats *stats, br_err *err) {
   replay r;
   br_iceberg_stats local;
-  int rc = run_replay(&r, cfg, lister, list_ud, fn, ud, stats ? stats : &local, err);
+  int rc = run_replay(&r, cfg, lister, list_ud, fn, ud, NULL, NULL, stats ? stats : &local, err);
+  replay_free(&r);
+  return rc;
+}
+
+int br_delta_list_versions(const br_iceberg_table_config *cfg, br_delta_list_fn lister,
+                           void *list_ud, br_iceberg_snapshot_fn fn, void *ud, br_err *err) {
+  replay r;
+  br_iceberg_stats local;
+  int rc = run_replay(&r, cfg, lister, list_ud, NULL, NULL, fn, ud, &local, err);
   replay_free(&r);
   return rc;
 }
@@ -737,7 +757,8 @@ int br_delta_walk_data_files_mapped(const br_iceberg_table_config *cfg, br_delta
                                     br_err *err) {
   replay r;
   br_iceberg_stats local;
-  int rc = run_replay(&r, cfg, lister, list_ud, NULL, NULL, stats ? stats : &local, err);
+  int rc =
+      run_replay(&r, cfg, lister, list_ud, NULL, NULL, NULL, NULL, stats ? stats : &local, err);
   if (rc == 0 && column &&
       dl_physical_column(r.schema, cfg->column ? cfg->column : "", column, BR_DELTA_MAX_COLUMN))
     rc = br_fail(err, "column '%.200s': physical name too long", cfg->column);

@@ -86,12 +86,21 @@ static enum MHD_Result refuse_held(struct request *req) {
                      "restored (POST /v1/blobs/{hash}/restore)");
 }
 
-enum MHD_Result put_begin(struct request *req) {
-  enum MHD_Result r = upload_begin_common(req);
-  if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
-  r = lease_take(req); /* an unknown lease refuses the upload before its body */
-  if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
-  if (lease_attach(req, req->digest, 1, &r) < 0) return r; /* before the record is read */
+/* Queues the durable attach of req->digest to its lease on a finisher thread (no network thread
+ * waits for the disk); the upload goes on in upload_finish once it is done. */
+static enum MHD_Result queue_lease_attach(struct request *req) {
+  req->lease_job = 1;
+  req->job_fn = lease_attach_job;
+  if (request_finish_async(req, JOB_CALL) < 0) {
+    request_free_upload(req);
+    return reply_error(req, E_NOT_READY, "the server is stopping; nothing was kept");
+  }
+  return MHD_YES;
+}
+
+/* PUT before its body, the lease (if any) attached: the record decides whether the body is kept
+ * (new), hashed only (a dedup hit: the hash is checked before it is answered) or refused. */
+static enum MHD_Result put_decide(struct request *req) {
   br_record rec;
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
@@ -107,6 +116,15 @@ enum MHD_Result put_begin(struct request *req) {
     return MHD_YES;
   }
   return open_writer(req);
+}
+
+enum MHD_Result put_begin(struct request *req) {
+  enum MHD_Result r = upload_begin_common(req);
+  if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
+  r = lease_take(req); /* an unknown lease refuses the upload before its body */
+  if (req->phase == PHASE_ANSWERED || r != MHD_YES) return r;
+  if (req->lease[0]) return queue_lease_attach(req); /* attached before the record is read */
+  return put_decide(req);
 }
 
 enum MHD_Result post_begin(struct request *req) {
@@ -172,7 +190,20 @@ int upload_body(struct request *req, const char *data, size_t len) {
   return 0;
 }
 
+static enum MHD_Result upload_decide(struct request *req);
+
 enum MHD_Result upload_finish(struct request *req) {
+  if (req->phase == PHASE_RESUMED && req->lease_job) { /* the attach is done (or refused) */
+    req->lease_job = 0;
+    if (req->finish_rc < 0) {
+      request_free_upload(req);
+      return reply_error(req, req->finish_error, "%s", req->finish_message);
+    }
+    req->phase = PHASE_BODY;
+    if (req->route->begin == put_begin && !req->sha_done) /* PUT: before its body */
+      return put_decide(req); /* no reply: the body follows (100 Continue if asked) */
+    return upload_decide(req);
+  }
   if (req->phase == PHASE_RESUMED) {
     enum MHD_Result r;
     if (req->job == JOB_TOUCH && req->finish_rc == 0 && req->gone) {
@@ -209,12 +240,14 @@ enum MHD_Result upload_finish(struct request *req) {
     req->has_digest = 1;
   }
   if (req->writer) br_store_write_set_digest(req->writer, req->digest);
-  enum MHD_Result lr;
-  if (req->lease[0] && req->route->begin == post_begin &&
-      lease_attach(req, req->digest, 1, &lr) < 0) { /* POST: the hash is known now */
-    request_free_upload(req);
-    return lr;
-  }
+  req->sha_done = 1;
+  /* POST: the hash is known now; attached (off this thread) before the record is read */
+  if (req->lease[0] && req->route->begin == post_begin) return queue_lease_attach(req);
+  return upload_decide(req);
+}
+
+/* After the body (hash checked, lease attached): held, a dedup hit, or made durable. */
+static enum MHD_Result upload_decide(struct request *req) {
   br_record rec;
   br_err err;
   int rc = br_index_get(req->srv->index, req->digest, &rec, &err);

@@ -148,6 +148,22 @@ enum MHD_Result lease_take(struct request *req) {
   return MHD_YES;
 }
 
+void lease_attach_job(struct request *req) {
+  br_leases *ls = leases_of(req);
+  br_err err;
+  int rc =
+      ls ? br_lease_attach(ls, req->lease, owner_of(req), req->digest, 1, br_now_ms(), &err) : 0;
+  req->finish_rc = rc == 1 ? 0 : -1;
+  req->finish_error = rc == 2 ? E_LEASE_FULL : rc == 0 ? E_LEASE_NOT_FOUND : E_INTERNAL;
+  if (rc == 2)
+    snprintf(req->finish_message, sizeof req->finish_message,
+             "lease %s holds %d blobs, the most one lease may", req->lease, BR_LEASE_MAX_BLOBS);
+  else if (rc == 0)
+    snprintf(req->finish_message, sizeof req->finish_message, "lease %s ended", req->lease);
+  else if (rc < 0)
+    snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
+}
+
 int lease_attach(struct request *req, const uint8_t *digests, size_t n, enum MHD_Result *r) {
   if (!req->lease[0] || !n) return 0;
   br_leases *ls = leases_of(req);

@@ -58,6 +58,9 @@ enum MHD_Result lease_get(struct request *req);
 enum MHD_Result lease_delete(struct request *req);
 enum MHD_Result lease_take(struct request *req);
 int lease_attach(struct request *req, const uint8_t *digests, size_t n, enum MHD_Result *r);
+/* A finisher job (JOB_CALL) attaching the upload's req->digest to req->lease, durably, off the
+ * network thread: finish_rc 0, or -1 with finish_error and finish_message. */
+void lease_attach_job(struct request *req);
 /* h_health.c: /healthz, /readyz, /metrics. */
 enum MHD_Result health_get(struct request *req);
 enum MHD_Result ready_get(struct request *req);

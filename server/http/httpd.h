@@ -163,6 +163,8 @@ struct request {
   char remote[48];
   char token_name[128];     /* the matched [token NAME], never the token */
   char lease[33];           /* the ?lease= of an upload or lookup, checked (h_leases.c) */
+  int lease_job;            /* an upload's attach to its lease is queued (finisher, durable) */
+  int sha_done;             /* the body has been hashed (upload_finish ran past the body) */
   uint64_t json_reserved;   /* bytes of max_json_inflight this request holds */
   struct conn_track *track; /* the connection's slow-client record */
 };

@@ -16,7 +16,8 @@
 /* One retained snapshot from metadata.json. Strings are owned by the ice_meta. */
 typedef struct ice_snapshot {
   int64_t id;
-  char *manifest_list; /* NULL for v1 snapshots with an inline `manifests` list */
+  int64_t timestamp_ms; /* timestamp-ms, -1 when absent */
+  char *manifest_list;  /* NULL for v1 snapshots with an inline `manifests` list */
   char **manifests;
   size_t nmanifests;
 } ice_snapshot;

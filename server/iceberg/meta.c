@@ -101,6 +101,8 @@ static int parse_snapshot(json_t *js, ice_snapshot *s, size_t idx, br_err *err) 
   if (!json_is_integer(id))
     return br_fail(err, "metadata: snapshots[%zu] has no integer snapshot-id", idx);
   s->id = (int64_t)json_integer_value(id);
+  json_t *ts = json_object_get(js, "timestamp-ms");
+  s->timestamp_ms = json_is_integer(ts) ? (int64_t)json_integer_value(ts) : -1;
   json_t *ml = json_object_get(js, "manifest-list");
   json_t *mf = json_object_get(js, "manifests");
   if (ml && !json_is_null(ml)) {

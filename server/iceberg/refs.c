@@ -298,6 +298,19 @@ int br_iceberg_list_files(const br_iceberg_table_config *cfg, br_iceberg_file_fn
   return rc;
 }
 
+int br_iceberg_list_snapshots(const br_iceberg_table_config *cfg, br_iceberg_snapshot_fn fn,
+                              void *ud, br_err *err) {
+  ice_meta m;
+  char *table_dir = NULL;
+  if (ice_load_table(cfg, &m, &table_dir, err) != 0) return -1;
+  int rc = 0;
+  for (size_t i = 0; i < m.nsnapshots && rc == 0; i++)
+    rc = fn(ud, m.snapshots[i].id, m.snapshots[i].timestamp_ms);
+  ice_meta_free(&m);
+  free(table_dir);
+  return rc;
+}
+
 /* --- reading the hash column --------------------------------------------------------------- */
 
 typedef struct value_ctx {

@@ -47,6 +47,12 @@ void rstate_file_id(const char *path, int64_t size, int64_t count, const char *c
 int rstate_cached(rstate *st, const uint8_t id[BR_SHA256_LEN],
                   int (*fn)(void *ud, const uint8_t d[BR_SHA256_LEN]), void *ud, br_err *err);
 
+/* Whether the cached entry of file id holds the digest want, read in a read-only transaction of
+ * its own (any thread; never the running batch, so entries a run has not committed are not seen):
+ * 1 it does, 0 cached without it, 2 not cached, -1 + err. */
+int rstate_cache_holds(rstate *st, const uint8_t id[BR_SHA256_LEN],
+                       const uint8_t want[BR_SHA256_LEN], br_err *err);
+
 /* Writing one file's hashes into the cache: chunks as they come, the entry becomes visible only
  * when rstate_entry_commit wrote its header. */
 typedef struct rstate_entry rstate_entry;

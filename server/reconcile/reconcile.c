@@ -5,6 +5,7 @@
 #include "blobref/reconcile.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,6 +210,27 @@ static int mark_table(struct mark *m, const br_table_config *t, json_t *tables, 
   return 0;
 }
 
+/* A test hook, inert unless BLOBREF_TEST_RECONCILE_PAUSE names a FIFO: every run opens it for
+ * reading between mark and sweep (the open returns once a test opens it for writing: the run has
+ * marked) and waits for its end of file (the test closes it: the run goes on). */
+static void test_pause(void) {
+  const char *fifo = getenv("BLOBREF_TEST_RECONCILE_PAUSE");
+  if (!fifo || !*fifo) return;
+  int fd = open(fifo, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    br_warn("reconcile: test pause %s: %s", fifo, strerror(errno));
+    return;
+  }
+  br_info("reconcile: paused between mark and sweep (test hook %s)", fifo);
+  char buf[64];
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
+    break;
+  }
+  close(fd);
+}
+
 /* ---- sweep ----------------------------------------------------------------------------------- */
 
 enum decision { DO_QUARANTINE, DO_RESTORE, DO_DELETE };
@@ -265,7 +287,9 @@ static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
     kind = DO_DELETE; /* decided before: finished, referenced or not (its bytes may be gone) */
   } else if (rec->state == BR_STATE_LIVE) {
     /* unreferenced: quarantined once past grace (and the touch slack) and every lease */
-    uint64_t leased = marked ? 0 : br_leased_until(s->r->leases, digest, br_now_ms(), NULL);
+    /* leases as they were at the run's start, when the tables were marked: a lease ending
+     * mid-run still held the blob when its table commit could have been missed */
+    uint64_t leased = marked ? 0 : br_leased_until(s->r->leases, digest, s->now, NULL);
     uint64_t eligible = rec->last_upload_ms + s->protect;
     if (!marked && rec->last_upload_ms < s->grace_cutoff && !leased) {
       kind = DO_QUARANTINE;
@@ -667,6 +691,7 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
     }
   }
   uint64_t mark_end = br_now_ms();
+  test_pause();
 
   /* sweep: the decisions, against the index in key order */
   struct sweep s = {.r = r, .sorter = m.sorter, .now = started, .held_list = held};
@@ -812,13 +837,20 @@ int br_reconciler_list_page(br_reconciler *r, uint64_t id, const char *action, c
   return rstate_list_page(r->state, id, a, after, limit, fn, ud, more, err);
 }
 
-/* ---- refs: which tables, snapshots and data files reference one blob ---------------------- */
+/* ---- refs: which tables, snapshots and data files reference one blob ----------------------
+ * The tables' metadata is walked now (retained snapshots or versions, their data files); each
+ * data file's hashes come from the cache the last run left (a read-only transaction: the runner
+ * is never waited for), and a file no run has cached yet is read. */
 
 struct refs_ctx {
-  const br_iceberg_table_config *tcfg;
+  br_reconciler *r;
+  const br_iceberg_table_config *tcfg; /* as the mark reads the files (Delta: physical column) */
   const uint8_t *want;
   int hit;
-  json_t *files; /* path -> [snapshot ids] */
+  json_t *files;  /* path -> [snapshot ids] */
+  json_t *snaps;  /* decimal id -> null: the snapshots that reference the blob */
+  json_t *listed; /* [{id, timestamp}] of those, in the table's order */
+  uint64_t cached, read;
   br_err err;
 };
 
@@ -830,56 +862,102 @@ static int refs_hash(void *ud, const uint8_t d[D]) {
 
 static int refs_file(void *ud, const br_iceberg_data_file *f) {
   struct refs_ctx *c = ud;
+  uint8_t id[D];
+  rstate_file_id(f->path, f->file_size, f->record_count, c->tcfg->column, (int)c->tcfg->form, id);
   c->hit = 0;
-  br_iceberg_stats st = {0};
-  if (br_iceberg_read_file_hashes(c->tcfg, f, refs_hash, c, &st, &c->err) < 0) return -1;
-  if (c->hit) json_object_set_new(c->files, f->path, json_array());
+  int rc = rstate_cache_holds(c->r->state, id, c->want, &c->err);
+  if (rc < 0) return -1;
+  if (rc == 2) { /* not cached yet: a targeted read of this file */
+    br_iceberg_stats st = {0};
+    if (br_iceberg_read_file_hashes(c->tcfg, f, refs_hash, c, &st, &c->err) < 0) return -1;
+    c->read++;
+  } else {
+    c->hit = rc == 1;
+    c->cached++;
+  }
+  if (c->hit && !json_object_get(c->files, f->path))
+    json_object_set_new(c->files, f->path, json_array());
   return 0;
 }
 
 static int refs_snapshot(void *ud, int64_t snapshot_id, const char *path) {
   struct refs_ctx *c = ud;
   json_t *a = json_object_get(c->files, path);
-  if (a) json_array_append_new(a, json_integer((json_int_t)snapshot_id));
+  if (!a) return 0;
+  json_array_append_new(a, json_integer((json_int_t)snapshot_id));
+  char key[32];
+  snprintf(key, sizeof key, "%" PRId64, snapshot_id);
+  json_object_set_new(c->snaps, key, json_null());
   return 0;
+}
+
+static int refs_time(void *ud, int64_t snapshot_id, int64_t timestamp_ms) {
+  struct refs_ctx *c = ud;
+  char key[32], ts[64];
+  snprintf(key, sizeof key, "%" PRId64, snapshot_id);
+  if (!json_object_get(c->snaps, key)) return 0;
+  if (timestamp_ms >= 0) br_format_time_ms((uint64_t)timestamp_ms, ts, sizeof ts);
+  json_array_append_new(c->listed,
+                        json_pack("{s:I,s:o}", "id", (json_int_t)snapshot_id, "timestamp",
+                                  timestamp_ms >= 0 ? json_string(ts) : json_null()));
+  return 0;
+}
+
+/* One table's entry: its data files holding digest, the snapshots (ids and times) listing them. */
+static json_t *refs_table(br_reconciler *r, const br_table_config *t, struct table_open *o,
+                          const uint8_t digest[D]) {
+  br_iceberg_table_config tc = o->tc;
+  char physical[BR_DELTA_MAX_COLUMN];
+  br_iceberg_table_config delta_read = tc;
+  delta_read.column = physical;
+  br_delta_list_fn lister = o->s3_table ? br_delta_list_s3 : NULL;
+  struct refs_ctx c = {.r = r,
+                       .tcfg = o->delta ? &delta_read : &tc,
+                       .want = digest,
+                       .files = json_object(),
+                       .snaps = json_object(),
+                       .listed = json_array()};
+  br_iceberg_stats ws;
+  int rc = o->delta ? br_delta_walk_data_files_mapped(&tc, lister, o->s3, refs_file, &c, physical,
+                                                      &ws, &c.err)
+                    : br_iceberg_walk_data_files(&tc, refs_file, &c, &ws, &c.err);
+  if (rc == 0 && json_object_size(c.files))
+    rc = o->delta ? br_delta_list_files(&tc, lister, o->s3, refs_snapshot, &c, &ws, &c.err)
+                  : br_iceberg_list_files(&tc, refs_snapshot, &c, &ws, &c.err);
+  if (rc == 0 && json_object_size(c.snaps))
+    rc = o->delta ? br_delta_list_versions(&tc, lister, o->s3, refs_time, &c, &c.err)
+                  : br_iceberg_list_snapshots(&tc, refs_time, &c, &c.err);
+  json_t *entry = json_pack("{s:s,s:s}", "name", t->name, "format", o->delta ? "delta" : "iceberg");
+  if (rc != 0) {
+    json_object_set_new(entry, "error", json_string(c.err.msg));
+  } else {
+    json_t *files = json_array();
+    const char *path;
+    json_t *snaps;
+    json_object_foreach(c.files, path, snaps)
+        json_array_append_new(files, json_pack("{s:s,s:O}", "path", path, "snapshots", snaps));
+    json_object_set_new(entry, "data_files", files);
+    json_object_set(entry, "snapshots", c.listed);
+    json_object_set_new(entry, "data_files_cached", json_integer((json_int_t)c.cached));
+    json_object_set_new(entry, "data_files_read", json_integer((json_int_t)c.read));
+  }
+  json_decref(c.files);
+  json_decref(c.snaps);
+  json_decref(c.listed);
+  return entry;
 }
 
 json_t *br_reconciler_refs(br_reconciler *r, const uint8_t digest[D], br_err *err) {
   const br_config *cfg = r->env.cfg;
   json_t *tables = json_array();
   for (int i = 0; i < cfg->ntables; i++) {
-    const br_table_config *t = &cfg->tables[i];
     struct table_open o;
-    if (table_open(cfg, t, &o, err) < 0) {
+    if (table_open(cfg, &cfg->tables[i], &o, err) < 0) {
       json_decref(tables);
       return NULL;
     }
-    br_iceberg_table_config tc = o.tc;
-    br_iceberg_s3 *s3 = o.s3;
-    json_t *entry = json_pack("{s:s}", "name", t->name);
-    int delta = o.delta;
-    if (delta) { /* Delta's versions are not snapshots of this reader: not answered yet */
-      json_object_set_new(entry, "error", json_string("refs reads Iceberg tables only"));
-    } else {
-      struct refs_ctx c = {.tcfg = &tc, .want = digest, .files = json_object()};
-      br_iceberg_stats ws;
-      int rc = br_iceberg_walk_data_files(&tc, refs_file, &c, &ws, &c.err);
-      if (rc == 0 && json_object_size(c.files))
-        rc = br_iceberg_list_files(&tc, refs_snapshot, &c, &ws, &c.err);
-      if (rc != 0) {
-        json_object_set_new(entry, "error", json_string(c.err.msg));
-      } else {
-        json_t *files = json_array();
-        const char *path;
-        json_t *snaps;
-        json_object_foreach(c.files, path, snaps)
-            json_array_append_new(files, json_pack("{s:s,s:O}", "path", path, "snapshots", snaps));
-        json_object_set_new(entry, "data_files", files);
-      }
-      json_decref(c.files);
-    }
-    br_iceberg_s3_free(s3);
-    json_array_append_new(tables, entry);
+    json_array_append_new(tables, refs_table(r, &cfg->tables[i], &o, digest));
+    br_iceberg_s3_free(o.s3);
   }
   return tables;
 }

@@ -148,6 +148,40 @@ int rstate_cached(rstate *st, const uint8_t id[D], int (*fn)(void *ud, const uin
   return out;
 }
 
+int rstate_cache_holds(rstate *st, const uint8_t id[D], const uint8_t want[D], br_err *err) {
+  MDB_txn *txn; /* a read transaction of its own: never the run's batch (another thread's) */
+  int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
+  if (rc) return fail(err, "read", rc);
+  uint8_t key[D + 4];
+  chunk_key(id, 0, key);
+  MDB_val k = {sizeof key, key}, v;
+  rc = mdb_get(txn, st->files, &k, &v);
+  int out;
+  if (rc == MDB_NOTFOUND) {
+    out = 2;
+  } else if (rc) {
+    out = fail(err, "read", rc);
+  } else if (v.mv_size != 4) {
+    out = br_fail(err, "reconcile state: damaged cache header");
+  } else {
+    const uint8_t *h = v.mv_data;
+    uint32_t chunks = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
+    out = 0;
+    for (uint32_t c = 1; c <= chunks && out == 0; c++) {
+      chunk_key(id, c, key);
+      rc = mdb_get(txn, st->files, &k, &v);
+      if (rc || v.mv_size % D) {
+        out = rc ? fail(err, "read", rc) : br_fail(err, "reconcile state: damaged cache chunk");
+        break;
+      }
+      for (size_t i = 0; i < v.mv_size / D && out == 0; i++)
+        if (!memcmp((const uint8_t *)v.mv_data + i * D, want, D)) out = 1;
+    }
+  }
+  mdb_txn_abort(txn);
+  return out;
+}
+
 static int put_one(rstate *st, MDB_dbi dbi, const void *key, size_t klen, const void *val,
                    size_t vlen, br_err *err) {
   if (batch_flush(st, err) < 0) return -1;

@@ -737,8 +737,43 @@
               h("td", {}, l.role), h("td", {}, fmtTime(l.verified_at)))))),
           actions),
         preview)));
+    const why = h("section", { className: "panel", id: "blob-why" }, h("h4", {}, "Why it is here"),
+      h("p", { className: "note" }, "Reading the tables…"));
+    box.append(why);
     if (quarantined) preview.append(h("p", { className: "note" }, "Quarantined blobs are not served (410): no preview."));
     else await renderPreview(preview, rec);
+    await renderWhy(why, hex);
+  }
+
+  // GET /v1/blobs/{hash}/refs: the tables, snapshots (with their times) and data files that keep
+  // the blob, or why an unreferenced one is not quarantined yet (grace, lease, hold).
+  async function renderWhy(box, hex) {
+    let r;
+    try {
+      r = await apiJson("/v1/blobs/" + hex + "/refs");
+    } catch (e) {
+      box.replaceChildren(h("h4", {}, "Why it is here"), errorBox(e));
+      return;
+    }
+    const rows = [];
+    for (const t of r.tables) {
+      if (t.error) {
+        rows.push(h("tr", { className: "bad" }, h("td", {}, t.name), h("td", { colSpan: 3 }, t.error)));
+        continue;
+      }
+      const times = new Map((t.snapshots || []).map((s) => [s.id, s.timestamp]));
+      for (const f of t.data_files)
+        for (const id of f.snapshots)
+          rows.push(h("tr", {}, h("td", {}, t.name + " (" + t.format + ")"), h("td", { className: "snap" }, String(id)),
+            h("td", {}, times.get(id) ? fmtTime(times.get(id)) : "–"), h("td", { className: "key" }, f.path)));
+    }
+    box.replaceChildren(h("h4", {}, "Why it is here"),
+      h("p", { id: "blob-why-text", className: r.referenced ? "ok" : "" }, r.why),
+      rows.length
+        ? h("table", { id: "blob-refs" },
+          h("thead", {}, h("tr", {}, h("th", {}, "table"), h("th", {}, "snapshot"), h("th", {}, "committed"), h("th", {}, "data file"))),
+          h("tbody", {}, rows))
+        : h("p", { className: "note" }, "No retained snapshot of a configured table references it."));
   }
 
   // Bytes of a blob as a Blob object (with the token when there is one).

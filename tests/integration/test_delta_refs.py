@@ -1,6 +1,7 @@
 """`blobref refs` on Delta Lake tables: --files on every real table of ../shared/testdata/delta
 against a replay written here (JSON commits in Python, Parquet checkpoints read by DuckDB), and
 against the counts its index.md records."""
+import datetime
 import json
 import os
 import re
@@ -180,3 +181,46 @@ def test_column_mapping_reads_the_physical_column():
     assert m and m.group(1) == m.group(2) and int(m.group(1)) > 0, res.stderr
     res = run_refs(table, "--column", "no such column")
     assert res.returncode == 1 and "no column 'no such column'" in res.stderr, res.stderr
+
+
+def iso_ms(ms):
+    d = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def expected_versions(table):
+    """Each retained version and its commit time: commitInfo's inCommitTimestamp, else its
+    timestamp; '-' for a version with no commit file or no commitInfo time."""
+    log = os.path.join(table, "_delta_log")
+    names = os.listdir(log)
+    commits = {int(m.group(1)): n for n in names if (m := COMMIT.match(n))}
+    ckpts = {int(m.group(1)) for n in names if (m := CLASSIC.match(n))}
+    latest = max(list(commits) + list(ckpts))
+    first = 0 if 0 in commits else min(ckpts)
+    out = []
+    for v in range(first, latest + 1):
+        ts = "-"
+        if v in commits:
+            with open(os.path.join(log, commits[v])) as f:
+                for line in f:
+                    ci = json.loads(line).get("commitInfo") if line.strip() else None
+                    if isinstance(ci, dict):
+                        t = ci.get("inCommitTimestamp", ci.get("timestamp"))
+                        if isinstance(t, int):
+                            ts = iso_ms(t)
+        out.append(f"{v}\t{ts}")
+    return out
+
+
+@pytest.mark.parametrize("name", TABLES or ["<no testdata>"])
+def test_testdata_table_versions(name):
+    """`refs --versions`: every retained version of each real table with its commit time, the
+    in-commit timestamp first (cdc_ict_table's differ from its commitInfo.timestamp)."""
+    if not TABLES:
+        pytest.skip("../shared/testdata/delta is absent")
+    table = DELTA / name
+    res = run_refs(table, "--versions")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == expected_versions(str(table))
+    if name == "cdc_ict_table":
+        assert "1\t2023-05-12T06:50:06.883Z" in res.stdout.splitlines()

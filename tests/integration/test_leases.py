@@ -209,3 +209,105 @@ def test_python_client_lease_context_manager(tmp_path):
         assert quarantined(api, rep["id"]) == sorted([h, old])
     finally:
         srv.stop()
+
+
+def test_lease_that_expires_mid_run(tmp_path, monkeypatch):
+    """A lease live when a run marks its tables and ended before the sweep still holds the blob
+    for that run (its pipeline's commit could be the one the mark missed); the next run
+    quarantines it. The run waits between mark and sweep on a FIFO (BLOBREF_TEST_RECONCILE_PAUSE)
+    until the lease has ended."""
+    import errno
+    import os
+    fifo = tmp_path / "pause"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("BLOBREF_TEST_RECONCILE_PAUSE", str(fifo))
+    t = IceTable(tmp_path / "t")
+    srv = start(tmp_path, t, grace="1s")
+    api = Api(srv)
+
+    def at_pause(timeout=60):
+        """Waits until a run reached the pause (it opened the FIFO); returns the writer's fd."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as e:
+                assert e.errno == errno.ENXIO and time.monotonic() < deadline, e
+                time.sleep(0.02)
+
+    try:
+        keep = api.put(b"referenced")
+        t.write_data({"a.parquet": [keep]})
+        t.append("a.parquet")
+        lease = new_lease(api, "4s", "short-job")
+        data = blob("mid-run", 0)
+        r = api.s.put(f"{api.url}/v1/blobs/{sha(data)}", params={"lease": lease["id"]},
+                      data=data, timeout=30)
+        assert r.status_code == 201, r.text
+        h = sha(data)
+        time.sleep(GRACE + MARGIN)  # past grace: only the lease holds it
+        r = api.start_run()
+        assert r.status_code == 202, r.text
+        rid = r.json()["id"]
+        fd = at_pause()
+        deadline = time.monotonic() + 30
+        while api.s.get(f"{api.url}/v1/leases/{lease['id']}", timeout=30).status_code != 404:
+            assert time.monotonic() < deadline, "the lease never ended"
+            time.sleep(0.05)
+        os.close(fd)  # the lease has ended: the run sweeps now
+        rep = api.wait(rid)
+        assert rep["state"] == "done", rep
+        assert parse_ts(rep["started_at"]) < parse_ts(lease["expires_at"]), \
+            "the run must start while the lease is live (a loaded machine: retry)"
+        assert quarantined(api, rid) == [] and list(pending(api, rid)) == [h], rep
+        assert api.code(h) == 200
+
+        r = api.start_run()
+        assert r.status_code == 202, r.text
+        rid = r.json()["id"]
+        os.close(at_pause())
+        api.wait(rid)
+        assert quarantined(api, rid) == [h]
+        assert api.code(h) == 410
+    finally:
+        srv.stop()
+
+
+def test_leased_uploads_never_sync_on_the_network_thread(tmp_path):
+    """PUT and POST ?lease= attach their blob to the lease durably (an LMDB commit: fdatasync) on a
+    finisher thread: the thread that answers the request (libmicrohttpd's) never syncs. A PUT
+    dedup hit with Expect: 100-continue still gets its answer before any body."""
+    import pytest
+    from util_strace import SYNC_CALLS, Tracer
+    if not Tracer.available():
+        pytest.skip("strace is not installed")
+    t = IceTable(tmp_path / "t")
+    srv = start(tmp_path, t, grace="1h")
+    api = Api(srv)
+    try:
+        lease = new_lease(api, "1h", "traced")
+        present = api.put(blob("present", 0))
+        with Tracer(srv.proc.pid, tmp_path / "strace.txt") as tr:
+            assert tr.attached >= 2, "strace did not attach to the server threads"
+            new_b, post_b = blob("traced-put", 0), blob("traced-post", 0)
+            r = api.s.put(f"{api.url}/v1/blobs/{sha(new_b)}", params={"lease": lease["id"]},
+                          data=new_b, timeout=30)
+            assert r.status_code == 201, r.text
+            r = api.s.post(f"{api.url}/v1/blobs", params={"lease": lease["id"]}, data=post_b,
+                           timeout=30)
+            assert r.status_code == 201, r.text
+            r = api.s.put(f"{api.url}/v1/blobs/{present}", params={"lease": lease["id"]},
+                          data=blob("present", 0), headers={"Expect": "100-continue"},
+                          timeout=30)
+            assert r.status_code == 200, r.text
+        calls = tr.calls()
+        answering = {c.pid for c in calls if c.name in ("sendto", "sendmsg", "writev", "write")
+                     and "HTTP/1.1 20" in c.args}
+        assert answering, "no answer seen in the trace"
+        syncs = [c for c in calls if c.name in SYNC_CALLS]
+        assert syncs, "the attaches must be durable"
+        assert not [c for c in syncs if c.pid in answering], (answering, syncs)
+        r = api.s.get(f"{api.url}/v1/leases/{lease['id']}", timeout=30)
+        assert r.json()["blobs"] == 3, r.text
+    finally:
+        srv.stop()

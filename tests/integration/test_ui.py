@@ -257,12 +257,23 @@ def test_console_in_a_browser(console):
     assert "local" in b.text("#blob-locations")
     assert b.eval("document.getElementById('blob-quarantine')") is None  # no token: no actions
     assert b.eval("document.querySelectorAll('#blob-table tbody tr').length") == 6
+    # why it is here: the table, its snapshot (with its time) and the data file referencing it
+    b.wait("document.getElementById('blob-why-text') !== null")
+    assert b.text("#blob-why-text") == "referenced"
+    refs = requests.get(f"{srv.url}/v1/blobs/{h['png']}/refs", timeout=30).json()
+    [snap] = refs["tables"][0]["snapshots"]
+    assert b.eval("document.querySelectorAll('#blob-refs tbody tr').length") == 1
+    row = b.text("#blob-refs tbody tr")
+    assert "images (iceberg)" in row and str(snap["id"]) in row and "f1.parquet" in row, row
+    assert snap["timestamp"][:10] in row, row  # the snapshot's commit date is shown
     b.screenshot("blob.png")
 
     # a held blob shows as such
     b.hash(f"#blob/{h['held']}")
     assert "quarantined (held by an admin)" in b.text("#blob-state")
     assert "legal-hold" in b.text("#blob-detail")
+    b.wait("document.getElementById('blob-why-text') !== null")
+    assert b.text("#blob-why-text") == "held by an admin: legal-hold"
     assert b.eval("document.getElementById('blob-restore')") is None
 
     # reconcile without a token: the runs, no dry-run button
