@@ -23,6 +23,9 @@ typedef struct br_reconcile_env {
   const char *state_dir; /* LMDB of the cache and reports, and spill files (DATA_DIR/reconcile) */
   /* Serialises the deletion of a blob with uploads of the same hash (lock = 1 / 0). */
   void (*lock_blob)(void *ud, const uint8_t digest[BR_SHA256_LEN], int lock);
+  /* The same for n blobs at once (deletes go in batches). Returns 0 when it locked (unlocked)
+   * them all, -1 when it cannot take them together (then the blobs go one by one). Optional. */
+  int (*lock_blobs)(void *ud, const uint8_t (*digests)[BR_SHA256_LEN], size_t n, int lock);
   /* Told about each blob that was quarantined, held or deleted (caches, CDN purges). */
   void (*on_gone)(void *ud, const uint8_t digest[BR_SHA256_LEN]);
   void *ud;
