@@ -440,7 +440,10 @@ static void delete_keys(struct doomed *dk, size_t nk, const struct candidate *c,
         dk[j].st = NULL;
       }
     br_err err;
-    if (br_store_delete_many(st, keys, n, failed, &err) == 0) continue;
+    if (n == 1) /* a plain DELETE: the lighter request */
+      failed[0] = br_store_delete(st, keys[0], &err) < 0;
+    else if (br_store_delete_many(st, keys, n, failed, &err) == 0)
+      continue;
     for (size_t j = 0; j < n; j++) {
       if (!failed[j]) continue;
       char hex[BR_HEX_LEN + 1];
