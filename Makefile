@@ -62,7 +62,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD_ROOT)/fuzz/bin/%)
 
 # Keep the objects of unit and fuzz binaries (make would delete them as intermediates).
 .SECONDARY:
-.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile bench-tables bench-direct bench-cluster test-failover clean format install
+.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile bench-deletes bench-tables bench-direct bench-cluster test-failover clean format install
 all: $(BIN)/blobrefd $(BIN)/blobref
 
 deps:
@@ -182,6 +182,13 @@ bench-reconcile:
 	@tools/install-deps.sh test
 	@$(MAKE) --no-print-directory all
 	BENCH_CFLAGS="$(PKG_CFLAGS)" BENCH_LDLIBS="$(LDLIBS)" tests/bench/reconcile-bench.sh $(LIB)
+
+# Reconcile's final deletes of 100k quarantined blobs on radosgw, one by one against batched
+# (DeleteObjects, 1,000 keys a request); BLOBS=N to change the count, QUICK=1 for 5,000.
+bench-deletes:
+	@tools/install-deps.sh test
+	@$(MAKE) --no-print-directory all
+	BENCH_CFLAGS="$(PKG_CFLAGS)" BENCH_LDLIBS="$(LDLIBS)" tests/bench/delete-bench.sh $(LIB)
 
 # ORC against Parquet string-column decode, Delta listing of 1,000 commits (about 2 minutes).
 bench-direct:

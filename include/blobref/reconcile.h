@@ -25,6 +25,9 @@ typedef struct br_reconcile_env {
    * returns 0, or a negative index code when the lock cannot be had (then nothing is held and the
    * blob is left alone). */
   int (*lock_blob)(void *ud, const uint8_t digest[BR_SHA256_LEN], int lock);
+  /* The same for n blobs at once (deletes go in batches). Returns 0 when it locked (unlocked)
+   * them all, -1 when it cannot take them together (then the blobs go one by one). Optional. */
+  int (*lock_blobs)(void *ud, const uint8_t (*digests)[BR_SHA256_LEN], size_t n, int lock);
   /* Told about each blob that was quarantined, held or deleted (caches, CDN purges). */
   void (*on_gone)(void *ud, const uint8_t digest[BR_SHA256_LEN]);
   void *ud;

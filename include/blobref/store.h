@@ -137,9 +137,12 @@ int br_store_unavailable(br_store *st);
 /* Deletes key. Absent keys are not an error. An fs store deletes only a regular file reached
  * beneath its root without a symbolic link (ELOOP otherwise, nothing deleted). */
 int br_store_delete(br_store *st, const char *key, br_err *err);
-/* Deletes n keys (S3: DeleteObjects in batches of 1,000). Absent keys are not an error. Returns 0,
- * or -1 with err naming the first key that could not be deleted. */
-int br_store_delete_many(br_store *st, const char *const *keys, size_t n, br_err *err);
+/* Deletes n keys (S3: DeleteObjects in batches of 1,000; others one by one). Absent keys are not
+ * an error. failed[i] says whether keys[i] may still be there: set for each key the store reported
+ * failed, and for every key of a batch whose answer was refused, unreadable or never came. Returns
+ * 0 when all went, or -1 with err naming the first failure (the others are still tried). */
+int br_store_delete_many(br_store *st, const char *const *keys, size_t n, uint8_t *failed,
+                         br_err *err);
 /* Lists objects whose key starts with prefix (fs: in no particular order, regular files only,
  * never through a symbolic link, tmp/ and refused hard links left out; s3: in key order, paged). */
 int br_store_list(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err);

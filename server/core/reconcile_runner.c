@@ -36,6 +36,10 @@ static int lock_blob(void *ud, const uint8_t digest[BR_SHA256_LEN], int lock) {
   return br_server_lock_blob(ud, digest, lock);
 }
 
+static int lock_blobs(void *ud, const uint8_t (*digests)[BR_SHA256_LEN], size_t n, int lock) {
+  return br_server_lock_blobs(ud, digests, n, lock);
+}
+
 static json_int_t blobs_field(json_t *rep, const char *name) {
   return json_integer_value(json_object_get(json_object_get(rep, "blobs"), name));
 }
@@ -146,6 +150,7 @@ int reconcile_runner_start(br_server *srv, br_err *err) {
                           .nstores = srv->nstores,
                           .state_dir = dir,
                           .lock_blob = lock_blob,
+                          .lock_blobs = lock_blobs,
                           .on_gone = on_gone,
                           .ud = srv};
   rr->rec = br_reconciler_open(&env, err);

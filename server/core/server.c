@@ -36,6 +36,18 @@ int br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int
   return rc;
 }
 
+int br_server_lock_blobs(br_server *srv, const uint8_t (*digests)[BR_SHA256_LEN], size_t n,
+                         int lock) {
+  /* a shared index holds each blob's lock in a database session of its own: not n at once */
+  if (strcmp(br_index_kind(srv->index), "lmdb")) return -1;
+  uint8_t want[BLOB_LOCKS] = {0};
+  for (size_t i = 0; i < n; i++)
+    want[(digests[i][0] | (unsigned)digests[i][1] << 8) % BLOB_LOCKS] = 1;
+  for (int i = 0; i < BLOB_LOCKS; i++) /* in one order: two of these can never deadlock */
+    if (want[i]) (lock ? pthread_mutex_lock : pthread_mutex_unlock)(&srv->blob_locks[i]);
+  return 0;
+}
+
 void br_server_blob_gone(br_server *srv, const uint8_t digest[BR_SHA256_LEN]) {
   if (srv->cache) blobcache_remove(srv->cache, digest);
   cdn_purger_kick(srv->purger); /* the change queued the purge in its own transaction */

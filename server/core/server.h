@@ -94,6 +94,11 @@ br_store *br_server_store(br_server *srv, const char *name);
  * and BR_INDEX_UNAVAILABLE is returned (logged; the caller answers 503 index_unavailable and
  * changes nothing). Unlocking, and locking on LMDB, always return 0. */
 int br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int lock);
+/* The same for n blobs at once (reconcile's batched deletes): their distinct stripes in one order,
+ * so that it never deadlocks with another holder. Returns 0, or -1 (nothing locked) when the index
+ * is shared and each blob's lock is a database session of its own. */
+int br_server_lock_blobs(br_server *srv, const uint8_t (*digests)[BR_SHA256_LEN], size_t n,
+                         int lock);
 /* A blob stopped being servable (quarantined, held, deleted, moved): forget its cached bytes and
  * queue its purge at the CDNs. Call it without holding the blob's stripe. */
 void br_server_blob_gone(br_server *srv, const uint8_t digest[BR_SHA256_LEN]);

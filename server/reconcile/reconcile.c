@@ -388,17 +388,18 @@ static int still_the_blob(br_store *st, const uint8_t digest[D], const br_record
   return memcmp(got, digest, D) == 0;
 }
 
-/* Deletes the bytes of one location of a blob being deleted, when they are its own: never a key
- * another record owns (invariant 10: only the location goes, with the record), never an in-place
- * object that was rewritten since it was imported (logged, left alone). Returns 0 (deleted or
- * left alone on purpose), -1 on a store or index error (the record is kept for a later try). */
-static int delete_location(br_reconciler *r, const uint8_t digest[D], const br_record *rec,
-                           const br_location *l, json_t *errors) {
+/* Should the bytes of one location of a blob being deleted go? Only when they are its own: never
+ * a key another record owns (invariant 10: only the location goes, with the record), never an
+ * in-place object that was rewritten since it was imported (logged, left alone). Returns 1 (delete
+ * l->key in *st), 0 (nothing to delete there, on purpose), -1 on a store or index error (the record
+ * is kept for a later try). */
+static int location_to_delete(br_reconciler *r, const uint8_t digest[D], const br_record *rec,
+                              const br_location *l, br_store **st, json_t *errors) {
   const br_reconcile_env *env = &r->env;
   char hex[BR_HEX_LEN + 1];
   br_hex_encode(digest, hex);
-  br_store *st = store_named(r, l->store);
-  if (!st) return 0; /* a store no longer configured: nothing we can delete there */
+  *st = store_named(r, l->store);
+  if (!*st) return 0; /* a store no longer configured: nothing we can delete there */
   br_err err;
   uint8_t owner[D];
   int rc = br_index_key_owner(env->index, l->store, l->key, owner, &err);
@@ -413,7 +414,7 @@ static int delete_location(br_reconciler *r, const uint8_t digest[D], const br_r
             hex, l->store, l->key, rc == 2 ? "several blobs" : ohex);
     return 0;
   }
-  rc = still_the_blob(st, digest, rec, l, &err);
+  rc = still_the_blob(*st, digest, rec, l, &err);
   if (rc < 0) {
     add_error(errors, "check %s at %s:%s: %s", hex, l->store, l->key, err.msg);
     return -1;
@@ -426,70 +427,182 @@ static int delete_location(br_reconciler *r, const uint8_t digest[D], const br_r
         hex, l->store, l->key);
     return 0;
   }
-  if (br_store_delete(st, l->key, &err) < 0) {
-    add_error(errors, "delete %s from %s: %s", hex, l->store, err.msg);
-    return -1;
-  }
-  return 0;
+  return 1;
 }
 
-/* Deletes one blob for good, in steps that survive a crash: the record is marked deleting first
- * (from then on it is never restored nor served), then the bytes of every location go
- * (delete_location), then the record. A crash or a failed index write in between leaves it
- * deleting, and br_reconcile_finish_deletes takes it from there. c->state_ms is the state time the
- * decision saw (the deleting mark's time for a delete being finished); a record changed since is
- * left alone. Holds the blob's lock, so that an upload of the same hash either finished before
- * (and the record is live again: nothing deleted) or starts after (and writes anew).
- * Returns 1 deleted, 0 skipped, -1 on an error (record kept). */
-static int delete_blob(br_reconciler *r, const struct candidate *c, json_t *errors) {
+/* Blobs deleted together: the marks in one index transaction, the bytes in one DeleteObjects per
+ * store (S3's limit), the records (and their CDN purges) in one more transaction. */
+#define DELETE_BATCH 1000
+
+/* One key to delete, of candidate `who`. */
+struct doomed {
+  br_store *st;
+  const char *key;
+  size_t who;
+};
+
+/* Deletes the bytes of every doomed key, store by store, in batches; a key that fails makes its
+ * blob's out -1 (it stays deleting: finished later). */
+static void delete_keys(struct doomed *dk, size_t nk, const struct candidate *c, int *out,
+                        json_t *errors) {
+  const char **keys = malloc((nk ? nk : 1) * sizeof *keys);
+  size_t *who = malloc((nk ? nk : 1) * sizeof *who);
+  uint8_t *failed = malloc(nk ? nk : 1);
+  if (!keys || !who || !failed) {
+    add_error(errors, "out of memory");
+    for (size_t i = 0; i < nk; i++) out[dk[i].who] = -1;
+    nk = 0;
+  }
+  for (size_t i = 0; i < nk; i++) {
+    if (!dk[i].st) continue; /* done with an earlier store */
+    br_store *st = dk[i].st;
+    size_t n = 0;
+    for (size_t j = i; j < nk; j++)
+      if (dk[j].st == st) {
+        keys[n] = dk[j].key;
+        who[n++] = dk[j].who;
+        dk[j].st = NULL;
+      }
+    br_err err;
+    if (n == 1) /* a plain DELETE: the lighter request */
+      failed[0] = br_store_delete(st, keys[0], &err) < 0;
+    else if (br_store_delete_many(st, keys, n, failed, &err) == 0)
+      continue;
+    for (size_t j = 0; j < n; j++) {
+      if (!failed[j]) continue;
+      char hex[BR_HEX_LEN + 1];
+      br_hex_encode(c[who[j]].digest, hex);
+      add_error(errors, "delete %s from %s: %s", hex, br_store_name(st), err.msg);
+      out[who[j]] = -1;
+    }
+  }
+  free(keys);
+  free(who);
+  free(failed);
+}
+
+/* Deletes the blobs c[0..n) for good, in steps that survive a crash: each record is marked
+ * deleting first (from then on it is never restored nor served), then the bytes of every
+ * location go (location_to_delete, delete_keys), then the record. A crash, a failed delete or a
+ * failed index write in between leaves it deleting, and br_reconcile_finish_deletes takes it from
+ * there. c->state_ms is the state time the decision saw (the deleting mark's time for a delete
+ * being finished); a record changed since is left alone. Holds the blobs' locks throughout, so
+ * that an upload of the same hash either finished before (and the record is live again: nothing
+ * deleted) or starts after (and writes anew). When the locks cannot be taken together (a shared
+ * index locks each blob in the database), the blobs go one by one.
+ * out[i]: 1 deleted, 0 skipped, -1 on an error (record kept). Returns how many were deleted. */
+static size_t delete_blobs(br_reconciler *r, const struct candidate *c, size_t n, int *out,
+                           json_t *errors) {
   const br_reconcile_env *env = &r->env;
-  if (env->lock_blob && env->lock_blob(env->ud, c->digest, 1) < 0) {
-    add_error(errors, "index: the blob's lock cannot be had (the database is unavailable)");
-    return -1;
+  if (!n) return 0;
+  uint8_t(*digests)[D] = malloc(n * sizeof *digests);
+  br_record *recs = malloc(n * sizeof *recs);
+  br_change *chs = malloc(n * sizeof *chs);
+  size_t *at = malloc(n * sizeof *at);
+  struct doomed *dk = malloc(n * BR_MAX_LOCATIONS * sizeof *dk);
+  int locked = 0;
+  size_t done = 0;
+  if (!digests || !recs || !chs || !at || !dk) {
+    add_error(errors, "out of memory");
+    for (size_t i = 0; i < n; i++) out[i] = -1;
+    goto out;
   }
-  br_record rec;
+  for (size_t i = 0; i < n; i++) memcpy(digests[i], c[i].digest, D);
+  if (env->lock_blob && n == 1) {
+    if (env->lock_blob(env->ud, c->digest, 1) < 0) {
+      add_error(errors, "index: the blob's lock cannot be had (the database is unavailable)");
+      out[0] = -1;
+      goto out;
+    }
+  } else if (env->lock_blob &&
+             (!env->lock_blobs || env->lock_blobs(env->ud, (const uint8_t(*)[D])digests, n, 1))) {
+    for (size_t i = 0; i < n; i++) done += delete_blobs(r, &c[i], 1, &out[i], errors);
+    goto out;
+  }
+  locked = env->lock_blob != NULL;
+  /* the marks */
   br_err err;
-  int out = 0;
-  int rc = br_index_get_latest(env->index, c->digest, &rec, &err); /* bytes are deleted on it */
-  if (rc < 0) {
-    add_error(errors, "index: %s", err.msg);
-    out = -1;
-  } else if (rc == 0 && rec.state_ms == c->state_ms &&
-             (rec.state == BR_STATE_QUARANTINED || rec.state == BR_STATE_HELD)) {
-    uint64_t now = br_now_ms();
-    if (now <= rec.state_ms) now = rec.state_ms + 1; /* the mark's time tells it apart */
-    br_change ch = {.kind = BR_CHANGE_MARK_DELETE,
-                    .cutoff_ms = UINT64_MAX,
-                    .expect_state_ms = c->state_ms,
-                    .reason = "being deleted for good"};
-    memcpy(ch.digest, c->digest, D);
-    if (br_index_apply_changes(env->index, &ch, 1, now, &err) < 0) {
+  size_t nm = 0;
+  uint64_t now = br_now_ms();
+  for (size_t i = 0; i < n; i++) {
+    out[i] = 0;
+    int rc = br_index_get_latest(env->index, c[i].digest, &recs[i], &err); /* deletes go on it */
+    if (rc < 0) {
       add_error(errors, "index: %s", err.msg);
-      out = -1;
-    } else if (ch.applied) {
-      rec.state = BR_STATE_DELETING;
-      rec.state_ms = now;
-      out = 1;
-    }
-  } else if (rc == 0 && rec.state == BR_STATE_DELETING && rec.state_ms == c->state_ms) {
-    out = 1;
-  }
-  for (int i = 0; i < rec.nlocations && out == 1; i++)
-    if (delete_location(r, c->digest, &rec, &rec.locations[i], errors) < 0) out = -1;
-  if (out == 1) {
-    br_change ch = {
-        .kind = BR_CHANGE_REMOVE, .cutoff_ms = UINT64_MAX, .expect_state_ms = rec.state_ms};
-    memcpy(ch.digest, c->digest, D);
-    if (br_index_apply_changes(env->index, &ch, 1, br_now_ms(), &err) < 0) {
-      add_error(errors, "index: %s (the blob stays marked deleting: finished later)", err.msg);
-      out = -1;
-    } else if (!ch.applied) {
-      out = 0;
+      out[i] = -1;
+    } else if (rc == 0 && recs[i].state_ms == c[i].state_ms &&
+               (recs[i].state == BR_STATE_QUARANTINED || recs[i].state == BR_STATE_HELD)) {
+      if (now <= recs[i].state_ms) now = recs[i].state_ms + 1; /* the mark's time tells it apart */
+      br_change *ch = &chs[nm];
+      memset(ch, 0, sizeof *ch);
+      ch->kind = BR_CHANGE_MARK_DELETE;
+      ch->cutoff_ms = UINT64_MAX;
+      ch->expect_state_ms = c[i].state_ms;
+      ch->reason = "being deleted for good";
+      memcpy(ch->digest, c[i].digest, D);
+      at[nm++] = i;
+    } else if (rc == 0 && recs[i].state == BR_STATE_DELETING && recs[i].state_ms == c[i].state_ms) {
+      out[i] = 1;
     }
   }
-  if (env->lock_blob) env->lock_blob(env->ud, c->digest, 0);
-  if (out == 1 && env->on_gone) env->on_gone(env->ud, c->digest);
-  return out;
+  if (nm && br_index_apply_changes(env->index, chs, nm, now, &err) < 0) {
+    add_error(errors, "index: %s", err.msg);
+    for (size_t j = 0; j < nm; j++) out[at[j]] = -1;
+  } else {
+    for (size_t j = 0; j < nm; j++)
+      if (chs[j].applied) {
+        recs[at[j]].state = BR_STATE_DELETING;
+        recs[at[j]].state_ms = now;
+        out[at[j]] = 1;
+      }
+  }
+  /* the bytes */
+  size_t nk = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t first = nk;
+    for (int l = 0; l < recs[i].nlocations && out[i] == 1; l++) {
+      br_store *st;
+      int rc = location_to_delete(r, c[i].digest, &recs[i], &recs[i].locations[l], &st, errors);
+      if (rc < 0) out[i] = -1;
+      if (rc == 1) dk[nk++] = (struct doomed){st, recs[i].locations[l].key, i};
+    }
+    if (out[i] != 1) nk = first; /* none of its bytes go before all can be checked */
+  }
+  delete_keys(dk, nk, c, out, errors);
+  /* the records, and their CDN purges */
+  size_t nr = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (out[i] != 1) continue;
+    br_change *ch = &chs[nr];
+    memset(ch, 0, sizeof *ch);
+    ch->kind = BR_CHANGE_REMOVE;
+    ch->cutoff_ms = UINT64_MAX;
+    ch->expect_state_ms = recs[i].state_ms;
+    memcpy(ch->digest, c[i].digest, D);
+    at[nr++] = i;
+  }
+  if (nr && br_index_apply_changes(env->index, chs, nr, br_now_ms(), &err) < 0) {
+    add_error(errors, "index: %s (the blobs stay marked deleting: finished later)", err.msg);
+    for (size_t j = 0; j < nr; j++) out[at[j]] = -1;
+  } else {
+    for (size_t j = 0; j < nr; j++) out[at[j]] = chs[j].applied ? 1 : 0;
+  }
+  if (locked && n == 1)
+    env->lock_blob(env->ud, c->digest, 0);
+  else if (locked)
+    env->lock_blobs(env->ud, (const uint8_t(*)[D])digests, n, 0);
+  for (size_t i = 0; i < n; i++)
+    if (out[i] == 1) {
+      done++;
+      if (env->on_gone) env->on_gone(env->ud, c[i].digest);
+    }
+out:
+  free(digests);
+  free(recs);
+  free(chs);
+  free(at);
+  free(dk);
+  return done;
 }
 
 struct deleting {
@@ -517,7 +630,7 @@ static int collect_deleting(void *ud, const uint8_t digest[D], const br_record *
   return 0;
 }
 
-/* Finishes every delete marked in the index (see delete_blob). Returns how many, or -1 + err
+/* Finishes every delete marked in the index (see delete_blobs). Returns how many, or -1 + err
  * (errors also lists each blob's failure). */
 static int64_t finish_deletes(br_reconciler *r, json_t *errors, br_err *err) {
   struct deleting dl = {0};
@@ -527,8 +640,15 @@ static int64_t finish_deletes(br_reconciler *r, json_t *errors, br_err *err) {
     return -1;
   }
   int64_t done = 0;
-  for (size_t i = 0; i < dl.n; i++)
-    if (delete_blob(r, &dl.c[i], errors) == 1) done++;
+  int *out = malloc(DELETE_BATCH * sizeof *out);
+  if (!out) {
+    free(dl.c);
+    return br_fail(err, "out of memory");
+  }
+  for (size_t i = 0; i < dl.n; i += DELETE_BATCH)
+    done += (int64_t)delete_blobs(r, &dl.c[i], dl.n - i < DELETE_BATCH ? dl.n - i : DELETE_BATCH,
+                                  out, errors);
+  free(out);
   free(dl.c);
   return done;
 }
@@ -593,9 +713,14 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
                            uint64_t grace_cutoff, uint64_t *bytes, json_t *errors,
                            rstate_lists *lists, int *list_failed) {
   const br_reconcile_env *env = &r->env;
-  br_change *batch = calloc(APPLY_BATCH, sizeof *batch);
-  if (!batch) {
+  br_change *batch = kind == DO_DELETE ? NULL : calloc(APPLY_BATCH, sizeof *batch);
+  struct candidate *dels = kind == DO_DELETE ? malloc(DELETE_BATCH * sizeof *dels) : NULL;
+  int *out = kind == DO_DELETE ? malloc(DELETE_BATCH * sizeof *out) : NULL;
+  size_t nd = 0;
+  if (kind == DO_DELETE ? !dels || !out : !batch) {
     add_error(errors, "out of memory");
+    free(dels);
+    free(out);
     return 0;
   }
   uint64_t applied = 0;
@@ -606,12 +731,16 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
   while (more) {
     more = fread(&c, sizeof c, 1, f) == 1;
     if (more && c.kind != kind) continue;
-    if (more && kind == DO_DELETE) {
-      int rc = delete_blob(r, &c, errors);
-      if (rc == 1) {
-        applied++;
-        *bytes += c.size;
-        list_blob(lists, kind, c.digest, errors, list_failed);
+    if (kind == DO_DELETE) {
+      if (more) dels[nd++] = c;
+      if (nd == DELETE_BATCH || (!more && nd)) {
+        applied += delete_blobs(r, dels, nd, out, errors);
+        for (size_t i = 0; i < nd; i++)
+          if (out[i] == 1) {
+            *bytes += dels[i].size;
+            list_blob(lists, kind, dels[i].digest, errors, list_failed);
+          }
+        nd = 0;
       }
       continue;
     }
@@ -641,6 +770,8 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
     }
   }
   free(batch);
+  free(dels);
+  free(out);
   return applied;
 }
 

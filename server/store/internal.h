@@ -23,7 +23,8 @@ struct store_ops {
   int (*list)(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err);
   /* optional */
   int (*fetch_url)(br_store *st, const char *key, char *out, size_t outlen, br_err *err);
-  int (*remove_many)(br_store *st, const char *const *keys, size_t n, br_err *err);
+  int (*remove_many)(br_store *st, const char *const *keys, size_t n, uint8_t *failed,
+                     br_err *err);
   int (*check)(br_store *st, br_err *err);
   int (*unavailable)(br_store *st);
   /* server-side copy from src (same kind); returns 1 when it cannot (other endpoint) */

@@ -824,19 +824,30 @@ static int s3_remove(br_store *st, const char *key, br_err *err) {
   return delete_object(s3_of(st), key, err);
 }
 
-/* DeleteObjects, 1,000 keys per request (S3's limit), Quiet mode: only failures are listed. */
-static int s3_remove_many(br_store *st, const char *const *keys, size_t n, br_err *err) {
+/* DeleteObjects, 1,000 keys per request (S3's limit), Quiet mode: only failures are listed. A
+ * batch whose request fails or whose answer is not a well-formed DeleteResult counts as failed
+ * whole (its keys may still be there); the other batches are still sent. */
+static int s3_remove_many(br_store *st, const char *const *keys, size_t n, uint8_t *failed,
+                          br_err *err) {
   struct s3_store *s3 = s3_of(st);
+  int out = 0;
+  br_err one;
   for (size_t base = 0; base < n; base += 1000) {
     size_t count = n - base < 1000 ? n - base : 1000;
+    const char *const *bk = keys + base;
+    uint8_t *bf = failed + base;
+    memset(bf, 0, count);
     size_t cap = 128;
-    for (size_t i = 0; i < count; i++) cap += strlen(keys[base + i]) * 6 + 40;
+    for (size_t i = 0; i < count; i++) cap += strlen(bk[i]) * 5 + 32;
     char *xml = malloc(cap);
-    if (!xml) return br_fail(err, "out of memory");
+    if (!xml) {
+      memset(bf, 1, n - base);
+      return br_fail(out ? &one : err, "out of memory");
+    }
     size_t used = (size_t)snprintf(xml, cap, "<Delete><Quiet>true</Quiet>");
     for (size_t i = 0; i < count; i++) {
       used += (size_t)snprintf(xml + used, cap - used, "<Object><Key>");
-      for (const char *k = keys[base + i]; *k; k++) {
+      for (const char *k = bk[i]; *k; k++) {
         const char *ent = *k == '&' ? "&amp;" : *k == '<' ? "&lt;" : *k == '>' ? "&gt;" : NULL;
         if (ent)
           used += (size_t)snprintf(xml + used, cap - used, "%s", ent);
@@ -860,20 +871,29 @@ static int s3_remove_many(br_store *st, const char *const *keys, size_t n, br_er
     rq.headers[rq.nheaders++] = (br_sigv4_header){"content-md5", md5b64};
     rq.headers[rq.nheaders++] = (br_sigv4_header){"content-type", "application/xml"};
     s3_response rs;
-    int rc = s3_perform(&s3->t, &rq, &rs, err);
+    br_err *e = out ? &one : err;
+    int rc = s3_perform(&s3->t, &rq, &rs, e);
     free(xml);
-    if (rc == 0 && rs.status != 200) rc = s3_fail_status(err, &s3->t, "DeleteObjects", &rs);
-    if (rc == 0 && rs.body && strstr(rs.body, "<Error>")) {
-      const char *from = strstr(rs.body, "<Error>");
-      char key[1100] = "", code[64] = "";
-      s3_xml_text(from, "Key", NULL, key, sizeof key);
-      s3_xml_text(from, "Code", NULL, code, sizeof code);
-      rc = br_fail(err, "store %s: DeleteObjects: %s: %s", s3->t.name, key, code);
+    if (rc == 0 && rs.status != 200) rc = s3_fail_status(e, &s3->t, "DeleteObjects", &rs);
+    if (rc == 0) {
+      char why[1024];
+      int nf = s3_parse_delete_result(rs.body ? rs.body : "", rs.body ? rs.body_len : 0, bk, count,
+                                      bf, why, sizeof why);
+      if (nf < 0) {
+        rc = br_fail(e, "store %s: DeleteObjects: answer refused: %s", s3->t.name, why);
+        br_warn("%s", e->msg);
+      } else if (nf > 0) {
+        br_fail(e, "store %s: DeleteObjects: %d key(s) failed, first %s", s3->t.name, nf, why);
+        out++;
+      }
+    }
+    if (rc < 0) {
+      memset(bf, 1, count);
+      out++;
     }
     s3_response_free(&rs);
-    if (rc < 0) return -1;
   }
-  return 0;
+  return out ? -1 : 0;
 }
 
 /* ListObjectsV2, 1,000 keys a page, in key order. */

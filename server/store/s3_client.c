@@ -229,6 +229,122 @@ int s3_xml_text(const char *xml, const char *tag, const char **from, char *out, 
   return xml_decode(start, (size_t)(end - start), out, outlen) == SIZE_MAX ? -1 : 0;
 }
 
+/* ---- DeleteObjects answers ------------------------------------------------------------------ */
+
+/* A strict reader of one flat element <name>text</name> or <name/> at *at (whitespace before it
+ * skipped): name and its text (raw, not decoded) out. 0, or -1 when what is there is not one. */
+static int xml_leaf(const char **at, const char *end, const char **name, size_t *namelen,
+                    const char **text, size_t *textlen) {
+  const char *p = *at;
+  while (p < end && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')) p++;
+  if (p >= end || *p != '<' || p + 1 >= end || p[1] == '/') return -1;
+  const char *n = ++p;
+  while (p < end && ((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z'))) p++;
+  if (p == n || p >= end) return -1;
+  *name = n;
+  *namelen = (size_t)(p - n);
+  if (*p == '/') {
+    if (p + 1 >= end || p[1] != '>') return -1;
+    *text = p;
+    *textlen = 0;
+    *at = p + 2;
+    return 0;
+  }
+  if (*p != '>') return -1;
+  const char *t = ++p;
+  while (p < end && *p != '<') p++;
+  if (p >= end || (size_t)(end - p) < *namelen + 3 || p[1] != '/' || memcmp(p + 2, n, *namelen) ||
+      p[2 + *namelen] != '>')
+    return -1;
+  *text = t;
+  *textlen = (size_t)(p - t);
+  *at = p + 3 + *namelen;
+  return 0;
+}
+
+static int name_is(const char *name, size_t len, const char *want) {
+  return strlen(want) == len && !memcmp(name, want, len);
+}
+
+/* Skips whitespace, then expects the literal s. 0, or -1. */
+static int xml_expect(const char **at, const char *end, const char *s) {
+  const char *p = *at;
+  while (p < end && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')) p++;
+  size_t n = strlen(s);
+  if ((size_t)(end - p) < n || memcmp(p, s, n)) return -1;
+  *at = p + n;
+  return 0;
+}
+
+/* Which of keys[0..n) is key (hint first: answers list keys in request order)? n if none. */
+static size_t key_index(const char *const *keys, size_t n, const char *key, size_t hint) {
+  if (hint < n && !strcmp(keys[hint], key)) return hint;
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(keys[i], key)) return i;
+  return n;
+}
+
+int s3_parse_delete_result(const char *xml, size_t len, const char *const *keys, size_t n,
+                           uint8_t *failed, char *why, size_t whylen) {
+  const char *at = xml, *end = xml + len;
+  if (whylen) why[0] = '\0';
+#define REFUSE(...) return snprintf(why, whylen, __VA_ARGS__), -1
+  if (xml_expect(&at, end, "<?xml") == 0) { /* the prolog: up to its ?> */
+    const char *q = at;
+    while (q + 1 < end && !(q[0] == '?' && q[1] == '>') && q[0] != '<') q++;
+    if (q + 1 >= end || q[0] != '?') REFUSE("bad XML declaration");
+    at = q + 2;
+  }
+  if (xml_expect(&at, end, "<DeleteResult") < 0 ||
+      (at < end && *at != '>' && *at != '/' && *at != ' ' && *at != '\n'))
+    REFUSE("not a DeleteResult");
+  while (at < end && *at != '>' && *at != '<') at++; /* its attributes (xmlns) */
+  if (at >= end || *at != '>') REFUSE("unterminated DeleteResult tag");
+  int empty = at[-1] == '/'; /* <DeleteResult .../>: nothing failed */
+  at++;
+  size_t nfailed = 0, hint = 0;
+  while (!empty) {
+    if (xml_expect(&at, end, "</DeleteResult>") == 0) break;
+    int is_error;
+    if (xml_expect(&at, end, "<Deleted>") == 0)
+      is_error = 0;
+    else if (xml_expect(&at, end, "<Error>") == 0)
+      is_error = 1;
+    else
+      REFUSE("unexpected content at byte %zu", (size_t)(at - xml));
+    char key[1100] = "", code[64] = "";
+    int have_key = 0;
+    while (xml_expect(&at, end, is_error ? "</Error>" : "</Deleted>") < 0) {
+      const char *name, *text;
+      size_t nl, tl;
+      if (xml_leaf(&at, end, &name, &nl, &text, &tl) < 0)
+        REFUSE("malformed entry at byte %zu", (size_t)(at - xml));
+      if (name_is(name, nl, "Key")) {
+        if (have_key || xml_decode(text, tl, key, sizeof key) == SIZE_MAX) REFUSE("bad Key");
+        have_key = 1;
+      } else if (is_error && name_is(name, nl, "Code")) {
+        if (xml_decode(text, tl, code, sizeof code) == SIZE_MAX) REFUSE("bad Code");
+      } else if (!name_is(name, nl, "VersionId") && !name_is(name, nl, "Message") &&
+                 !name_is(name, nl, "DeleteMarker") &&
+                 !name_is(name, nl, "DeleteMarkerVersionId")) {
+        REFUSE("unexpected element %.*s", (int)(nl < 40 ? nl : 40), name);
+      }
+    }
+    if (!have_key) REFUSE("an entry without a Key");
+    size_t i = key_index(keys, n, key, hint);
+    if (i == n) REFUSE("key %.200s was not asked for", key);
+    hint = i + 1;
+    if (is_error && !failed[i]) {
+      failed[i] = 1;
+      if (!nfailed++) snprintf(why, whylen, "%.900s: %s", key, code[0] ? code : "error");
+    }
+  }
+  while (at < end && (*at == ' ' || *at == '\t' || *at == '\r' || *at == '\n')) at++;
+  if (at != end) REFUSE("content after DeleteResult");
+#undef REFUSE
+  return (int)nfailed;
+}
+
 /* ---- requests ------------------------------------------------------------------------------- */
 
 struct transfer {

@@ -112,6 +112,14 @@ int s3_target_down(s3_target *t);
  * answers are small flat documents; this is all the XML they need. */
 int s3_xml_text(const char *xml, const char *tag, const char **from, char *out, size_t outlen);
 
+/* Reads the answer to a DeleteObjects of keys[0..n) strictly (a DeleteResult of Deleted and Error
+ * entries naming keys that were asked for, nothing else) and sets failed[i] for each key it lists
+ * as an Error (failed is zeroed by the caller). Returns how many failed, or -1 when the answer is
+ * not such a document (then nothing can be taken as deleted). why: the first failure or the
+ * refusal. */
+int s3_parse_delete_result(const char *xml, size_t len, const char *const *keys, size_t n,
+                           uint8_t *failed, char *why, size_t whylen);
+
 /* A reusable easy handle for this thread (freed when the thread exits). */
 CURL *s3_curl_handle(void);
 

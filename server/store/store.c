@@ -176,13 +176,42 @@ int br_store_delete(br_store *st, const char *key, br_err *err) {
   return st->ops->remove(st, key, err);
 }
 
-int br_store_delete_many(br_store *st, const char *const *keys, size_t n, br_err *err) {
-  for (size_t i = 0; i < n; i++)
-    if (br_store_key_valid(keys[i]) < 0) return br_fail(err, "invalid object key '%s'", keys[i]);
-  if (st->ops->remove_many) return st->ops->remove_many(st, keys, n, err);
-  for (size_t i = 0; i < n; i++)
-    if (st->ops->remove(st, keys[i], err) < 0) return -1;
-  return 0;
+int br_store_delete_many(br_store *st, const char *const *keys, size_t n, uint8_t *failed,
+                         br_err *err) {
+  int out = 0;
+  br_err one;
+  for (size_t i = 0; i < n; i++) {
+    failed[i] = br_store_key_valid(keys[i]) < 0;
+    if (failed[i] && !out++) br_fail(err, "invalid object key '%s'", keys[i]);
+  }
+  if (st->ops->remove_many) {
+    /* the valid keys only, in one list */
+    const char **valid = malloc((n ? n : 1) * sizeof *valid);
+    uint8_t *vf = calloc(n ? n : 1, 1);
+    size_t nv = 0;
+    if (!valid || !vf) {
+      free(valid);
+      free(vf);
+      memset(failed, 1, n);
+      return br_fail(err, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++)
+      if (!failed[i]) valid[nv++] = keys[i];
+    int rc = nv ? st->ops->remove_many(st, valid, nv, vf, out ? &one : err) : 0;
+    for (size_t i = 0, j = 0; i < n; i++)
+      if (!failed[i]) failed[i] = vf[j++];
+    free(valid);
+    free(vf);
+    return rc < 0 || out ? -1 : 0;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (failed[i]) continue;
+    if (st->ops->remove(st, keys[i], out ? &one : err) < 0) {
+      failed[i] = 1;
+      out++;
+    }
+  }
+  return out ? -1 : 0;
 }
 
 int br_store_list(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err) {

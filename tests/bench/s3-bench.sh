@@ -4,14 +4,15 @@
 #   - redirects: blobref 307 to a presigned S3 URL vs nginx `return 302` with the same headers
 #     and a Location of the same length, and the libmicrohttpd trivial-handler ceiling
 #     (tests/bench/mhd_ceiling.c) as a third column;
-#   - proxied reads (4 KiB, 1 MiB, Range 64 KiB): blobref proxy mode vs wrk reading the same
+#   - proxied reads (4 KiB, 1 MiB, 16 MiB, Range 64 KiB): blobref proxy mode vs wrk reading the same
 #     objects straight from radosgw with presigned URLs;
 #   - new 1 MiB uploads: `curl -T` to blobref vs `curl --aws-sigv4 -T` to radosgw, same files,
 #     same parallelism (both pay the same curl process per file).
 #
 # usage: tests/bench/s3-bench.sh [BIN_DIR]   env: ROUNDS=3 DURATION=10 QUICK=1 WRK_CONNS=64
 #        UPLOAD_CONNS=16 UPLOAD_FILES=200 OUT=build/bench/s3-results.md KEEP=1
-#        SCENARIOS="redirect get4k get1m range upload"   a subset for a quicker run
+#        SCENARIOS="redirect get4k get1m get16m range upload"   a subset for a quicker run
+#        PROXY_CONNS=16   wrk's connections for the proxied 1 MiB and 16 MiB reads (both sides)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -28,7 +29,8 @@ WRK_THREADS=${WRK_THREADS:-2}
 WRK_CONNS=${WRK_CONNS:-64}
 UPLOAD_CONNS=${UPLOAD_CONNS:-16}
 OUT=${OUT:-$ROOT/build/bench/s3-results.md}
-SCENARIOS=${SCENARIOS:-redirect get4k get1m range upload}
+SCENARIOS=${SCENARIOS:-redirect get4k get1m get16m range upload}
+PROXY_CONNS=${PROXY_CONNS:-16}
 wants() { [[ " $SCENARIOS " == *" $1 "* ]]; }
 for t in wrk nginx curl radosgw /usr/bin/python3; do
   command -v "$t" >/dev/null || { echo "s3-bench: $t not found (make bench installs it)" >&2; exit 2; }
@@ -95,6 +97,7 @@ cc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -o "$T/mhd_ceiling" "$BENCH/
 UL=$T/upload_load
 "$UL" -m gen -s 4096 -n 500 -S "s3s-$$" -o "$T/files" >"$T/small.list"
 "$UL" -m gen -s 1048576 -n 16 -S "s3l-$$" -o "$T/files" >"$T/large.list"
+"$UL" -m gen -s 16777216 -n 4 -S "s3h-$$" -o "$T/files" >"$T/huge.list"
 if wants upload; then
   "$UL" -m gen -s 1048576 -n $((UPLOAD_FILES * ROUNDS * 2)) -S "s3u-$$" -o "$T/up" >"$T/up.list"
 fi
@@ -124,10 +127,12 @@ start_blobref redir "$P_REDIR" redirect
 log "uploading the read set through blobrefd (and the same objects to bucket 'direct')"
 "$UL" -m put -u "http://127.0.0.1:$P_PROXY/v1/blobs" -f "$T/small.list" -c 8 -d 300 >/dev/null
 "$UL" -m put -u "http://127.0.0.1:$P_PROXY/v1/blobs" -f "$T/large.list" -c 8 -d 300 >/dev/null
+"$UL" -m put -u "http://127.0.0.1:$P_PROXY/v1/blobs" -f "$T/huge.list" -c 4 -d 300 >/dev/null
 "$UL" -m put -u "http://127.0.0.1:$P_REDIR/v1/blobs" -f "$T/small.list" -c 8 -d 300 >/dev/null
 # the proxied reads' peer: the same objects straight from radosgw (skipped for a redirect-only run)
-wants get4k || wants get1m || wants range || touch "$T/get4k.direct" "$T/get1m.direct" "$T/range.direct"
-wants get4k || wants get1m || wants range && /usr/bin/python3 - "$RGW" "$T" <<'EOF'
+wants get4k || wants get1m || wants get16m || wants range ||
+  touch "$T/get4k.direct" "$T/get1m.direct" "$T/get16m.direct" "$T/range.direct"
+wants get4k || wants get1m || wants get16m || wants range && /usr/bin/python3 - "$RGW" "$T" <<'EOF'
 import sys, boto3
 from botocore.config import Config
 rgw, t = sys.argv[1], sys.argv[2]
@@ -136,8 +141,8 @@ s3 = boto3.client("s3", endpoint_url=rgw, region_name="us-east-1", aws_access_ke
                   config=Config(signature_version="s3v4", s3={"addressing_style": "path"}))
 import random
 random.seed(42)
-out = {"get4k": [], "get1m": [], "range": []}
-for name, kind in (("small", "get4k"), ("large", "get1m")):
+out = {"get4k": [], "get1m": [], "get16m": [], "range": []}
+for name, kind in (("small", "get4k"), ("large", "get1m"), ("huge", "get16m")):
     for line in open(f"{t}/{name}.list"):
         h, path = line.split()
         key = f"sha256/{h[:2]}/{h[2:4]}/{h}"
@@ -155,6 +160,7 @@ for k, v in out.items():
 EOF
 awk '{ print "GET /v1/blobs/" $1 }' "$T/small.list" >"$T/get4k.blobref"
 awk '{ print "GET /v1/blobs/" $1 }' "$T/large.list" >"$T/get1m.blobref"
+awk '{ print "GET /v1/blobs/" $1 }' "$T/huge.list" >"$T/get16m.blobref"
 awk 'BEGIN { srand(42) } { for (i = 0; i < 16; i++) { a = int(rand() * (1048576 - 65536) / 4096) * 4096
        print "GET /v1/blobs/" $1 " bytes=" a "-" (a + 65535) } }' "$T/large.list" >"$T/range.blobref"
 cp "$T/get4k.blobref" "$T/redirect.blobref"
@@ -215,10 +221,20 @@ nloc=$(curl -s -o /dev/null -w '%{redirect_url}' "http://127.0.0.1:$P_NGINX/r/$h
 
 RES=$T/res
 mkdir -p "$RES"
+# CPU seconds (user + system) the processes PIDS... have used so far
+cpu_s() { local t=0 p; for p in "$@"; do
+    t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0))); done
+  awk -v t="$t" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.3f", t / hz }'; }
+RGW_PIDS=$(awk '{ print $2 }' "$T/rgw/pids")  # radosgw and its Ceph daemons
 wrk_run() { # SCENARIO WHO BASE LIST
-  local out
-  out=$(BENCH_REQS=$4 timeout $((DURATION + 60)) wrk -t"$WRK_THREADS" -c"$WRK_CONNS" \
+  local out conns=$WRK_CONNS c0 r0 c1 r1
+  case $1 in get1m | get16m) conns=$PROXY_CONNS ;; esac
+  # shellcheck disable=SC2086
+  c0=$(cpu_s "${PIDS[proxy]}" "${PIDS[redir]}") r0=$(cpu_s $RGW_PIDS)
+  out=$(BENCH_REQS=$4 timeout $((DURATION + 60)) wrk -t"$WRK_THREADS" -c"$conns" \
     -d"${DURATION}s" --timeout 10s -s "$BENCH/rotate.lua" "$3" | sed -n 's/^WRK //p') || true
+  # shellcheck disable=SC2086
+  c1=$(cpu_s "${PIDS[proxy]}" "${PIDS[redir]}") r1=$(cpu_s $RGW_PIDS)
   local rps p99 bad
   rps=$(sed -n 's/.* rps=\([^ ]*\).*/\1/p' <<<"$out")
   p99=$(sed -n 's/.* p99_ms=\([^ ]*\).*/\1/p' <<<"$out")
@@ -226,7 +242,11 @@ wrk_run() { # SCENARIO WHO BASE LIST
   [ -n "$rps" ] || die "$1 $2: no result"
   [ "${bad:-0}" = 0 ] || log "warning: $1 $2: $bad non-2xx/3xx answers"
   echo "$rps $p99" >>"$RES/$1.$2"
-  log "$1 $2: $rps req/s, p99 $p99 ms"
+  # CPU per request: blobrefd's and radosgw's (with its Ceph daemons), from /proc
+  awk -v b="$(awk -v a="$c0" -v z="$c1" 'BEGIN { print z - a }')" \
+    -v g="$(awk -v a="$r0" -v z="$r1" 'BEGIN { print z - a }')" -v n="$rps" -v d="$DURATION" \
+    'BEGIN { printf "%.3f %.3f\n", b * 1000 / (n * d), g * 1000 / (n * d) }' >>"$RES/$1.$2.cpu"
+  log "$1 $2: $rps req/s, p99 $p99 ms, CPU ms/request: blobrefd $(tail -1 "$RES/$1.$2.cpu" | cut -d' ' -f1), radosgw $(tail -1 "$RES/$1.$2.cpu" | cut -d' ' -f2), load $(cut -d' ' -f1 /proc/loadavg)"
 }
 upload_run() { # WHO ROUND
   local list=$T/up.$1.$2 start end n
@@ -262,13 +282,13 @@ for ROUND in $(seq 0 $((ROUNDS - 1))); do
       if wants redirect; then
         wrk_run redirect blobref "http://127.0.0.1:$P_REDIR" "$T/redirect.blobref"
       fi
-      for sc in get4k get1m range; do
+      for sc in get4k get1m get16m range; do
         if wants $sc; then wrk_run "$sc" blobref "http://127.0.0.1:$P_PROXY" "$T/$sc.blobref"; fi
       done
       if wants upload; then upload_run blobref "$ROUND"; fi
     elif [ "$who" = b ]; then
       if wants redirect; then wrk_run redirect nginx "http://127.0.0.1:$P_NGINX" "$T/redirect.nginx"; fi
-      for sc in get4k get1m range; do
+      for sc in get4k get1m get16m range; do
         if wants $sc; then wrk_run "$sc" direct "$RGW" "$T/$sc.direct"; fi
       done
       if wants upload; then upload_run direct "$ROUND"; fi
@@ -295,13 +315,25 @@ mkdir -p "$(dirname "$OUT")"
       "$(col redirect blobref 1)" "$(col redirect blobref 2)" "$(col redirect mhd 1)" \
       "$(col redirect mhd 2)" "$(ratio redirect blobref mhd)"
   fi
-  for sc in get4k get1m range; do
+  for sc in get4k get1m get16m range; do
     wants $sc || continue
-    case $sc in get4k) name="proxied GET 4 KiB" ;; get1m) name="proxied GET 1 MiB" ;; range) name="proxied Range 64 KiB of 1 MiB" ;; esac
+    case $sc in get4k) name="proxied GET 4 KiB" ;; get1m) name="proxied GET 1 MiB (-c$PROXY_CONNS)" ;;
+      get16m) name="proxied GET 16 MiB (-c$PROXY_CONNS)" ;; range) name="proxied Range 64 KiB of 1 MiB" ;; esac
     printf '| %s | %.0f | %s | radosgw direct (presigned) | %.0f | %s | %.2fx |\n' "$name" \
       "$(col "$sc" blobref 1)" "$(col "$sc" blobref 2)" "$(col "$sc" direct 1)" "$(col "$sc" direct 2)" \
       "$(ratio "$sc" blobref direct)"
   done
+  echo
+  echo "| scenario | side | CPU ms/request, blobrefd | CPU ms/request, radosgw + Ceph |"
+  echo "|---|---|---:|---:|"
+  for sc in get1m get16m; do
+    wants $sc || continue
+    for who in blobref direct; do
+      printf '| %s | %s | %s | %s |\n' "$sc" "$who" "$(awk '{ print $1 }' "$RES/$sc.$who.cpu" | median)" \
+        "$(awk '{ print $2 }' "$RES/$sc.$who.cpu" | median)"
+    done
+  done
+  echo
   if wants upload; then
     printf '| new 1 MiB uploads (blobs/s) | %.1f | - | curl --aws-sigv4 to radosgw | %.1f | - | %.2fx |\n' \
       "$(col upload blobref 1)" "$(col upload direct 1)" "$(ratio upload blobref direct)"

@@ -108,9 +108,11 @@ class Forwarder:
     the bytes towards radosgw to at most that many per second per connection (a slow uplink) and
     may be changed (None: unthrottled) while it runs."""
 
-    def __init__(self, target_port, rate=None):
+    def __init__(self, target_port, rate=None, count=()):
         self.rate = rate
         self.down = 0
+        # how often each of the byte strings in count went towards radosgw (e.g. b"POST /b?delete")
+        self.hits = {pat: 0 for pat in count}
         self.lock = threading.Lock()
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
@@ -130,11 +132,19 @@ class Forwarder:
             threading.Thread(target=self._pipe, args=(u, c, False), daemon=True).start()
 
     def _pipe(self, src, dst, upward):
+        keep = max((len(p) for p in self.hits), default=1) - 1
+        tail = b""
         try:
             while True:
                 d = src.recv(65536)
                 if not d:
                     break
+                if upward and self.hits:
+                    seen = tail + d  # tail is shorter than any pattern: nothing counted twice
+                    with self.lock:
+                        for pat in self.hits:
+                            self.hits[pat] += seen.count(pat)
+                    tail = seen[len(seen) - keep:] if keep else b""
                 if not upward:
                     with self.lock:
                         self.down += len(d)

@@ -155,8 +155,77 @@ static void test_config(void) {
   }
 }
 
+/* DeleteObjects answers: which keys failed, and every answer that is not a DeleteResult of the
+ * keys asked for refused whole (so that nothing is taken as deleted). */
+static void test_delete_result(void) {
+  static const char *const keys[] = {"sha256/aa/bb/x", "a&b<c", "k3"};
+  static const struct {
+    const char *xml;
+    int want;           /* failed count, or -1 refused */
+    const char *failed; /* which of keys, as 0/1 */
+  } cases[] = {
+      {"<DeleteResult/>", 0, "000"},
+      {"<DeleteResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"/>", 0, "000"},
+      {"<DeleteResult></DeleteResult>", 0, "000"},
+      {"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DeleteResult "
+       "xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"></DeleteResult>\n",
+       0, "000"},
+      {"<DeleteResult><Deleted><Key>k3</Key></Deleted><Deleted><Key>a&amp;b&lt;c</Key>"
+       "<DeleteMarker>true</DeleteMarker><DeleteMarkerVersionId>v</DeleteMarkerVersionId>"
+       "</Deleted></DeleteResult>",
+       0, "000"},
+      {"<DeleteResult><Error><Key>k3</Key><Code>AccessDenied</Code><Message>no</Message>"
+       "</Error></DeleteResult>",
+       1, "001"},
+      {"<DeleteResult>\n  <Error><Key>a&amp;b&lt;c</Key><Code>InternalError</Code><Message/>"
+       "</Error>\n  <Error><VersionId>1</VersionId><Key>sha256/aa/bb/x</Key><Code>SlowDown</Code>"
+       "</Error></DeleteResult>",
+       2, "110"},
+      {"<DeleteResult><Error><Key>k3</Key></Error><Error><Key>k3</Key></Error></DeleteResult>", 1,
+       "001"},
+      {"<DeleteResult><Error><Key>other</Key><Code>X</Code></Error></DeleteResult>", -1, "000"},
+      {"<DeleteResult><Error><Code>X</Code></Error></DeleteResult>", -1, "000"},
+      {"<DeleteResult><Error><Key>k3</Key><Key>k3</Key></Error></DeleteResult>", -1, "000"},
+      {"<DeleteResult><Error><Key>k3</Key><Bogus>1</Bogus></Error></DeleteResult>", -1, "000"},
+      {"<DeleteResult><Error><Key>k3</Key><Code>X</Code></Error>", -1, "000"}, /* cut short */
+      {"<DeleteResult><Error><Key>k3</Key><Code>X</Code>", -1, "000"},
+      {"<DeleteResult><Error><Key>k3</Key><Code>X</Code></Error></DeleteResult>trailing", -1,
+       "000"},
+      {"<DeleteResult><Other/></DeleteResult>", -1, "000"},
+      {"<DeleteResults></DeleteResults>", -1, "000"},
+      {"<DeleteResult><Error><Key>k3<Code>X</Code></Key></Error></DeleteResult>", -1, "000"},
+      {"<DeleteResult><Error><Key>k3</Keys></Error></DeleteResult>", -1, "000"},
+      {"<Error><Code>InternalError</Code><Message>We encountered an internal error</Message>"
+       "</Error>",
+       -1, "000"}, /* a 200 whose body is an error document */
+      {"<?xml version=\"1.0\"<DeleteResult></DeleteResult>", -1, "000"},
+      {"", -1, "000"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint8_t failed[3] = {0};
+    char why[256];
+    int rc = s3_parse_delete_result(cases[i].xml, strlen(cases[i].xml), keys, 3, failed, why,
+                                    sizeof why);
+    CHECK(rc == cases[i].want, "delete result %zu: rc %d want %d (%s)", i, rc, cases[i].want, why);
+    if (rc >= 0)
+      for (int k = 0; k < 3; k++)
+        CHECK(failed[k] == (cases[i].failed[k] == '1'), "delete result %zu: key %d", i, k);
+    if (rc != 0) CHECK(why[0] != '\0', "delete result %zu: no reason given", i);
+  }
+  /* a body with a NUL inside is not read past its length, nor trusted */
+  const char nul[] = "<DeleteResult>\0</DeleteResult>";
+  uint8_t failed[3] = {0};
+  char why[64];
+  CHECK(s3_parse_delete_result(nul, sizeof nul - 1, keys, 3, failed, why, sizeof why) < 0,
+        "NUL inside");
+  CHECK(s3_parse_delete_result("<DeleteResult></DeleteResult>", 14, keys, 3, failed, why,
+                               sizeof why) < 0,
+        "a length that cuts the document short");
+}
+
 int main(void) {
   test_xml();
+  test_delete_result();
   test_target();
   test_config();
   return unit_summary("s3");
