@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "blobref/header.h"
 #include "commands.h"
 #include "http_client.h"
 
@@ -240,7 +241,7 @@ static int put_one(const cli_globals *g, const put_opts *o, const char *file, pu
   *res = (put_result){0};
   snprintf(what, sizeof what, "put %.250s", file);
   const char *type = o->type;
-  if (!type) type = br_cli_type_for_name(file);
+  if (!type) type = br_content_type_for_name(file);
   if (!type) type = "application/octet-stream";
 
   int64_t length = -1;
@@ -531,7 +532,7 @@ static int direct_batch(direct_run *r, int jobs, uint64_t *bytes, uint64_t *sent
       goto fail;
     }
     fclose(in);
-    it->type = r->o->type ? r->o->type : br_cli_type_for_name(it->path);
+    it->type = r->o->type ? r->o->type : br_content_type_for_name(it->path);
     if (!it->type) it->type = "application/octet-stream";
     json_array_append_new(req, json_pack("{s:s,s:I,s:s}", "sha256", it->hex, "size",
                                          (json_int_t)it->size, "content_type", it->type));

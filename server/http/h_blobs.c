@@ -117,19 +117,6 @@ enum MHD_Result post_begin(struct request *req) {
   return open_writer(req);
 }
 
-/* Names the upload's type from the bytes gathered so far (once) and tells the writer, which may
- * start a multipart upload with it as soon as the first part is full. */
-static void sniff_finish(struct request *req) {
-  if (!req->sniff_wanted) return;
-  req->sniff_wanted = 0;
-  char found[BR_MAX_CONTENT_TYPE + 1];
-  if (br_sniff_type(req->sniff_buf, req->sniff_len, found, sizeof found))
-    memcpy(req->content_type, found, strlen(found) + 1);
-  if (req->writer) br_store_write_content_type(req->writer, req->content_type);
-  free(req->sniff_buf);
-  req->sniff_buf = NULL;
-}
-
 /* Keeps a copy of the first BR_SNIFF_BYTES of the body, and detects once they are in. */
 static void sniff_gather(struct request *req, const char *data, size_t len) {
   if (!req->sniff_wanted || !req->writer) return;
@@ -140,7 +127,7 @@ static void sniff_gather(struct request *req, const char *data, size_t len) {
   size_t n = BR_SNIFF_BYTES - req->sniff_len < len ? BR_SNIFF_BYTES - req->sniff_len : len;
   memcpy(req->sniff_buf + req->sniff_len, data, n);
   req->sniff_len += n;
-  if (req->sniff_len == BR_SNIFF_BYTES) sniff_finish(req);
+  if (req->sniff_len == BR_SNIFF_BYTES) request_sniff_finish(req); /* S3 may need it now */
 }
 
 int upload_body(struct request *req, const char *data, size_t len) {
@@ -229,8 +216,8 @@ enum MHD_Result upload_finish(struct request *req) {
   }
   if (!req->writer) /* discarded body of a blob quarantined or gone meanwhile: send it again */
     return reply_error(req, E_TRY_AGAIN, "the blob changed state during the upload; retry");
-  sniff_finish(req); /* a body shorter than BR_SNIFF_BYTES */
-  /* fsync, rename, index commit on a finisher thread; then this handler runs again */
+  /* detection of a body shorter than BR_SNIFF_BYTES, fsync, rename, index commit on a finisher
+   * thread (libmagic on text takes a while: not on a network thread); then this runs again */
   if (request_finish_async(req, JOB_UPLOAD) < 0) {
     request_free_upload(req);
     return reply_error(req, E_NOT_READY, "the server is stopping; nothing was kept");
