@@ -370,4 +370,3 @@ int br_cli_usage_error(const char *cmd, const char *fmt, ...) {
   fprintf(stderr, " (see 'blobref %s --help')\n", cmd);
   return 2;
 }
-

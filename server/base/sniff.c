@@ -17,7 +17,7 @@
 
 static pthread_mutex_t sniff_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t sniff_cv = PTHREAD_COND_INITIALIZER;
-static int sniff_ready;                  /* the database loaded; 0 before open and after close */
+static int sniff_ready;                   /* the database loaded; 0 before open and after close */
 static magic_t sniff_idle[SNIFF_HANDLES]; /* handles no thread holds */
 static int sniff_nidle, sniff_nopen;      /* idle ones, and all that are open (idle or held) */
 

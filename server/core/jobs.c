@@ -574,7 +574,8 @@ static void import_one(void *ud, size_t i) {
   if (rate_wait(en, j, 0) < 0) return;
   unsigned char head[BR_SNIFF_BYTES]; /* the bytes detection looks at, read on the way */
   size_t head_len = 0;
-  int rc = br_store_hash_head(b->st, it->key, it->digest, &size, head, sizeof head, &head_len, &err);
+  int rc =
+      br_store_hash_head(b->st, it->key, it->digest, &size, head, sizeof head, &head_len, &err);
   uint64_t t1 = br_now_ms();
   if (rc != 0) {
     if (rc > 0)

@@ -265,6 +265,26 @@ enum MHD_Result blob_get(struct request *req) {
   return r;
 }
 
+enum MHD_Result blob_preview(struct request *req) {
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) return reply_error(req, index_error(rc), "%s", err.msg);
+  if (rc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
+  if (rec.state == BR_STATE_DELETING) /* its bytes may be gone already */
+    return reply_error(req, E_NOT_FOUND, "the blob is being deleted");
+  const br_location *loc = br_record_primary(&rec);
+  br_store *store = loc ? br_server_store(req->srv, loc->store) : NULL;
+  if (!store)
+    return reply_error(req, E_STORE_UNAVAILABLE, "the blob's store %s is not configured",
+                       loc ? loc->store : "(none)");
+  req->preview = 1; /* never a redirect: a presigned URL would outlive the admin's look */
+  enum MHD_Result r = reply_blob(req, &rec, store, loc->key);
+  if (req->phase == PHASE_ANSWERED && req->status >= 500)
+    br_server_store_error(req->srv, store, STORE_OP_READ);
+  return r;
+}
+
 enum MHD_Result blob_meta(struct request *req) {
   br_record rec;
   br_err err;

@@ -111,6 +111,7 @@ struct request {
   int query_cut;   /* the target had too many query arguments: see on_uri */
   const char *method;
   int is_head;
+  int preview;                   /* GET .../preview: private, no-store; inline only for images */
   uint8_t digest[BR_SHA256_LEN]; /* the {hash} of the URL, when the route has one */
   int has_digest;
   /* uploads */
