@@ -16,7 +16,7 @@ static const struct command {
   const char *own; /* global option names this command takes as its own after its name */
 } commands[] = {
     {"put", cmd_put, "put [--type CONTENT-TYPE] [-r] [--jobs N] FILE|DIR...|-  upload blobs", NULL},
-    {"get", cmd_get, "get [--range SPEC] [-o FILE] HASH               download a blob", NULL},
+    {"get", cmd_get, "get [--range SPEC] [--preview] [-o FILE] HASH   download a blob", NULL},
     {"stat", cmd_stat, "stat HASH                                        show a blob's record",
      NULL},
     {"lookup", cmd_lookup, "lookup [HASH...|-]                               which blobs exist",

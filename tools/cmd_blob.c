@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "blobref/header.h"
 #include "commands.h"
 #include "http_client.h"
 
@@ -240,7 +241,7 @@ static int put_one(const cli_globals *g, const put_opts *o, const char *file, pu
   *res = (put_result){0};
   snprintf(what, sizeof what, "put %.250s", file);
   const char *type = o->type;
-  if (!type) type = br_cli_type_for_name(file);
+  if (!type) type = br_content_type_for_name(file);
   if (!type) type = "application/octet-stream";
 
   int64_t length = -1;
@@ -531,7 +532,7 @@ static int direct_batch(direct_run *r, int jobs, uint64_t *bytes, uint64_t *sent
       goto fail;
     }
     fclose(in);
-    it->type = r->o->type ? r->o->type : br_cli_type_for_name(it->path);
+    it->type = r->o->type ? r->o->type : br_content_type_for_name(it->path);
     if (!it->type) it->type = "application/octet-stream";
     json_array_append_new(req, json_pack("{s:s,s:I,s:s}", "sha256", it->hex, "size",
                                          (json_int_t)it->size, "content_type", it->type));
@@ -722,7 +723,7 @@ done:
 /* ---- get ---- */
 
 static const char get_help[] =
-    "usage: blobref get [--range SPEC] [-o FILE] HASH\n"
+    "usage: blobref get [--range SPEC] [--preview] [-o FILE] HASH\n"
     "\n"
     "Downloads blob HASH (64 hex digits or sha256:HEX) to standard output or FILE,\n"
     "following a redirect to the store. A full download is checked against HASH and\n"
@@ -732,6 +733,8 @@ static const char get_help[] =
     "\n"
     "  --range SPEC   send 'Range: bytes=SPEC' (e.g. 0-99, 100-, -500, 0-9,20-29)\n"
     "  -o FILE        write to FILE instead of standard output\n"
+    "  --preview      an admin's look at a held or quarantined blob (GET\n"
+    "                 /v1/blobs/HASH/preview: any state but deleting; an admin token)\n"
     "  -h, --help     this help\n"
     "\n"
     "Exit status: 0 downloaded, 1 error (the server's error code is printed), 2 usage.\n";
@@ -767,11 +770,12 @@ static size_t get_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
 int cmd_get(const cli_globals *g, int argc, char **argv) {
   static const struct option longopts[] = {{"range", required_argument, NULL, 'r'},
                                            {"output", required_argument, NULL, 'o'},
+                                           {"preview", no_argument, NULL, 'p'},
                                            {"help", no_argument, NULL, 'h'},
                                            {NULL, 0, NULL, 0}};
   const char *range = NULL, *outpath = NULL;
   char hex[BR_HEX_LEN + 1], what[128], path[128], tmp[4200] = "";
-  int opt, rc = 1, req_ready = 0;
+  int opt, rc = 1, req_ready = 0, preview = 0;
   br_err err = {{0}};
   br_http_req req;
   get_sink sink = {.err_body = {.max = BR_HTTP_ERROR_BODY_MAX}};
@@ -788,6 +792,9 @@ int cmd_get(const cli_globals *g, int argc, char **argv) {
         if (!*optarg) return br_cli_usage_error("get", "-o needs a file name");
         outpath = optarg;
         break;
+      case 'p':
+        preview = 1;
+        break;
       case 'h':
         fputs(get_help, stdout);
         return 0;
@@ -800,7 +807,7 @@ int cmd_get(const cli_globals *g, int argc, char **argv) {
     return br_cli_usage_error("get", "'%.80s' is not a SHA-256 (64 hex digits or sha256:HEX)",
                               argv[optind]);
   snprintf(what, sizeof what, "get %s", hex);
-  snprintf(path, sizeof path, "/v1/blobs/%s", hex);
+  snprintf(path, sizeof path, "/v1/blobs/%s%s", hex, preview ? "/preview" : "");
 
   if (br_http_req_init(&req, g->server, g->token, path, &err) != 0) goto fail;
   req_ready = 1;

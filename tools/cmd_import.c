@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "blobref/config.h"
+#include "blobref/header.h"
 #include "blobref/index.h"
 #include "blobref/store.h"
 #include "commands.h"
@@ -93,7 +94,7 @@ static void report(struct importer *im, const char *what, const char *path, cons
 
 /* The type import records: the extension's (as `blobref put` sends), else octet-stream. */
 static const char *content_type_of(const char *path) {
-  const char *type = br_cli_type_for_name(path);
+  const char *type = br_content_type_for_name(path);
   return type ? type : "application/octet-stream";
 }
 

@@ -370,35 +370,3 @@ int br_cli_usage_error(const char *cmd, const char *fmt, ...) {
   fprintf(stderr, " (see 'blobref %s --help')\n", cmd);
   return 2;
 }
-
-/* The Content-Type for a file name's extension (case-insensitive), or NULL when it has none
- * this table knows: what a browser needs to display a blob inline. */
-const char *br_cli_type_for_name(const char *name) {
-  static const struct {
-    const char *ext, *type;
-  } types[] = {
-      {"jpg", "image/jpeg"},      {"jpeg", "image/jpeg"},
-      {"png", "image/png"},       {"gif", "image/gif"},
-      {"webp", "image/webp"},     {"avif", "image/avif"},
-      {"heic", "image/heic"},     {"tif", "image/tiff"},
-      {"tiff", "image/tiff"},     {"bmp", "image/bmp"},
-      {"svg", "image/svg+xml"},   {"ico", "image/x-icon"},
-      {"mp3", "audio/mpeg"},      {"wav", "audio/wav"},
-      {"flac", "audio/flac"},     {"ogg", "audio/ogg"},
-      {"opus", "audio/opus"},     {"m4a", "audio/mp4"},
-      {"mp4", "video/mp4"},       {"webm", "video/webm"},
-      {"mov", "video/quicktime"}, {"mkv", "video/x-matroska"},
-      {"pdf", "application/pdf"}, {"json", "application/json"},
-      {"txt", "text/plain"},      {"csv", "text/csv"},
-      {"html", "text/html"},      {"htm", "text/html"},
-      {"xml", "application/xml"}, {"zip", "application/zip"},
-      {"gz", "application/gzip"}, {"parquet", "application/vnd.apache.parquet"},
-  };
-  const char *slash = strrchr(name, '/');
-  const char *base = slash ? slash + 1 : name;
-  const char *dot = strrchr(base, '.');
-  if (!dot || dot == base || !dot[1]) return NULL;
-  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-    if (!strcasecmp(dot + 1, types[i].ext)) return types[i].type;
-  return NULL;
-}

@@ -84,9 +84,6 @@ int br_cli_range_check(const char *spec, const char **spec_out, br_err *err);
 /* Checks a --type value: 1..255 printable ASCII characters (what the server accepts). */
 int br_cli_content_type_check(const char *type);
 
-/* The Content-Type for a file name's extension (image/jpeg for x.JPG), or NULL when unknown. */
-const char *br_cli_type_for_name(const char *name);
-
 /* Opens a temporary file next to path (same directory, so the rename is atomic) with the
  * permissions a new file would get. Writes its name into tmp. Returns the FILE, or NULL with err
  * (tmp then names nothing to remove). */

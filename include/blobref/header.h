@@ -29,4 +29,9 @@ int br_header_request_id_ok(const char *v);
  * or "") is active: served as an attachment. */
 int br_content_type_is_passive(const char *ct);
 
+/* The media type a file or key name's extension names (image/jpeg for "a/x.JPG"; only the last
+ * '/'-separated part counts), or NULL when it has no extension the table knows. The first rule
+ * of detection, for the CLI's uploads and the server's imports; libmagic is the second. */
+const char *br_content_type_for_name(const char *name);
+
 #endif

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "blobref/sniff.h"
 #include "core/jobs.h"
 #include "core/move.h"
 #include "store/internal.h"
@@ -571,7 +572,10 @@ static void import_one(void *ud, size_t i) {
   uint64_t size = 0, t0 = br_now_ms();
   uint64_t hashed_from = t0; /* a later write moves the file's ctime past it */
   if (rate_wait(en, j, 0) < 0) return;
-  int rc = br_store_hash(b->st, it->key, it->digest, &size, &err);
+  unsigned char head[BR_SNIFF_BYTES]; /* the bytes detection looks at, read on the way */
+  size_t head_len = 0;
+  int rc =
+      br_store_hash_head(b->st, it->key, it->digest, &size, head, sizeof head, &head_len, &err);
   uint64_t t1 = br_now_ms();
   if (rc != 0) {
     if (rc > 0)
@@ -623,7 +627,8 @@ static void import_one(void *ud, size_t i) {
   it->rec.size = size;
   it->rec.state = BR_STATE_LIVE;
   it->rec.nlocations = 1;
-  snprintf(it->rec.content_type, sizeof it->rec.content_type, "application/octet-stream");
+  br_sniff_name_or_bytes(it->key, head, head_len, it->rec.content_type,
+                         sizeof it->rec.content_type);
   l->role = BR_ROLE_PRIMARY;
   l->verified_at_ms = hashed_from;
   it->ok = 1;

@@ -135,19 +135,6 @@ enum MHD_Result post_begin(struct request *req) {
   return open_writer(req);
 }
 
-/* Names the upload's type from the bytes gathered so far (once) and tells the writer, which may
- * start a multipart upload with it as soon as the first part is full. */
-static void sniff_finish(struct request *req) {
-  if (!req->sniff_wanted) return;
-  req->sniff_wanted = 0;
-  char found[BR_MAX_CONTENT_TYPE + 1];
-  if (br_sniff_type(req->sniff_buf, req->sniff_len, found, sizeof found))
-    memcpy(req->content_type, found, strlen(found) + 1);
-  if (req->writer) br_store_write_content_type(req->writer, req->content_type);
-  free(req->sniff_buf);
-  req->sniff_buf = NULL;
-}
-
 /* Keeps a copy of the first BR_SNIFF_BYTES of the body, and detects once they are in. */
 static void sniff_gather(struct request *req, const char *data, size_t len) {
   if (!req->sniff_wanted || !req->writer) return;
@@ -158,7 +145,7 @@ static void sniff_gather(struct request *req, const char *data, size_t len) {
   size_t n = BR_SNIFF_BYTES - req->sniff_len < len ? BR_SNIFF_BYTES - req->sniff_len : len;
   memcpy(req->sniff_buf + req->sniff_len, data, n);
   req->sniff_len += n;
-  if (req->sniff_len == BR_SNIFF_BYTES) sniff_finish(req);
+  if (req->sniff_len == BR_SNIFF_BYTES) request_sniff_finish(req); /* S3 may need it now */
 }
 
 int upload_body(struct request *req, const char *data, size_t len) {
@@ -262,8 +249,8 @@ static enum MHD_Result upload_decide(struct request *req) {
   }
   if (!req->writer) /* discarded body of a blob quarantined or gone meanwhile: send it again */
     return reply_error(req, E_TRY_AGAIN, "the blob changed state during the upload; retry");
-  sniff_finish(req); /* a body shorter than BR_SNIFF_BYTES */
-  /* fsync, rename, index commit on a finisher thread; then this handler runs again */
+  /* detection of a body shorter than BR_SNIFF_BYTES, fsync, rename, index commit on a finisher
+   * thread (libmagic on text takes a while: not on a network thread); then this runs again */
   if (request_finish_async(req, JOB_UPLOAD) < 0) {
     request_free_upload(req);
     return reply_error(req, E_NOT_READY, "the server is stopping; nothing was kept");
@@ -307,6 +294,26 @@ enum MHD_Result blob_get(struct request *req) {
   }
   enum MHD_Result r = reply_blob(req, &rec, store, loc->key);
   if (req->phase == PHASE_ANSWERED && req->status >= 500) /* the store failed us */
+    br_server_store_error(req->srv, store, STORE_OP_READ);
+  return r;
+}
+
+enum MHD_Result blob_preview(struct request *req) {
+  br_record rec;
+  br_err err;
+  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  if (rc < 0) return reply_error(req, index_error(rc), "%s", err.msg);
+  if (rc > 0) return reply_error(req, E_NOT_FOUND, "no such blob");
+  if (rec.state == BR_STATE_DELETING) /* its bytes may be gone already */
+    return reply_error(req, E_NOT_FOUND, "the blob is being deleted");
+  const br_location *loc = br_record_primary(&rec);
+  br_store *store = loc ? br_server_store(req->srv, loc->store) : NULL;
+  if (!store)
+    return reply_error(req, E_STORE_UNAVAILABLE, "the blob's store %s is not configured",
+                       loc ? loc->store : "(none)");
+  req->preview = 1; /* never a redirect: a presigned URL would outlive the admin's look */
+  enum MHD_Result r = reply_blob(req, &rec, store, loc->key);
+  if (req->phase == PHASE_ANSWERED && req->status >= 500)
     br_server_store_error(req->srv, store, STORE_OP_READ);
   return r;
 }

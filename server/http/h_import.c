@@ -64,9 +64,9 @@ static void import_run(struct request *req) {
       unsigned char head[BR_SNIFF_BYTES];
       size_t head_len = 0;
       rc = br_store_hash_head(st, l->key, got, &size, head, sizeof head, &head_len, &err);
-      char found[BR_MAX_CONTENT_TYPE + 1];
-      if (rc == 0 && it->sniff && br_sniff_type(head, head_len, found, sizeof found))
-        memcpy(it->rec.content_type, found, strlen(found) + 1); /* the rule of uploads */
+      if (rc == 0 && it->sniff) /* the key's extension, else the first bytes */
+        br_sniff_name_or_bytes(l->key, head, head_len, it->rec.content_type,
+                               sizeof it->rec.content_type);
     }
     if (rc != 0 || size != it->rec.size || memcmp(got, it->digest, BR_SHA256_LEN)) {
       snprintf(it->result, sizeof it->result, "error");

@@ -18,6 +18,9 @@ int upload_body(struct request *req, const char *data, size_t len);
 enum MHD_Result upload_finish(struct request *req);
 enum MHD_Result blob_get(struct request *req);
 enum MHD_Result blob_meta(struct request *req);
+/* GET /v1/blobs/{hash}/preview (admin): the bytes of a blob in any state but deleting, proxied
+ * (never redirected), private, no-store, an attachment unless a passive image. */
+enum MHD_Result blob_preview(struct request *req);
 /* h_list.c: GET /v1/blobs (paged listing). */
 enum MHD_Result list_get(struct request *req);
 /* h_lookup.c: POST /v1/lookup. */

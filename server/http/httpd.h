@@ -111,6 +111,7 @@ struct request {
   int query_cut;   /* the target had too many query arguments: see on_uri */
   const char *method;
   int is_head;
+  int preview;                   /* GET .../preview: private, no-store; inline only for images */
   uint8_t digest[BR_SHA256_LEN]; /* the {hash} of the URL, when the route has one */
   int has_digest;
   /* uploads */
@@ -237,6 +238,10 @@ void request_fail(struct request *req, enum br_api_error e, const char *fmt, ...
 int request_finish_async(struct request *req, enum job_kind job);
 /* The bounded JSON body reader that routes taking JSON use as their body callback. */
 int json_body(struct request *req, const char *data, size_t len);
+/* Names an upload's type from the first bytes gathered (once; a no-op unless sniff_wanted) and
+ * tells the writer, which may start a multipart upload with it as soon as the first part is
+ * full. Runs on the network thread once BR_SNIFF_BYTES are in, else on the finisher. */
+void request_sniff_finish(struct request *req);
 /* Drops an upload's writer and hash context (an upload that is not kept). */
 void request_free_upload(struct request *req);
 /* Starts and stops the finisher threads (br_http_start, br_http_stop). */

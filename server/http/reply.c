@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -285,23 +286,31 @@ const char *blob_content_type(const br_record *rec) {
   return ct[0] && !br_header_content_type_check(ct) ? ct : "application/octet-stream";
 }
 
+/* A preview (an admin's look at a held blob) is shown inline only when it is a passive image:
+ * anything else a held blob holds is a download, whatever a browser makes of it. */
+static int preview_inline(const char *ct) {
+  return !strncasecmp(ct, "image/", 6) && br_content_type_is_passive(ct);
+}
+
 /* Stored content never runs on our origin (where the console keeps its token): no sniffing, a
  * sandbox with nothing allowed, and anything but a passive type downloaded, not rendered. On every
  * blob reply: 200, 206, 304, 416, HEAD, proxied, cached. */
-static void add_confinement_headers(struct MHD_Response *resp, const br_record *rec) {
+static void add_confinement_headers(struct MHD_Response *resp, const br_record *rec, int preview) {
   MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
   MHD_add_response_header(resp, "Content-Security-Policy", "default-src 'none'; sandbox");
-  if (!br_content_type_is_passive(blob_content_type(rec)))
+  if (!(preview ? preview_inline(blob_content_type(rec))
+                : br_content_type_is_passive(blob_content_type(rec))))
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_DISPOSITION, "attachment");
 }
 
 /* with_type 0: no Content-Type (a 304, or multipart/byteranges set by the caller). */
+/* preview: the answer of GET .../preview, kept by no cache (the blob may be held for a reason). */
 static void add_blob_headers(struct MHD_Response *resp, const br_record *rec, int with_type,
-                             const char *etag, const char *repr_digest) {
-  add_confinement_headers(resp, rec);
+                             const char *etag, const char *repr_digest, int preview) {
+  add_confinement_headers(resp, rec, preview);
   MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, etag);
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL,
-                          "public, max-age=31536000, immutable");
+                          preview ? "private, no-store" : "public, max-age=31536000, immutable");
   MHD_add_response_header(resp, MHD_HTTP_HEADER_ACCEPT_RANGES, "bytes");
   MHD_add_response_header(resp, "Repr-Digest", repr_digest);
   if (with_type)
@@ -515,7 +524,7 @@ static enum MHD_Result finish_blob_reply(struct request *req, const br_record *r
                                          struct MHD_Response *resp, unsigned status,
                                          const br_byte_range *ranges, size_t n, const char *etag,
                                          const char *repr) {
-  add_blob_headers(resp, rec, n <= 1, etag, repr);
+  add_blob_headers(resp, rec, n <= 1, etag, repr, req->preview);
   if (status == MHD_HTTP_PARTIAL_CONTENT && n == 1) {
     char cr[80];
     snprintf(cr, sizeof cr, "bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64, ranges[0].first,
@@ -739,7 +748,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     struct MHD_Response *resp =
         MHD_create_response_from_callback(rec->size, 1, no_body, NULL, NULL);
     if (!resp) return MHD_NO;
-    add_blob_headers(resp, rec, 0, etag, repr);
+    add_blob_headers(resp, rec, 0, etag, repr, req->preview);
     return reply_response(req, MHD_HTTP_NOT_MODIFIED, resp);
   }
   const char *range = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_RANGE);
@@ -766,7 +775,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
         &req->bytes_out);
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
-    add_confinement_headers(resp, rec);
+    add_confinement_headers(resp, rec, req->preview);
     return reply_response(req, MHD_HTTP_RANGE_NOT_SATISFIABLE, resp);
   }
 
@@ -776,7 +785,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     /* HEAD of the whole: no need to touch the store at all */
     resp = MHD_create_response_from_callback(rec->size, 1, no_body, NULL, NULL);
     if (!resp) return MHD_NO;
-    add_blob_headers(resp, rec, 1, etag, repr);
+    add_blob_headers(resp, rec, 1, etag, repr, req->preview);
     return reply_response(req, status, resp);
   }
   /* S3 and http stores are read over HTTP by the proxy loop, never on this thread */

@@ -63,10 +63,22 @@ void request_free_upload(struct request *req) {
 
 static void finish_upload_locked(struct request *req);
 
+void request_sniff_finish(struct request *req) {
+  if (!req->sniff_wanted) return;
+  req->sniff_wanted = 0;
+  char found[BR_MAX_CONTENT_TYPE + 1];
+  if (br_sniff_type(req->sniff_buf, req->sniff_len, found, sizeof found))
+    memcpy(req->content_type, found, strlen(found) + 1);
+  if (req->writer) br_store_write_content_type(req->writer, req->content_type);
+  free(req->sniff_buf);
+  req->sniff_buf = NULL;
+}
+
 /* The bytes and the record of an upload, under the blob's lock: reconcile's final delete of the
  * same hash runs either wholly before (the upload then writes anew) or wholly after (and finds
  * the blob live again). */
 static void finish_upload(struct request *req) {
+  request_sniff_finish(req); /* a body shorter than BR_SNIFF_BYTES: not detected yet */
   if (br_server_lock_blob(req->srv, req->digest, 1) < 0) {
     req->finish_rc = -1; /* the writer is aborted with the request: nothing recorded */
     req->finish_error = E_INDEX_UNAVAILABLE;

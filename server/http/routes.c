@@ -9,6 +9,7 @@ const struct route br_routes[] = {
     {"POST", "/v1/blobs", BR_SCOPE_WRITE, post_begin, upload_body, upload_finish},
     {"GET", "/v1/blobs", BR_SCOPE_READ, NULL, NULL, list_get},
     {"GET", "/v1/blobs/{hash}/meta", BR_SCOPE_READ, NULL, NULL, blob_meta},
+    {"GET", "/v1/blobs/{hash}/preview", BR_SCOPE_ADMIN, NULL, NULL, blob_preview},
     {"GET", "/v1/blobs/{hash}/refs", BR_SCOPE_READ, NULL, NULL, blob_refs_get},
     {"DELETE", "/v1/blobs/{hash}", BR_SCOPE_ADMIN, NULL, NULL, blob_hold},
     {"POST", "/v1/blobs/{hash}/restore", BR_SCOPE_ADMIN, NULL, NULL, blob_release},

@@ -740,7 +740,8 @@
     const why = h("section", { className: "panel", id: "blob-why" }, h("h4", {}, "Why it is here"),
       h("p", { className: "note" }, "Reading the tables…"));
     box.append(why);
-    if (quarantined) preview.append(h("p", { className: "note" }, "Quarantined blobs are not served (410): no preview."));
+    if (quarantined && !state.admin)
+      preview.append(h("p", { className: "note" }, "Quarantined blobs are not served (410): only an admin can preview them."));
     else await renderPreview(preview, rec);
     await renderWhy(why, hex);
   }
@@ -776,9 +777,11 @@
         : h("p", { className: "note" }, "No retained snapshot of a configured table references it."));
   }
 
-  // Bytes of a blob as a Blob object (with the token when there is one).
+  // Bytes of a blob as a Blob object (with the token when there is one); a held or quarantined
+  // one through the admin's preview route (private, no-store, never redirected).
   async function fetchBlob(rec, range) {
-    const resp = await api("/v1/blobs/" + rec.sha256, range ? { headers: { Range: range } } : {});
+    const path = "/v1/blobs/" + rec.sha256 + (rec.state !== "live" ? "/preview" : "");
+    const resp = await api(path, range ? { headers: { Range: range } } : {});
     return resp.blob();
   }
 
@@ -805,7 +808,7 @@
       const type = (rec.content_type || "").split(";")[0].trim().toLowerCase();
       if (IMAGE_TYPES.test(type)) {
         const img = h("img", { id: "blob-img", alt: "preview of " + rec.sha256 });
-        if (state.token) {
+        if (state.token || rec.state !== "live") {
           // <img> cannot send Authorization: fetch the bytes and show them from a blob: URL
           const data = await fetchBlob(rec);
           const url = URL.createObjectURL(new Blob([data], { type }));
@@ -814,7 +817,7 @@
         } else {
           img.src = "/v1/blobs/" + rec.sha256;
         }
-        box.replaceChildren(h("h4", {}, "Preview"), img);
+        box.replaceChildren(h("h4", {}, rec.state !== "live" ? "Preview (admin, not served to others)" : "Preview"), img);
         return;
       }
       const n = Math.min(rec.size, 512);

@@ -23,6 +23,7 @@ ROUTES = [
     ("POST", "/v1/blobs", "write"),
     ("GET", "/v1/blobs", "read"),
     ("GET", "/v1/blobs/{hash}/meta", "read"),
+    ("GET", "/v1/blobs/{hash}/preview", "admin"),
     ("GET", "/v1/blobs/{hash}/refs", "read"),
     ("DELETE", "/v1/blobs/{hash}", "admin"),
     ("POST", "/v1/blobs/{hash}/restore", "admin"),

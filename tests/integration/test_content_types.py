@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from conftest import BIN_DIR, Server, free_port
-from util_http import TIMEOUT, get, post, put, sha
+from util_http import TIMEOUT, get, post, put, sha, wait_until
 
 CSP = "default-src 'none'; sandbox"
 
@@ -123,6 +123,46 @@ def test_import_detects_like_uploads(tmp_path):
         assert p.returncode == 0, p.stdout + p.stderr
         assert meta_type(srv, sha(pic)) == "image/png"
         assert meta_type(srv, sha(txt)) == "text/plain"
+    finally:
+        assert srv.stop() == 0, srv.read_log()
+
+
+def ended(srv, jid):
+    j = requests.get(f"{srv.url}/v1/jobs/{jid}", timeout=TIMEOUT).json()
+    return j if j["state"] not in ("queued", "running") else None
+
+
+def test_import_jobs_detect_like_uploads(tmp_path):
+    """An import job (POST /v1/jobs kind=import, in place and copy) types each object by its key's
+    extension first, then by libmagic on its first 4 KiB, else application/octet-stream."""
+    root = tmp_path / "a"
+    srv = Server(tmp_path / "data", f"[store a]\nkind = fs\nroot = {root}\n").start()
+    try:
+        items = {
+            "in/photo.JPG": (os.urandom(700), "image/jpeg"),     # the extension wins over bytes
+            "in/page.html": (TEXT, "text/html"),                # an active one: a download
+            "in/scan": (PDF + b"job", "application/pdf"),       # no extension: the bytes
+            "in/notes.dat": (TEXT + b"job", "text/plain"),      # unknown extension: the bytes
+            "in/deep": (b"\0" * 4096 + png(), "application/octet-stream"),  # past the 4 KiB
+            "in/rand": (os.urandom(900), "application/octet-stream"),
+            "cp/pic": (png(b"copy"), "image/png"),              # copied to a sha256/ key
+        }
+        for key, (data, _) in items.items():
+            (root / key).parent.mkdir(parents=True, exist_ok=True)
+            (root / key).write_bytes(data)
+        for prefix, mode in (("in/", "in-place"), ("cp/", "copy")):
+            r = requests.post(f"{srv.url}/v1/jobs", json={"kind": "import", "store": "a",
+                                                          "source": prefix, "mode": mode},
+                              timeout=TIMEOUT)
+            assert r.status_code == 202, r.text
+            jid = r.json()["id"]
+            end = wait_until(lambda: ended(srv, jid), timeout=120)
+            assert end["state"] == "done" and end["items_failed"] == 0, end
+        for key, (data, want) in items.items():
+            assert meta_type(srv, sha(data)) == want, key
+        g = get(srv, sha(items["in/page.html"][0]))
+        assert g.headers["Content-Security-Policy"] == CSP and "attachment" in \
+            g.headers["Content-Disposition"]
     finally:
         assert srv.stop() == 0, srv.read_log()
 

@@ -275,6 +275,7 @@ def test_console_in_a_browser(console):
     b.wait("document.getElementById('blob-why-text') !== null")
     assert b.text("#blob-why-text") == "held by an admin: legal-hold"
     assert b.eval("document.getElementById('blob-restore')") is None
+    assert "only an admin can preview them" in b.text("#blob-preview")
 
     # reconcile without a token: the runs, no dry-run button
     b.hash("#reconcile")
@@ -347,6 +348,11 @@ def test_console_in_a_browser(console):
     b.click("blob-quarantine")
     b.wait("(document.getElementById('blob-state') || {}).textContent === 'quarantined (held by an admin)'")
     assert requests.get(f"{srv.url}/v1/blobs/{h['text']}", timeout=10).status_code == 410
+    # held, it is still previewed for the admin, through GET .../preview
+    b.wait("(document.getElementById('blob-hexdump') || {}).textContent.includes('hello from the b')",
+           what="the held blob's preview")
+    assert b.text("#blob-hexdump").startswith("00000000  68 65 6c 6c 6f 20 66 72")
+    b.screenshot("blob-held-preview.png")
     b.click("blob-restore")
     b.wait("(document.getElementById('blob-state') || {}).textContent === 'live'")
     assert requests.get(f"{srv.url}/v1/blobs/{h['text']}", timeout=10).status_code == 200
