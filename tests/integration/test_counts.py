@@ -66,3 +66,17 @@ def test_counts_follow_uploads_holds_restores_and_restarts(tmp_path):
         assert srv.read_log().count("counting blobs by state") <= 1, srv.read_log()
     finally:
         assert srv.stop() == 0, srv.read_log()
+
+
+def test_default_map_is_sparse(tmp_path):
+    """The 1 TiB default map is address space: the index file holds only what is written."""
+    srv = Server(tmp_path / "data").start()
+    try:
+        for _ in range(50):
+            assert put(srv, os.urandom(200)).status_code == 201
+        assert counts(srv)["blobref_index_map_bytes"] == 1 << 40
+    finally:
+        assert srv.stop() == 0, srv.read_log()
+    st = os.stat(tmp_path / "data" / "index" / "data.mdb")
+    assert st.st_size < 16 << 20, st.st_size
+    assert st.st_blocks * 512 < 16 << 20, st.st_blocks
