@@ -305,6 +305,51 @@ int br_index_purges_due(br_index *idx, const uint8_t *after, uint64_t now_ms, br
  * one queued again meanwhile is left alone. Returns 0, BR_INDEX_FULL, BR_INDEX_NO_SPACE, -1. */
 int br_index_settle_purges(br_index *idx, const br_purge *purges, size_t n, br_err *err);
 
+/* ---- exact per-state counters ----------------------------------------------------------------
+ * Blobs and bytes by state, in all (store "") and per store (a blob with a location in a store
+ * counts once there, whatever its role), kept by the writer in the same transactions that change
+ * the records (a `counts` sub-database on LMDB), so that reading them never walks the index.
+ * The arithmetic is in server/index/counts.c. */
+#define BR_COUNTS_STATES 4
+#define BR_COUNTS_MAX (4 * (1 + 2 * 32)) /* (all + twice BR_MAX_STORES stores) x states */
+
+typedef struct br_count {
+  char store[BR_MAX_STORE_NAME + 1]; /* "" for all stores */
+  int state;                         /* an enum br_state */
+  int64_t blobs, bytes;
+} br_count;
+
+typedef struct br_counts {
+  size_t n;
+  int overflow; /* an entry did not fit (more stores than BR_COUNTS_MAX allows): inexact */
+  br_count c[BR_COUNTS_MAX];
+} br_counts;
+
+void br_counts_clear(br_counts *c);
+/* Adds (blobs, bytes) to the entry (store, state), creating it. 0, or -1 (overflow set) when the
+ * table is full. */
+int br_counts_add(br_counts *c, const char *store, int state, int64_t blobs, int64_t bytes);
+/* The entry (store, state), or NULL. */
+const br_count *br_counts_find(const br_counts *c, const char *store, int state);
+/* Adds the change of a record from old (NULL: absent) to next (NULL: deleted). */
+void br_counts_change(br_counts *c, const br_record *old, const br_record *next);
+/* Adds every entry of d to c. */
+void br_counts_merge(br_counts *c, const br_counts *d);
+/* How many entries differ between a and b (an entry missing on one side counts as zero). */
+size_t br_counts_diff(const br_counts *a, const br_counts *b);
+
+/* The stored counters in out (read from one snapshot, any thread). Returns 0; 1 when the index
+ * keeps none (PostgreSQL, or a read-only open of an index from before them, not recounted yet);
+ * -1 + err. */
+int br_index_counts(br_index *idx, br_counts *out, br_err *err);
+
+/* Recounts every record by state and compares with the stored counters: found receives the
+ * recount, stored the counters as they were. With repair (a writable index), the recount replaces
+ * them in the writer's transaction, so that no write is lost between the walk and the repair.
+ * Returns the number of entries that differed (a missing set of counters differs by one at
+ * least), or -1 + err. */
+int br_index_recount(br_index *idx, int repair, br_counts *found, br_counts *stored, br_err *err);
+
 /* Counters for /metrics and the benchmark. */
 typedef struct br_index_stats {
   uint64_t commits;                  /* write transactions committed */

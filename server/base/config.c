@@ -64,7 +64,7 @@ static const struct key_spec server_keys[] = {
     {"threads", KEY_COUNT, SRV(threads), "0", 0, 1024, 0, 0},
     {"spool_max_total", KEY_SIZE, SRV(spool_max_total), "1GiB", 10 << 20, 1ull << 50, 0, 0},
     {"connection_memory", KEY_SIZE, SRV(connection_memory), "32KiB", 16384, 16 << 20, 0, 0},
-    {"index_map_size", KEY_SIZE, SRV(index_map_size), "1GiB", 1 << 20, 1ull << 44, 0, 0},
+    {"index_map_size", KEY_SIZE, SRV(index_map_size), "1TiB", 1 << 20, 1ull << 44, 0, 0},
     {"index_batch_max", KEY_COUNT, SRV(index_batch_max), "1024", 1, 1000000, 0, 0},
     {"cache_size", KEY_SIZE, SRV(cache_size), "64MiB", 0, 1ull << 40, 0, 0},
     {"cache_max_blob", KEY_SIZE, SRV(cache_max_blob), "64KiB", 0, 1 << 30, 0, 0},

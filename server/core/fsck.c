@@ -20,6 +20,7 @@ struct fsck {
   uint64_t blobs, problems;
   br_suspect *suspects; /* DATA_DIR/suspect: locations always hashed, whatever verify says */
   size_t nsuspects;
+  br_counts *found; /* the walk's recount of the per-state counters */
 };
 
 static int verify_digest(br_store *st, const char *key, const uint8_t want[BR_SHA256_LEN],
@@ -49,6 +50,7 @@ static int fsck_one(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_reco
   char hex[BR_HEX_LEN + 1];
   br_hex_encode(digest, hex);
   f->blobs++;
+  br_counts_change(f->found, NULL, rec);
   if (rec->nlocations == 0) {
     printf("%s: no location\n", hex);
     f->problems++;
@@ -93,6 +95,49 @@ static int fsck_one(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_reco
   return 0;
 }
 
+/* Prints the first entry that differs between the counters and a recount. */
+static void print_count_diff(const br_counts *stored, const br_counts *found) {
+  static const char *const names[] = {"live", "quarantined", "held", "deleting"};
+  for (size_t i = 0; i < found->n; i++) {
+    const br_count *x = &found->c[i], *y = br_counts_find(stored, x->store, x->state);
+    int64_t blobs = y ? y->blobs : 0, bytes = y ? y->bytes : 0;
+    if (x->blobs == blobs && x->bytes == bytes) continue;
+    printf("index counters: %s blobs%s%s: stored %" PRId64 " (%" PRId64 " bytes), counted %" PRId64
+           " (%" PRId64 " bytes)\n",
+           x->state >= 0 && x->state < 4 ? names[x->state] : "?", x->store[0] ? " in " : "",
+           x->store, blobs, bytes, x->blobs, x->bytes);
+    return;
+  }
+  printf("index counters: missing or incomplete\n");
+}
+
+/* The counters differed from fsck's walk (which a running server's writes may also explain):
+ * recounts them in a writable open's writer transaction, replacing them. Returns the number of
+ * entries that differed there, or -1 (printed). */
+static int repair_counts(br_config *cfg) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/index", cfg->data_dir);
+  br_index_options opt = {.map_size = cfg->index_map_size, .batch_max = 1};
+  br_err err;
+  br_index *idx = br_index_open(dir, &opt, &err);
+  br_counts *found = malloc(sizeof *found), *stored = malloc(sizeof *stored);
+  int rc = -1;
+  if (!idx)
+    printf("index counters: cannot open the index to repair them: %s\n", err.msg);
+  else if (!found || !stored)
+    printf("index counters: out of memory\n");
+  else if ((rc = br_index_recount(idx, 1, found, stored, &err)) < 0)
+    printf("index counters: %s\n", err.msg);
+  else if (rc > 0) {
+    print_count_diff(stored, found);
+    printf("index counters: %d entries differed from a recount: repaired\n", rc);
+  }
+  br_index_close(idx);
+  free(found);
+  free(stored);
+  return rc;
+}
+
 int br_fsck(br_config *cfg, int verify) {
   br_server server = {0}, *srv = &server;
   br_err err;
@@ -101,7 +146,16 @@ int br_fsck(br_config *cfg, int verify) {
     br_server_close(srv);
     return 2;
   }
-  struct fsck f = {.srv = srv, .verify = verify};
+  struct fsck f = {.srv = srv, .verify = verify, .found = malloc(sizeof(br_counts))};
+  br_counts *stored = malloc(sizeof *stored);
+  if (!f.found || !stored) {
+    fprintf(stderr, "blobrefd: out of memory\n");
+    free(f.found);
+    free(stored);
+    br_server_close(srv);
+    return 2;
+  }
+  br_counts_clear(f.found);
   if (br_suspect_load(cfg->data_dir, &f.suspects, &f.nsuspects, &err) < 0) {
     printf("suspect list: %s\n", err.msg);
     f.problems++;
@@ -112,8 +166,15 @@ int br_fsck(br_config *cfg, int verify) {
     printf("index: %s\n", err.msg);
     f.problems++;
   }
-  printf("fsck: %" PRIu64 " blobs, %" PRIu64 " problems\n", f.blobs, f.problems);
+  /* a PostgreSQL index keeps no counters (1 and nothing stored): nothing to compare */
+  int kept =
+      strcmp(br_index_kind(srv->index), "lmdb") ? -2 : br_index_counts(srv->index, stored, &err);
+  int differ = rc == 0 && kept != -2 && (kept != 0 || br_counts_diff(f.found, stored) > 0);
   br_server_close(srv);
+  if (differ && repair_counts(cfg) != 0) f.problems++;
+  free(f.found);
+  free(stored);
+  printf("fsck: %" PRIu64 " blobs, %" PRIu64 " problems\n", f.blobs, f.problems);
   return f.problems ? 1 : 0;
 }
 

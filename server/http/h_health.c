@@ -2,6 +2,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,10 +60,11 @@ static void appendf(struct text *t, const char *fmt, ...) {
 
 static void emit_line(void *ud, const char *line) { appendf(ud, "%s", line); }
 
-/* Blobs and bytes by state, for the operator console's overview: the index keeps no per-state
- * counters, so a read-only walk of it counts them, at most every CENSUS_MAX_AGE_MS, on a finisher
- * thread (a walk of millions of records never holds a network thread); /metrics requests in
- * between get the last figures. One server per process: the figures are process-wide. */
+/* Blobs and bytes by state, for the operator console's overview, from the index's exact
+ * counters (kept by its writer: reading them never walks the index). An index without counters
+ * (PostgreSQL) is walked instead, at most every CENSUS_MAX_AGE_MS, on a finisher thread (a walk
+ * of millions of records never holds a network thread); /metrics requests in between get the
+ * last figures, and each walk counts in blobref_index_census_walks_total. */
 #define CENSUS_MAX_AGE_MS 10000
 enum { CENSUS_LIVE, CENSUS_QUARANTINED, CENSUS_HELD, CENSUS_DELETING, CENSUS_STATES };
 static const char *const census_names[CENSUS_STATES] = {"live", "quarantined", "held", "deleting"};
@@ -72,45 +74,41 @@ struct census {
   uint64_t store_blobs[BR_MAX_STORES], store_bytes[BR_MAX_STORES];
 };
 struct census_walk_state {
-  struct census *c;
-  br_server *srv;
+  br_counts *c;
 };
 static pthread_mutex_t census_lock = PTHREAD_MUTEX_INITIALIZER; /* guards census_last, _at */
 static pthread_mutex_t census_walk = PTHREAD_MUTEX_INITIALIZER; /* one walk at a time */
-static struct census census_last;
+static br_counts census_last;
 static uint64_t census_at_ms;
+static atomic_uint_fast64_t census_walks;
 
 static int census_add(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_record *rec) {
-  struct census_walk_state *w = ud;
-  struct census *c = w->c;
-  int s = rec->state == BR_STATE_HELD          ? CENSUS_HELD
-          : rec->state == BR_STATE_QUARANTINED ? CENSUS_QUARANTINED
-          : rec->state == BR_STATE_DELETING    ? CENSUS_DELETING
-                                               : CENSUS_LIVE;
-  c->blobs[s]++;
-  c->bytes[s] += rec->size;
-  if (s != CENSUS_LIVE) return 0;
-  for (int l = 0; l < rec->nlocations; l++) {
-    int seen = 0; /* two locations in one store count once */
-    for (int k = 0; k < l; k++) seen |= !strcmp(rec->locations[k].store, rec->locations[l].store);
-    for (int i = 0; !seen && i < w->srv->nstores; i++)
-      if (!strcmp(br_store_name(w->srv->stores[i]), rec->locations[l].store)) {
-        c->store_blobs[i]++;
-        c->store_bytes[i] += rec->size;
-        break;
-      }
-  }
+  br_counts_change(ud, NULL, rec);
   return 0;
 }
 
-/* The last figures; *stale: they are missing or older than CENSUS_MAX_AGE_MS. */
-static struct census census_now(int *stale) {
+static uint64_t nonneg(int64_t v) { return v > 0 ? (uint64_t)v : 0; }
+
+/* The figures of counts for srv's stores. */
+static void census_of(br_server *srv, const br_counts *counts, struct census *c) {
+  memset(c, 0, sizeof *c);
+  for (int s = 0; s < CENSUS_STATES; s++) {
+    const br_count *e = br_counts_find(counts, "", s);
+    if (e) c->blobs[s] = nonneg(e->blobs), c->bytes[s] = nonneg(e->bytes);
+  }
+  for (int i = 0; i < srv->nstores && i < BR_MAX_STORES; i++) {
+    const br_count *e = br_counts_find(counts, br_store_name(srv->stores[i]), BR_STATE_LIVE);
+    if (e) c->store_blobs[i] = nonneg(e->blobs), c->store_bytes[i] = nonneg(e->bytes);
+  }
+}
+
+/* The walk's last figures into out; *stale: they are missing or older than CENSUS_MAX_AGE_MS. */
+static void census_now(br_counts *out, int *stale) {
   uint64_t now = br_now_ms();
   pthread_mutex_lock(&census_lock);
   *stale = !census_at_ms || now - census_at_ms >= CENSUS_MAX_AGE_MS;
-  struct census c = census_last;
+  if (out) *out = census_last;
   pthread_mutex_unlock(&census_lock);
-  return c;
 }
 
 /* A finisher job (JOB_CALL): walks the index unless a walk that ended meanwhile made the figures
@@ -118,20 +116,22 @@ static struct census census_now(int *stale) {
 static void census_refresh(struct request *req) {
   pthread_mutex_lock(&census_walk);
   int stale;
-  census_now(&stale);
-  if (stale) {
-    struct census fresh = {0};
-    struct census_walk_state w = {&fresh, req->srv};
+  census_now(NULL, &stale);
+  br_counts *fresh = stale ? malloc(sizeof *fresh) : NULL;
+  if (fresh) {
+    br_counts_clear(fresh);
     br_err err;
-    if (br_index_foreach(req->srv->index, census_add, &w, &err) == 0) {
+    atomic_fetch_add(&census_walks, 1);
+    if (br_index_foreach(req->srv->index, census_add, fresh, &err) == 0) {
       pthread_mutex_lock(&census_lock);
-      census_last = fresh;
+      census_last = *fresh;
       census_at_ms = br_now_ms();
       pthread_mutex_unlock(&census_lock);
     } else {
       br_error("metrics: index census: %s", err.msg);
     }
   }
+  free(fresh);
   pthread_mutex_unlock(&census_walk);
 }
 
@@ -147,13 +147,26 @@ enum MHD_Result metrics_get(struct request *req) {
                          denied == E_FORBIDDEN ? "/metrics needs the metrics or admin scope"
                                                : "/metrics needs a bearer token (private_metrics)");
   }
-  int stale;
-  struct census census = census_now(&stale);
-  if (stale && req->phase != PHASE_RESUMED) {
-    req->job_fn = census_refresh; /* answered when it is done (or now, when stopping) */
-    if (request_finish_async(req, JOB_CALL) == 0) return MHD_YES;
+  br_counts *counts = malloc(sizeof *counts);
+  if (!counts) return reply_error(req, E_INTERNAL, "out of memory");
+  br_err cerr;
+  int kept = br_index_counts(srv->index, counts, &cerr);
+  if (kept < 0) br_error("metrics: index counters: %s", cerr.msg);
+  if (kept != 0) { /* no counters: the walk's figures */
+    int stale;
+    census_now(NULL, &stale);
+    if (stale && req->phase != PHASE_RESUMED) {
+      free(counts);
+      req->job_fn = census_refresh; /* answered when it is done (or now, when stopping) */
+      if (request_finish_async(req, JOB_CALL) == 0) return MHD_YES;
+      counts = malloc(sizeof *counts);
+      if (!counts) return reply_error(req, E_INTERNAL, "out of memory");
+    }
+    census_now(counts, &stale);
   }
-  if (req->phase == PHASE_RESUMED) census = census_now(&stale);
+  struct census census;
+  census_of(srv, counts, &census);
+  free(counts);
   struct text t = {0};
   appendf(&t,
           "# HELP blobref_build_info The running version (always 1).\n"
@@ -341,14 +354,24 @@ enum MHD_Result metrics_get(struct request *req) {
           "blobref_index_replica_reads_total{result=\"retried_on_primary\"} %" PRIu64 "\n",
           is.notifies, is.flushes, is.replica_reads, is.replica_retries);
   appendf(&t,
-          "# HELP blobref_index_blobs Blobs in the index by state (refreshed at most every "
-          "10 s).\n# TYPE blobref_index_blobs gauge\n");
+          "# HELP blobref_index_map_nearly_full 1 when 80%% or more of the index's map is in use "
+          "(raise index_map_size before uploads fail with index_full).\n"
+          "# TYPE blobref_index_map_nearly_full gauge\nblobref_index_map_nearly_full %d\n"
+          "# HELP blobref_index_census_walks_total Walks of the whole index for the per-state "
+          "figures (only an index without counters is walked).\n"
+          "# TYPE blobref_index_census_walks_total counter\n"
+          "blobref_index_census_walks_total %" PRIu64 "\n",
+          is.map_size && is.map_used >= is.map_size / 5 * 4 ? 1 : 0,
+          (uint64_t)atomic_load(&census_walks));
+  appendf(&t,
+          "# HELP blobref_index_blobs Blobs in the index by state (exact counters; a PostgreSQL "
+          "index: a walk at most every 10 s).\n# TYPE blobref_index_blobs gauge\n");
   for (int i = 0; i < CENSUS_STATES; i++)
     appendf(&t, "blobref_index_blobs{state=\"%s\"} %" PRIu64 "\n", census_names[i],
             census.blobs[i]);
   appendf(&t,
           "# HELP blobref_index_blob_bytes Bytes of the blobs in the index by state "
-          "(refreshed at most every 10 s).\n# TYPE blobref_index_blob_bytes gauge\n");
+          "(exact counters).\n# TYPE blobref_index_blob_bytes gauge\n");
   for (int i = 0; i < CENSUS_STATES; i++)
     appendf(&t, "blobref_index_blob_bytes{state=\"%s\"} %" PRIu64 "\n", census_names[i],
             census.bytes[i]);
@@ -360,14 +383,14 @@ enum MHD_Result metrics_get(struct request *req) {
     appendf(&t, "blobref_store_up{store=\"%s\"} %d\n", br_store_name(srv->stores[i]),
             atomic_load(&srv->store_ok[i]) == 1 ? 1 : 0);
   appendf(&t,
-          "# HELP blobref_store_blobs Live blobs with a location in the store (refreshed at most "
-          "every 10 s).\n# TYPE blobref_store_blobs gauge\n");
+          "# HELP blobref_store_blobs Live blobs with a location in the store (exact "
+          "counters).\n# TYPE blobref_store_blobs gauge\n");
   for (int i = 0; i < srv->nstores; i++)
     appendf(&t, "blobref_store_blobs{store=\"%s\"} %" PRIu64 "\n", br_store_name(srv->stores[i]),
             census.store_blobs[i]);
   appendf(&t,
           "# HELP blobref_store_blob_bytes Bytes of the live blobs with a location in the store "
-          "(refreshed at most every 10 s).\n# TYPE blobref_store_blob_bytes gauge\n");
+          "(exact counters).\n# TYPE blobref_store_blob_bytes gauge\n");
   for (int i = 0; i < srv->nstores; i++)
     appendf(&t, "blobref_store_blob_bytes{store=\"%s\"} %" PRIu64 "\n",
             br_store_name(srv->stores[i]), census.store_bytes[i]);

@@ -90,6 +90,15 @@ typedef struct idx_ops {
   int (*kv_del)(idx_backend *be, const void *from, size_t flen, const void *to, size_t tlen,
                 br_err *err);
   int (*next_id)(idx_backend *be, uint64_t *id, br_err *err);
+  /* Exact per-state counters (NULL on a backend without them). counts_read (any thread): 0 and
+   * the stored counters, 1 when none are kept or they are not complete, or -1 + err. */
+  int (*counts_read)(idx_backend *be, br_counts *out, br_err *err);
+  /* Writer primitives: add delta to the stored counters; replace them all with exact and mark
+   * them complete (exact NULL: mark them incomplete, to be recounted at the next start). */
+  int (*counts_add)(idx_backend *be, const br_counts *delta);
+  int (*counts_set)(idx_backend *be, const br_counts *exact);
+  /* Every record as the writer's transaction sees it (fn returns non-zero to stop). */
+  int (*txn_scan)(idx_backend *be, idx_scan_fn fn, void *ud);
   void (*close)(idx_backend *be);
 } idx_ops;
 

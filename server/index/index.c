@@ -62,6 +62,7 @@ struct br_index {
   struct op **batch;                 /* the writer's scratch: batch_max operations */
   uint8_t (*changed)[BR_SHA256_LEN]; /* the writer's scratch: the digests a batch announces */
   atomic_uint_fast64_t commits, ops_applied;
+  br_counts *pending; /* the writer's: the counters' change in its transaction (NULL: none kept) */
   struct rcache
       *rcache;          /* NULL for read-only opens (fsck), which have no writer to keep it exact */
   pgl_listener *listen; /* a shared index: other nodes' changes; NULL on LMDB */
@@ -317,6 +318,7 @@ struct op {
   br_change *change;
   br_loc_change *loc;
   const br_purge *purge; /* settle */
+  struct recount *recount;
   uint64_t now_ms;
   int rc;
   int done;
@@ -464,6 +466,7 @@ static int put_record(br_index *idx, struct op *op, const br_record *rec) {
   if (rc || op->taken) return rc;
   rc = idx->ops->rec_put(idx->be, op->digest, buf, len);
   if (rc == 0 && existed) op->wrote = 1;
+  if (rc == 0 && idx->pending) br_counts_change(idx->pending, existed ? &old : NULL, rec);
   return rc;
 }
 
@@ -474,6 +477,7 @@ static int del_record(br_index *idx, struct op *op, const br_record *rec) {
   if (rc) return rc;
   rc = idx->ops->rec_del(idx->be, op->digest);
   if (rc == 0) op->wrote = 1;
+  if (rc == 0 && idx->pending) br_counts_change(idx->pending, rec, NULL);
   return rc == IDX_ABSENT ? 0 : rc;
 }
 
@@ -708,6 +712,55 @@ static int announce(br_index *idx, struct op **ops, size_t n) {
   return m ? idx->ops->announce(idx->be, (const uint8_t(*)[BR_SHA256_LEN])idx->changed, m) : 0;
 }
 
+/* ---- exact per-state counters ------------------------------------------------------------- */
+
+struct recount {
+  br_counts *found, *stored;
+  int repair;
+  uint64_t malformed;
+};
+
+static int count_entry(void *ud, const uint8_t *key, size_t klen, const void *val, size_t vlen) {
+  struct recount *r = ud;
+  br_record rec;
+  if (klen != BR_SHA256_LEN || br_record_decode(val, vlen, &rec, NULL) < 0) {
+    r->malformed++; /* fsck names it */
+    return 0;
+  }
+  br_counts_change(r->found, NULL, &rec);
+  return 0;
+}
+
+/* Recounts every record in the writer's transaction (earlier operations of the batch included)
+ * and, with repair, stores the recount in place of the counters: the batch's change so far is in
+ * the recount, so it starts again from nothing. op->rc stays 0; the recount's figures are in
+ * op->recount. */
+static int apply_recount(br_index *idx, struct op *op) {
+  struct recount *r = op->recount;
+  br_counts_clear(r->found);
+  r->malformed = 0;
+  int rc = idx->ops->txn_scan(idx->be, count_entry, r);
+  if (rc) return rc;
+  br_err err;
+  op->created = idx->ops->counts_read(idx->be, r->stored, &err); /* 1: none complete */
+  if (op->created < 0) return -1;
+  if (idx->pending) br_counts_merge(r->stored, idx->pending);
+  if (!r->repair) return 0;
+  if (idx->pending) br_counts_clear(idx->pending);
+  return idx->ops->counts_set(idx->be, r->found);
+}
+
+/* Before a commit: the batch's change of the counters joins its transaction. An overflowing
+ * change (more stores than a br_counts holds) marks the counters incomplete instead. */
+static int flush_counts(br_index *idx) {
+  if (!idx->pending) return 0;
+  if (idx->pending->overflow) {
+    br_warn("index: more stores than the counters hold: they are recounted at the next start");
+    return idx->ops->counts_set(idx->be, NULL);
+  }
+  return idx->pending->n ? idx->ops->counts_add(idx->be, idx->pending) : 0;
+}
+
 /* Runs ops[0..n) in one transaction. An operation's apply returning -1 failed alone (nothing of
  * it was written); any other non-zero code spoils the transaction, which is then aborted, never
  * used again. The backend may ask for the batch to run again (LMDB: a full map after stale readers
@@ -718,6 +771,7 @@ static void run_batch(br_index *idx, struct op **ops, size_t n) {
   int spoiled = 0;
   for (int attempt = 0;; attempt++) {
     spoiled = idx->ops->begin(idx->be);
+    if (idx->pending) br_counts_clear(idx->pending);
     for (size_t i = 0; i < n && !spoiled; i++) {
       ops[i]->rc = 0;
       ops[i]->taken = 0;
@@ -729,6 +783,7 @@ static void run_batch(br_index *idx, struct op **ops, size_t n) {
       else if (r != 0)
         spoiled = r;
     }
+    if (!spoiled) spoiled = flush_counts(idx);
     if (!spoiled) spoiled = announce(idx, ops, n);
     if (!spoiled)
       spoiled = idx->ops->commit(idx->be);
@@ -1003,6 +1058,70 @@ int br_index_settle_purges(br_index *idx, const br_purge *purges, size_t n, br_e
   return out;
 }
 
+int br_index_counts(br_index *idx, br_counts *out, br_err *err) {
+  if (!idx->ops->counts_read) {
+    br_counts_clear(out);
+    return 1;
+  }
+  return idx->ops->counts_read(idx->be, out, err);
+}
+
+/* The recount's digest, for the record cache's clearing after its batch (it writes no record). */
+static const uint8_t NO_DIGEST[BR_SHA256_LEN];
+
+int br_index_recount(br_index *idx, int repair, br_counts *found, br_counts *stored, br_err *err) {
+  struct recount r = {.found = found, .stored = stored, .repair = repair};
+  int none;
+  br_counts_clear(found);
+  br_counts_clear(stored);
+  if (!idx->ops->counts_read) return br_fail(err, "index: %s keeps no counters", idx->ops->name);
+  if (repair) {
+    struct op op = {.apply = apply_recount, .digest = NO_DIGEST, .recount = &r};
+    int rc = submit(idx, &op, err);
+    if (rc) return rc;
+    none = op.created;
+  } else {
+    int rc = idx->ops->scan(idx->be, IDX_BLOBS, NULL, count_entry, &r, err);
+    if (rc) return rc;
+    none = br_index_counts(idx, stored, err);
+    if (none < 0) return -1;
+  }
+  return (int)br_counts_diff(found, stored) + (none ? 1 : 0);
+}
+
+/* At a writable open, before the writer starts: counters missing or incomplete (an index from
+ * before them, or one whose change overflowed) are recounted once. 0 or -1 + err. */
+static int counts_startup(br_index *idx, br_err *err) {
+  br_counts *stored = malloc(sizeof *stored), *found = malloc(sizeof *found);
+  int out = -1;
+  if (!stored || !found) {
+    br_fail(err, "index: out of memory");
+    goto done;
+  }
+  out = idx->ops->counts_read(idx->be, stored, err);
+  if (out <= 0) goto done;
+  br_info("index: counting blobs by state (once: the counters are missing or incomplete)");
+  uint64_t t0 = br_now_ms();
+  struct recount r = {.found = found, .stored = stored, .repair = 1};
+  struct op op = {.apply = apply_recount, .digest = NO_DIGEST, .recount = &r};
+  run_batch(idx, (struct op *[]){&op}, 1);
+  out = op.rc;
+  if (out) {
+    *err = op.err;
+    goto done;
+  }
+  const br_count *all = NULL;
+  int64_t blobs = 0;
+  for (int s = 0; s < BR_COUNTS_STATES; s++)
+    if ((all = br_counts_find(found, "", s))) blobs += all->blobs;
+  br_info("index: counters ready (%" PRId64 " blobs counted in %" PRIu64 " ms)", blobs,
+          br_now_ms() - t0);
+done:
+  free(stored);
+  free(found);
+  return out;
+}
+
 int br_index_key_owner(br_index *idx, const char *store, const char *key,
                        uint8_t owner[BR_SHA256_LEN], br_err *err) {
   return idx->ops->key_owner(idx->be, store, key, owner, err);
@@ -1086,6 +1205,15 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
     if (shared && opt->read_dsn && opt->read_dsn[0] &&
         !(idx->replica = pgr_open(opt->read_dsn, err)))
       goto fail;
+    if (idx->ops->counts_add) {
+      idx->pending = malloc(sizeof *idx->pending);
+      if (!idx->pending) {
+        br_fail(err, "index: out of memory");
+        goto fail;
+      }
+      br_counts_clear(idx->pending);
+      if (counts_startup(idx, err) < 0) goto fail;
+    }
     if (pthread_create(&idx->writer, NULL, writer_main, idx)) {
       br_fail(err, "index: cannot start the writer thread");
       goto fail;
@@ -1096,6 +1224,7 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
 fail:
   pgl_stop(idx->listen);
   pgr_close(idx->replica);
+  free(idx->pending);
   free(idx->rcache);
   free(idx->batch);
   free(idx->changed);
@@ -1119,6 +1248,7 @@ void br_index_close(br_index *idx) {
   idx->ops->close(idx->be);
   free(idx->batch);
   free(idx->changed);
+  free(idx->pending);
   if (idx->rcache)
     for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_destroy(&idx->rcache->locks[i]);
   free(idx->rcache);

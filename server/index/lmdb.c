@@ -23,6 +23,8 @@ struct idx_backend {
   int has_keys;   /* 0 only in a read-only open of an index not upgraded yet */
   MDB_dbi purges; /* pending CDN purges: digest -> PURGE_VALUE bytes */
   int has_purges; /* 0 only in a read-only open of an index from before it */
+  MDB_dbi counts; /* exact per-state counters: store NUL state -> u64 blobs, u64 bytes (LE) */
+  int has_counts; /* 0 only in a read-only open of an index from before them */
   MDB_txn *txn;   /* the writer's, between begin and commit/abort */
   unsigned writes_since_check; /* the writer's: write transactions since mdb_reader_check */
   uint64_t last_check_ns;
@@ -255,6 +257,102 @@ static int lm_purge_del(idx_backend *be, const uint8_t *digest) {
   return absent(mdb_del(be->txn, be->purges, &k, NULL));
 }
 
+/* ---- exact per-state counters ----------------------------------------------------------------
+ * Keys: the store's name (empty for all stores), NUL, the state as one byte; values two u64 (LE),
+ * blobs and bytes. COUNTS_DONE, a key without NUL, says they are complete (set by a recount). */
+
+static const char COUNTS_DONE[] = "counts-complete-v1";
+#define COUNT_VALUE 16
+
+static size_t count_key(const char *store, int state, uint8_t key[BR_MAX_STORE_NAME + 2]) {
+  size_t len = strlen(store);
+  memcpy(key, store, len);
+  key[len] = 0;
+  key[len + 1] = (uint8_t)state;
+  return len + 2;
+}
+
+static void put_u64(uint8_t *b, uint64_t v) {
+  for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_u64(const uint8_t *b) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | b[i];
+  return v;
+}
+
+static int lm_counts_read(idx_backend *be, br_counts *out, br_err *err) {
+  br_counts_clear(out);
+  if (!be->has_counts) return 1;
+  MDB_txn *txn = reader_begin(be, err);
+  if (!txn) return -1;
+  MDB_val k = {sizeof COUNTS_DONE - 1, (void *)COUNTS_DONE}, v;
+  int rc = mdb_get(txn, be->counts, &k, &v);
+  MDB_cursor *cur = NULL;
+  if (rc == 0) rc = mdb_cursor_open(txn, be->counts, &cur);
+  for (int c = rc ? rc : mdb_cursor_get(cur, &k, &v, MDB_FIRST); c == 0;
+       c = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    const uint8_t *kb = k.mv_data;
+    if (k.mv_size < 2 || k.mv_size > BR_MAX_STORE_NAME + 2 || kb[k.mv_size - 2] != 0 ||
+        v.mv_size != COUNT_VALUE)
+      continue; /* the marker */
+    char store[BR_MAX_STORE_NAME + 1];
+    memcpy(store, kb, k.mv_size - 2);
+    store[k.mv_size - 2] = 0;
+    br_counts_add(out, store, kb[k.mv_size - 1], (int64_t)get_u64(v.mv_data),
+                  (int64_t)get_u64((const uint8_t *)v.mv_data + 8));
+  }
+  if (cur) mdb_cursor_close(cur);
+  reader_end(be, txn);
+  if (rc == MDB_NOTFOUND) return 1;
+  return rc ? lmdb_fail(err, "counters", rc) : 0;
+}
+
+static int lm_counts_add(idx_backend *be, const br_counts *delta) {
+  for (size_t i = 0; i < delta->n; i++) {
+    const br_count *d = &delta->c[i];
+    if (!d->blobs && !d->bytes) continue;
+    uint8_t key[BR_MAX_STORE_NAME + 2], val[COUNT_VALUE] = {0};
+    MDB_val k = {count_key(d->store, d->state, key), key}, v;
+    int rc = mdb_get(be->txn, be->counts, &k, &v);
+    if (rc == 0 && v.mv_size == COUNT_VALUE) memcpy(val, v.mv_data, COUNT_VALUE);
+    if (rc && rc != MDB_NOTFOUND) return rc;
+    put_u64(val, get_u64(val) + (uint64_t)d->blobs);
+    put_u64(val + 8, get_u64(val + 8) + (uint64_t)d->bytes);
+    v = (MDB_val){COUNT_VALUE, val};
+    rc = mdb_put(be->txn, be->counts, &k, &v, 0);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static int lm_counts_set(idx_backend *be, const br_counts *exact) {
+  MDB_val done = {sizeof COUNTS_DONE - 1, (void *)COUNTS_DONE};
+  int rc;
+  if (!exact) {
+    rc = mdb_del(be->txn, be->counts, &done, NULL);
+    return rc == MDB_NOTFOUND ? 0 : rc;
+  }
+  rc = mdb_drop(be->txn, be->counts, 0);
+  if (!rc) rc = lm_counts_add(be, exact);
+  MDB_val empty = {0, (void *)""};
+  if (!rc) rc = mdb_put(be->txn, be->counts, &done, &empty, 0);
+  return rc;
+}
+
+static int lm_txn_scan(idx_backend *be, idx_scan_fn fn, void *ud) {
+  MDB_cursor *cur = NULL;
+  int rc = mdb_cursor_open(be->txn, be->dbi, &cur);
+  if (rc) return rc;
+  MDB_val k, v;
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
+    if (fn(ud, k.mv_data, k.mv_size, v.mv_data, v.mv_size)) break;
+  mdb_cursor_close(cur);
+  return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
 /* Frees the reader slots of dead processes (a killed `blobrefd --fsck` leaves one, pinning its
  * snapshot: no page freed since could be reused, and the map would fill). Returns how many. */
 static int clear_stale_readers(idx_backend *be) {
@@ -464,6 +562,10 @@ static const idx_ops lmdb_ops = {
     .purge_get = lm_purge_get,
     .purge_put = lm_purge_put,
     .purge_del = lm_purge_del,
+    .counts_read = lm_counts_read,
+    .counts_add = lm_counts_add,
+    .counts_set = lm_counts_set,
+    .txn_scan = lm_txn_scan,
     .close = lm_close,
 };
 
@@ -482,7 +584,7 @@ idx_backend *idx_lmdb_open(const char *dir, const br_index_options *opt, const i
     br_fail(err, "index: cannot create %s: %s", dir, strerror(errno));
     goto fail;
   }
-  if ((rc = mdb_env_create(&be->env)) || (rc = mdb_env_set_maxdbs(be->env, 4)) ||
+  if ((rc = mdb_env_create(&be->env)) || (rc = mdb_env_set_maxdbs(be->env, 8)) ||
       (rc = mdb_env_set_maxreaders(be->env, 4096)) ||
       (rc = mdb_env_set_mapsize(be->env, (size_t)opt->map_size))) {
     lmdb_fail(err, "create environment", rc);
@@ -511,12 +613,19 @@ idx_backend *idx_lmdb_open(const char *dir, const br_index_options *opt, const i
       rc = prc;
   }
   if (!rc) {
+    int crc = mdb_dbi_open(txn, "counts", opt->read_only ? 0 : MDB_CREATE, &be->counts);
+    if (crc == 0)
+      be->has_counts = 1;
+    else if (crc != MDB_NOTFOUND || !opt->read_only)
+      rc = crc;
+  }
+  if (!rc) {
     rc = mdb_txn_commit(txn);
     txn = NULL;
   }
   if (rc) {
     if (txn) mdb_txn_abort(txn);
-    lmdb_fail(err, "open databases 'blobs', 'keys' and 'purges'", rc);
+    lmdb_fail(err, "open databases 'blobs', 'keys', 'purges' and 'counts'", rc);
     goto fail;
   }
   if (!opt->read_only && build_places(be, err) < 0) goto fail;
