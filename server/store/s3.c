@@ -1250,6 +1250,7 @@ static int s3_multipart_complete(br_store *st, const char *key, const char *uplo
   if (rc == 0 && (rs.status != 200 || late)) {
     char code[64];
     error_code(rs.body, code, sizeof code);
+    if (!code[0]) snprintf(code, sizeof code, "%s", rs.code);
     /* the client's fault: an upload id S3 does not know, or parts that are not the ones sent */
     if (!strcmp(code, "NoSuchUpload") || !strcmp(code, "InvalidPart") ||
         !strcmp(code, "InvalidPartOrder") || !strcmp(code, "EntityTooSmall") || rs.status == 404)
