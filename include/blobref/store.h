@@ -185,6 +185,27 @@ typedef struct br_direct_put {
 int br_store_presign_put(br_store *st, const char *key, const uint8_t digest[BR_SHA256_LEN],
                          br_direct_put *out, br_err *err);
 
+/* Multipart direct uploads (blobs over br_store_direct_max): S3's limits on parts. */
+#define BR_DIRECT_MAX_PARTS 10000
+#define BR_DIRECT_MIN_PART (5ull << 20)
+#define BR_DIRECT_MAX_PART (5ull << 30)
+/* Creates a multipart upload under key (the blob's content key; nothing shows there until it is
+ * completed) with the object's content type. Returns 0 with upload_id; 1 if the store takes no
+ * direct uploads; -1 with err. */
+int br_store_multipart_begin(br_store *st, const char *key, const char *content_type,
+                             char *upload_id, size_t idlen, br_err *err);
+/* Presigns UploadPart number part (1-based) of upload_id, signing x-amz-content-sha256 (hex of
+ * part_digest): the store refuses other bytes where it checks that header. Pure computation. */
+int br_store_presign_part(br_store *st, const char *key, const char *upload_id, unsigned part,
+                          const uint8_t part_digest[BR_SHA256_LEN], br_direct_put *out,
+                          br_err *err);
+/* Completes upload_id from the parts' ETags in order. Returns 0; 1 when the store refused the
+ * client's parts or upload id (err says why); -1 with err (the store failed). */
+int br_store_multipart_complete(br_store *st, const char *key, const char *upload_id,
+                                const char *const *etags, size_t n, br_err *err);
+/* Aborts upload_id (its parts are freed). Returns 0, also when the store no longer knows it. */
+int br_store_multipart_abort(br_store *st, const char *key, const char *upload_id, br_err *err);
+
 /* HEAD of key: 0 with *size and, when the store returned one, the object's SHA-256 checksum in
  * sha (*has_sha = 1); 1 if absent; -1 with err. Stores without checksums say *has_sha = 0. */
 int br_store_head_checksum(br_store *st, const char *key, uint64_t *size,

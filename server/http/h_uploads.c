@@ -11,12 +11,26 @@
 #include "http/handlers.h"
 
 #define UPLOADS_MAX 10000 /* blobs per negotiation or commit */
+#define HASHES_MAX 20000  /* part hashes (negotiation) or part ETags (commit) per request */
+#define UPLOAD_ID_MAX 511
+#define ETAG_MAX 127
 
-/* One blob of a request body: {"sha256", "size", "content_type"?}. */
+/* One part of a multipart blob: its SHA-256 (negotiation) or the ETag the store gave it (commit).
+ */
+struct upload_part {
+  uint8_t digest[BR_SHA256_LEN];
+  char etag[ETAG_MAX + 1];
+};
+
+/* One blob of a request body: {"sha256", "size", "content_type"?}, and for a multipart blob
+ * "part_size"? + "part_sha256" (negotiation) or "upload_id" + "parts" (commit: ETags). */
 struct upload_item {
   uint8_t digest[BR_SHA256_LEN];
   uint64_t size;
   char content_type[BR_MAX_CONTENT_TYPE + 1];
+  uint64_t part_size;                /* 0: not said */
+  size_t part0, nparts;              /* this blob's parts in the batch's parts */
+  char upload_id[UPLOAD_ID_MAX + 1]; /* commit of a multipart upload, else "" */
   const char *status; /* commit: "created" | "present" | "missing" | "mismatch" | "error" */
   char message[BR_MAX_KEY + BR_MAX_STORE_NAME + 2 * sizeof(br_err)];
 };
@@ -24,14 +38,70 @@ struct upload_item {
 struct upload_batch {
   size_t n;
   atomic_int unlocked; /* commit: a blob's lock could not be had (the database is unavailable) */
+  json_t *answer;            /* negotiation: the answer the finisher built */
+  struct upload_part *parts; /* in the same allocation, after items */
   struct upload_item items[];
 };
+
+/* Parses item i's multipart fields into it and b->parts (from *next). NULL, or why not. */
+static const char *parse_parts(json_t *o, struct upload_batch *b, struct upload_item *it,
+                               size_t *next, int commit, char *msg, size_t msglen, size_t i) {
+  json_t *ps = json_object_get(o, "part_size");
+  json_t *arr = json_object_get(o, commit ? "parts" : "part_sha256");
+  json_t *uid = json_object_get(o, "upload_id");
+  if (ps && (!json_is_integer(ps) || json_integer_value(ps) < (json_int_t)BR_DIRECT_MIN_PART ||
+             json_integer_value(ps) > (json_int_t)BR_DIRECT_MAX_PART)) {
+    snprintf(msg, msglen, "blobs[%zu].part_size must be 5 MiB to 5 GiB", i);
+    return msg;
+  }
+  if (arr && !json_is_array(arr)) {
+    snprintf(msg, msglen, "blobs[%zu].%s must be an array", i, commit ? "parts" : "part_sha256");
+    return msg;
+  }
+  if (commit && (!!uid != !!arr || (uid && (!json_is_string(uid) || !*json_string_value(uid) ||
+                                            strlen(json_string_value(uid)) > UPLOAD_ID_MAX)))) {
+    snprintf(msg, msglen,
+             "blobs[%zu]: a multipart commit names upload_id (1 to %d characters) "
+             "and parts (their ETags in order)",
+             i, UPLOAD_ID_MAX);
+    return msg;
+  }
+  if (uid) snprintf(it->upload_id, sizeof it->upload_id, "%s", json_string_value(uid));
+  it->part_size = ps ? (uint64_t)json_integer_value(ps) : 0;
+  if (!arr) return NULL;
+  size_t n = json_array_size(arr);
+  if (n == 0 || n > BR_DIRECT_MAX_PARTS) {
+    snprintf(msg, msglen, "blobs[%zu]: 1 to %d parts", i, BR_DIRECT_MAX_PARTS);
+    return msg;
+  }
+  if (!commit && (!it->part_size || (it->size + it->part_size - 1) / it->part_size != n)) {
+    snprintf(msg, msglen,
+             "blobs[%zu]: part_sha256 needs part_size and one hash per part_size "
+             "bytes of size",
+             i);
+    return msg;
+  }
+  it->part0 = *next;
+  it->nparts = n;
+  for (size_t k = 0; k < n; k++) {
+    struct upload_part *p = &b->parts[(*next)++];
+    const char *v = json_string_value(json_array_get(arr, k));
+    if (commit ? !v || !*v || strlen(v) > ETAG_MAX
+               : !v || br_blob_id_parse(v, strlen(v), p->digest) < 0) {
+      snprintf(msg, msglen, "blobs[%zu].%s[%zu] is not %s", i, commit ? "parts" : "part_sha256", k,
+               commit ? "an ETag (1 to 127 characters)" : "64 lowercase hex digits");
+      return msg;
+    }
+    if (commit) snprintf(p->etag, sizeof p->etag, "%s", v);
+  }
+  return NULL;
+}
 
 /* Parses {"blobs":[{"sha256","size","content_type"?}...]} (at most UPLOADS_MAX, each size within
  * max_blob_size, each content type passing the header grammar) into a malloc'd batch. Returns
  * the batch, or NULL with the error and its message (nothing else happened). */
-static struct upload_batch *parse_batch(struct request *req, enum br_api_error *e, char *msg,
-                                        size_t msglen) {
+static struct upload_batch *parse_batch(struct request *req, int commit, enum br_api_error *e,
+                                        char *msg, size_t msglen) {
   json_error_t jerr;
   json_t *root =
       req->body ? json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &jerr) : NULL;
@@ -50,7 +120,19 @@ static struct upload_batch *parse_batch(struct request *req, enum br_api_error *
     snprintf(msg, msglen, "%zu blobs, at most %d per call", n, UPLOADS_MAX);
     goto done;
   }
-  b = calloc(1, sizeof *b + (n ? n : 1) * sizeof b->items[0]);
+  size_t hashes = 0, next = 0;
+  for (size_t i = 0; i < n; i++)
+    hashes +=
+        json_array_size(json_object_get(json_array_get(arr, i), commit ? "parts" : "part_sha256"));
+  if (hashes > HASHES_MAX) {
+    *e = E_TOO_MANY_HASHES;
+    snprintf(msg, msglen, "%zu part %s, at most %d per call", hashes, commit ? "ETags" : "hashes",
+             HASHES_MAX);
+    goto done;
+  }
+  size_t items = sizeof *b + (n ? n : 1) * sizeof b->items[0];
+  b = calloc(1, items + (hashes ? hashes : 1) * sizeof b->parts[0]);
+  if (b) b->parts = (struct upload_part *)((char *)b + items);
   if (!b) {
     *e = E_INTERNAL;
     snprintf(msg, msglen, "out of memory");
@@ -84,7 +166,8 @@ static struct upload_batch *parse_batch(struct request *req, enum br_api_error *
     } else {
       it->size = (uint64_t)json_integer_value(size);
       snprintf(it->content_type, sizeof it->content_type, "%s", ct);
-      continue;
+      if (!parse_parts(o, b, it, &next, commit, msg, msglen, i)) continue;
+      *e = E_BAD_JSON;
     }
     free(b);
     b = NULL;
@@ -95,38 +178,79 @@ done:
   return b;
 }
 
+static json_t *headers_json(const br_direct_put *put) {
+  json_t *headers = json_object();
+  for (size_t h = 0; h < put->nheaders; h++)
+    json_object_set_new(headers, put->headers[h].name, json_string(put->headers[h].value));
+  return headers;
+}
+
+/* The plan of a blob over the store's part size: without part hashes, which part size to hash
+ * at (status part_hashes: negotiate again with part_sha256); with them, a multipart upload
+ * created under the content key and a presigned UploadPart per part, each signing its part's
+ * x-amz-content-sha256. NULL on a store error (err). */
+static json_t *multipart_action(br_store *st, const struct upload_batch *b,
+                                const struct upload_item *it, const char *key, const char *hex,
+                                br_err *err) {
+  if (!it->nparts) {
+    uint64_t ps = br_store_direct_max(st),
+             fit = (it->size + BR_DIRECT_MAX_PARTS - 1) / BR_DIRECT_MAX_PARTS;
+    if (fit > ps) ps = (fit + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1);
+    return json_pack("{s:s,s:s,s:I}", "sha256", hex, "status", "part_hashes", "part_size",
+                     (json_int_t)ps);
+  }
+  char upload_id[UPLOAD_ID_MAX + 1];
+  int rc = br_store_multipart_begin(st, key, it->content_type, upload_id, sizeof upload_id, err);
+  if (rc < 0) return NULL;
+  if (rc > 0) return json_pack("{s:s,s:s}", "sha256", hex, "status", "via_server");
+  json_t *parts = json_array();
+  br_direct_put put;
+  for (size_t k = 0; k < it->nparts; k++) {
+    if (br_store_presign_part(st, key, upload_id, (unsigned)k + 1, b->parts[it->part0 + k].digest,
+                              &put, err) < 0) {
+      json_decref(parts);
+      br_err aerr;
+      br_store_multipart_abort(st, key, upload_id, &aerr);
+      return NULL;
+    }
+    json_array_append_new(
+        parts, json_pack("{s:I,s:s,s:s,s:o}", "part_number", (json_int_t)k + 1, "method", "PUT",
+                         "url", put.url, "headers", headers_json(&put)));
+  }
+  char expires[40];
+  br_format_time_ms(put.expires_ms, expires, sizeof expires);
+  return json_pack("{s:s,s:s,s:s,s:I,s:o,s:s}", "sha256", hex, "status", "multipart", "upload_id",
+                   upload_id, "part_size", (json_int_t)it->part_size, "parts", parts, "expires_at",
+                   expires);
+}
+
 /* The negotiation answer for one blob not in the index: a presigned PUT when the upload store
- * takes direct uploads and the blob fits in one part, else via_server. NULL on a signing error. */
-static json_t *upload_action(br_store *st, const struct upload_item *it, const char *hex,
-                             br_err *err) {
+ * takes direct uploads and the blob fits in one part, a multipart plan when it does not, else
+ * via_server. NULL on a store error. */
+static json_t *upload_action(br_store *st, const struct upload_batch *b,
+                             const struct upload_item *it, const char *hex, br_err *err) {
   char key[BR_MAX_KEY + 1];
   br_direct_put put;
-  if (br_store_direct_mode(st) == BR_DIRECT_NONE || it->size > br_store_direct_max(st) ||
+  if (br_store_direct_mode(st) == BR_DIRECT_NONE ||
       !br_store_default_key(st, it->digest, key, sizeof key))
     return json_pack("{s:s,s:s}", "sha256", hex, "status", "via_server");
+  if (it->size > br_store_direct_max(st)) return multipart_action(st, b, it, key, hex, err);
   int rc = br_store_presign_put(st, key, it->digest, &put, err);
   if (rc < 0) return NULL;
   if (rc > 0) return json_pack("{s:s,s:s}", "sha256", hex, "status", "via_server");
-  json_t *headers = json_object();
-  for (size_t h = 0; h < put.nheaders; h++)
-    json_object_set_new(headers, put.headers[h].name, json_string(put.headers[h].value));
+  json_t *headers = headers_json(&put);
   char expires[40];
   br_format_time_ms(put.expires_ms, expires, sizeof expires);
   return json_pack("{s:s,s:s,s:s,s:s,s:o,s:s}", "sha256", hex, "status", "upload", "method", "PUT",
                    "url", put.url, "headers", headers, "expires_at", expires);
 }
 
-enum MHD_Result uploads_post(struct request *req) {
-  enum br_api_error e;
-  char msg[256];
-  struct upload_batch *b = parse_batch(req, &e, msg, sizeof msg);
-  if (!b) {
-    br_info("POST /v1/uploads refused: %s", msg);
-    return reply_error(req, e, "%s", msg);
-  }
+/* The finisher's part of a negotiation (multipart plans create uploads in the store). */
+static void negotiate_run(struct request *req) {
+  struct upload_batch *b = req->job_data;
   br_store *st = req->srv->upload_store;
   json_t *out = json_array();
-  enum MHD_Result r;
+  req->finish_rc = 0;
   for (size_t i = 0; i < b->n; i++) {
     struct upload_item *it = &b->items[i];
     char hex[BR_HEX_LEN + 1];
@@ -134,47 +258,89 @@ enum MHD_Result uploads_post(struct request *req) {
     br_record rec;
     br_err err;
     int rc = br_index_get(req->srv->index, it->digest, &rec, &err);
-    if (rc < 0) {
-      r = reply_error(req, index_error(rc), "%s", err.msg);
-      goto done;
-    }
-    json_t *o = rc == 0 && rec.state == BR_STATE_LIVE
+    json_t *o = rc < 0 ? NULL
+                : rc == 0 && rec.state == BR_STATE_LIVE
                     ? json_pack("{s:s,s:s}", "sha256", hex, "status", "present")
-                    : upload_action(st, it, hex, &err);
+                    : upload_action(st, b, it, hex, &err);
     if (!o) {
-      r = reply_error(req, E_INTERNAL, "%s", err.msg);
-      goto done;
+      /* the plans made so far are left to the store's lifecycle rule */
+      br_warn("POST /v1/uploads: %s", err.msg);
+      json_decref(out);
+      out = json_string(err.msg);
+      break;
     }
     json_array_append_new(out, o);
   }
-  r = reply_json(req, MHD_HTTP_OK, json_pack("{s:O}", "blobs", out));
-done:
-  json_decref(out);
-  free(b);
-  return r;
+  b->answer = out;
+}
+
+enum MHD_Result uploads_post(struct request *req) {
+  if (req->phase == PHASE_RESUMED) {
+    struct upload_batch *b = req->job_data;
+    json_t *out = b->answer;
+    b->answer = NULL;
+    if (json_is_string(out)) {
+      enum MHD_Result r = reply_error(req, E_INTERNAL, "%s", json_string_value(out));
+      json_decref(out);
+      return r;
+    }
+    return reply_json(req, MHD_HTTP_OK, json_pack("{s:o}", "blobs", out));
+  }
+  enum br_api_error e;
+  char msg[256];
+  struct upload_batch *b = parse_batch(req, 0, &e, msg, sizeof msg);
+  if (!b) {
+    br_info("POST /v1/uploads refused: %s", msg);
+    return reply_error(req, e, "%s", msg);
+  }
+  req->job_data = b;
+  req->job_fn = negotiate_run;
+  if (request_finish_async(req, JOB_SLOW) < 0)
+    return reply_error(req, E_NOT_READY, "the server is stopping");
+  return MHD_YES;
 }
 
 /* Checks one directly uploaded object and records it, under the blob's lock (as a PUT through
  * blobrefd does: reconcile's final delete of the same hash runs wholly before or after). */
-static void commit_one(struct request *req, br_store *st, struct upload_item *it) {
+static void commit_one(struct request *req, br_store *st, const struct upload_batch *b,
+                       struct upload_item *it) {
   br_server *srv = req->srv;
   char hex[BR_HEX_LEN + 1], key[BR_MAX_KEY + 1];
   br_hex_encode(it->digest, hex);
   br_err err;
   br_record rec;
   int rc = br_index_get(srv->index, it->digest, &rec, &err);
+  if (!br_store_default_key(st, it->digest, key, sizeof key)) {
+    snprintf(err.msg, sizeof err.msg, "object key too long");
+    goto fail;
+  }
   if (rc == 0 && rec.state == BR_STATE_LIVE) {
     /* a dedup hit: keep it from reconcile for another grace period, as a PUT would */
     rc = br_index_touch(srv->index, it->digest, br_now_ms(), &err);
     if (rc == 0) {
+      br_err aerr; /* another commit won: this client's parts are not needed */
+      if (it->upload_id[0] && br_store_multipart_abort(st, key, it->upload_id, &aerr) < 0)
+        br_warn("POST /v1/uploads/commit: %s", aerr.msg);
       it->status = "present";
       return;
     }
   }
   if (rc < 0) goto fail;
-  if (!br_store_default_key(st, it->digest, key, sizeof key)) {
-    snprintf(err.msg, sizeof err.msg, "object key too long");
-    goto fail;
+  if (it->upload_id[0]) {
+    /* a multipart upload: complete it under the content key; its object is then checked as a
+     * single PUT's is (re-hashed: a composite checksum is not the blob's) */
+    const char *etags[BR_DIRECT_MAX_PARTS];
+    for (size_t k = 0; k < it->nparts; k++) etags[k] = b->parts[it->part0 + k].etag;
+    rc = br_store_multipart_complete(st, key, it->upload_id, etags, it->nparts, &err);
+    if (rc > 0) {
+      br_err aerr;
+      br_store_multipart_abort(st, key, it->upload_id, &aerr);
+      it->status = "missing";
+      snprintf(it->message, sizeof it->message, "%s", err.msg);
+      br_info("POST /v1/uploads/commit: %s: %s", hex, err.msg);
+      return;
+    }
+    if (rc < 0) goto fail;
   }
   uint64_t size = 0;
   uint8_t sha[BR_SHA256_LEN];
@@ -251,7 +417,7 @@ static void *commit_worker(void *arg) {
                "the blob's lock cannot be had: the index database is unavailable");
       continue;
     }
-    commit_one(cp->req, st, &cp->b->items[i]);
+    commit_one(cp->req, st, cp->b, &cp->b->items[i]);
     br_server_lock_blob(cp->req->srv, cp->b->items[i].digest, 0);
   }
 }
@@ -292,7 +458,7 @@ enum MHD_Result uploads_commit_post(struct request *req) {
   }
   enum br_api_error e;
   char msg[256];
-  struct upload_batch *b = parse_batch(req, &e, msg, sizeof msg);
+  struct upload_batch *b = parse_batch(req, 1, &e, msg, sizeof msg);
   if (!b) {
     br_info("POST /v1/uploads/commit refused: %s", msg);
     return reply_error(req, e, "%s", msg);

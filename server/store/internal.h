@@ -34,6 +34,13 @@ struct store_ops {
   enum br_direct_mode (*direct_mode)(const br_store *st);
   int (*presign_put)(br_store *st, const char *key, const uint8_t digest[BR_SHA256_LEN],
                      br_direct_put *out, br_err *err);
+  int (*multipart_begin)(br_store *st, const char *key, const char *content_type, char *upload_id,
+                         size_t idlen, br_err *err);
+  int (*presign_part)(br_store *st, const char *key, const char *upload_id, unsigned part,
+                      const uint8_t part_digest[BR_SHA256_LEN], br_direct_put *out, br_err *err);
+  int (*multipart_complete)(br_store *st, const char *key, const char *upload_id,
+                            const char *const *etags, size_t n, br_err *err);
+  int (*multipart_abort)(br_store *st, const char *key, const char *upload_id, br_err *err);
   int (*head_checksum)(br_store *st, const char *key, uint64_t *size, uint8_t sha[BR_SHA256_LEN],
                        int *has_sha, br_err *err);
 };

@@ -126,10 +126,12 @@ static int hash_range(int fd, uint64_t off, uint64_t len, char hex[65], char b64
 
 /* content_type (NULL or "": S3's default) is the completed object's, kept by a later copy.
  * On failure *fail_errno says whom to blame: EHOSTUNREACH (no answer) or EPROTO (S3 refused). */
-static int create_multipart(struct s3_store *s3, const char *key, const char *content_type,
-                            char *upload_id, size_t idlen, int *fail_errno, br_err *err) {
+static int create_multipart_as(struct s3_store *s3, const char *key, const char *content_type,
+                               int part_checksums, char *upload_id, size_t idlen, int *fail_errno,
+                               br_err *err) {
   s3_request rq = {.method = "POST", .key = key, .query = "uploads="};
-  rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-checksum-algorithm", "SHA256"};
+  if (part_checksums)
+    rq.headers[rq.nheaders++] = (br_sigv4_header){"x-amz-checksum-algorithm", "SHA256"};
   if (content_type && *content_type)
     rq.headers[rq.nheaders++] = (br_sigv4_header){"content-type", content_type};
   s3_response rs;
@@ -141,6 +143,11 @@ static int create_multipart(struct s3_store *s3, const char *key, const char *co
   if (rc < 0 && fail_errno) *fail_errno = request_errno(&rs);
   s3_response_free(&rs);
   return rc;
+}
+
+static int create_multipart(struct s3_store *s3, const char *key, const char *content_type,
+                            char *upload_id, size_t idlen, int *fail_errno, br_err *err) {
+  return create_multipart_as(s3, key, content_type, 1, upload_id, idlen, fail_errno, err);
 }
 
 /* The key a multipart upload is created under: the blob's own key when the caller said it in
@@ -1190,6 +1197,98 @@ static int s3_presign_put(br_store *st, const char *key, const uint8_t digest[BR
   return presign_direct(s3_of(st), key, ttl_s, out, err);
 }
 
+/* A direct multipart upload under key: created without per-part checksums (the client's parts
+ * carry a signed x-amz-content-sha256 each, and blobrefd re-hashes the whole object on commit). */
+static int s3_multipart_begin(br_store *st, const char *key, const char *content_type,
+                              char *upload_id, size_t idlen, br_err *err) {
+  return create_multipart_as(s3_of(st), key, content_type, 0, upload_id, idlen, NULL, err);
+}
+
+static int s3_presign_part(br_store *st, const char *key, const char *upload_id, unsigned part,
+                           const uint8_t part_digest[BR_SHA256_LEN], br_direct_put *out,
+                           br_err *err) {
+  struct s3_store *s3 = s3_of(st);
+  uint64_t ttl_s = st->cfg.presign_ttl_ms / 1000;
+  if (ttl_s < 1) ttl_s = 1;
+  char idenc[1600], query[1700];
+  if (!br_sigv4_uri_encode(upload_id, 0, idenc, sizeof idenc))
+    return br_fail(err, "upload id too long");
+  snprintf(query, sizeof query, "partNumber=%u&uploadId=%s", part, idenc);
+  out->nheaders = 1;
+  snprintf(out->headers[0].name, sizeof out->headers[0].name, "x-amz-content-sha256");
+  br_hex_encode(part_digest, out->headers[0].value);
+  br_sigv4_header h = {out->headers[0].name, out->headers[0].value};
+  time_t now = time(NULL);
+  out->expires_ms = ((uint64_t)now + ttl_s) * 1000;
+  return s3_presign_query_at(&s3->t, "PUT", key, query, &h, 1, out->headers[0].value, now, ttl_s,
+                             out->url, sizeof out->url, err);
+}
+
+/* S3's error code in an error document ("" when none). */
+static void error_code(const char *body, char *code, size_t len) {
+  code[0] = '\0';
+  if (body) s3_xml_text(body, "Code", NULL, code, len);
+}
+
+static int s3_multipart_complete(br_store *st, const char *key, const char *upload_id,
+                                 const char *const *etags, size_t n, br_err *err) {
+  struct s3_store *s3 = s3_of(st);
+  size_t cap = n * 160 + 128;
+  for (size_t i = 0; i < n; i++) cap += strlen(etags[i]) * 6;
+  char *xml = malloc(cap);
+  if (!xml) return br_fail(err, "out of memory");
+  size_t used = (size_t)snprintf(xml, cap, "<CompleteMultipartUpload>");
+  for (size_t i = 0; i < n; i++) {
+    used +=
+        (size_t)snprintf(xml + used, cap - used, "<Part><PartNumber>%zu</PartNumber><ETag>", i + 1);
+    for (const char *c = etags[i]; *c; c++) /* an ETag is quoted: escape it for XML */
+      used += (size_t)snprintf(xml + used, cap - used, "%s",
+                               *c == '"'   ? "&quot;"
+                               : *c == '&' ? "&amp;"
+                               : *c == '<' ? "&lt;"
+                               : *c == '>' ? "&gt;"
+                                           : (char[]){*c, 0});
+    used += (size_t)snprintf(xml + used, cap - used, "</ETag></Part>");
+  }
+  used += (size_t)snprintf(xml + used, cap - used, "</CompleteMultipartUpload>");
+  uint8_t d[32];
+  char hex[65], query[1700], idenc[1600];
+  EVP_Digest(xml, used, d, NULL, EVP_sha256(), NULL);
+  br_hex_encode(d, hex);
+  int rc = 0;
+  if (!br_sigv4_uri_encode(upload_id, 0, idenc, sizeof idenc))
+    rc = br_fail(err, "upload id too long");
+  snprintf(query, sizeof query, "uploadId=%s", idenc);
+  s3_request rq = {.method = "POST",
+                   .key = key,
+                   .query = query,
+                   .payload_hash = hex,
+                   .body = {.mem = xml, .len = used}};
+  s3_response rs = {0};
+  if (rc == 0) rc = s3_perform(&s3->t, &rq, &rs, err);
+  int late = rc == 0 && rs.status == 200 && rs.body && strstr(rs.body, "<Error>");
+  if (rc == 0 && (rs.status != 200 || late)) {
+    char code[64];
+    error_code(rs.body, code, sizeof code);
+    if (!code[0]) snprintf(code, sizeof code, "%s", rs.code);
+    /* the client's fault: an upload id S3 does not know, or parts that are not the ones sent */
+    if (!strcmp(code, "NoSuchUpload") || !strcmp(code, "InvalidPart") ||
+        !strcmp(code, "InvalidPartOrder") || !strcmp(code, "EntityTooSmall") || rs.status == 404)
+      rc = (br_fail(err, "store %s: CompleteMultipartUpload: %s", s3->t.name,
+                    code[0] ? code : "no such upload"),
+            1);
+    else
+      rc = s3_fail_status(err, &s3->t, "CompleteMultipartUpload", &rs);
+  }
+  s3_response_free(&rs);
+  free(xml);
+  return rc;
+}
+
+static int s3_multipart_abort(br_store *st, const char *key, const char *upload_id, br_err *err) {
+  return abort_upload(s3_of(st), key, upload_id, err);
+}
+
 /* HEAD with x-amz-checksum-mode: ENABLED: the size and, for a single-part object stored with
  * a SHA-256 checksum, that checksum (a multipart one is a composite "...-N": not the blob's). */
 static int s3_head_checksum(br_store *st, const char *key, uint64_t *size,
@@ -1239,5 +1338,9 @@ const struct store_ops br_store_s3_ops = {
     .copy_from = s3_copy_from,
     .direct_mode = s3_direct_mode,
     .presign_put = s3_presign_put,
+    .multipart_begin = s3_multipart_begin,
+    .presign_part = s3_presign_part,
+    .multipart_complete = s3_multipart_complete,
+    .multipart_abort = s3_multipart_abort,
     .head_checksum = s3_head_checksum,
 };

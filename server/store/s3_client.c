@@ -145,6 +145,13 @@ int s3_presign_get_at(s3_target *t, const char *key, const char *query, time_t n
                  urllen, err);
 }
 
+int s3_presign_query_at(s3_target *t, const char *method, const char *key, const char *query,
+                        const br_sigv4_header *headers, size_t nheaders, const char *payload_hash,
+                        time_t now_s, uint64_t ttl_s, char *url, size_t urllen, br_err *err) {
+  return presign(t, method, key, query, headers, nheaders, payload_hash, now_s, ttl_s, url, urllen,
+                 err);
+}
+
 int s3_presign_at(s3_target *t, const char *method, const char *key, const br_sigv4_header *headers,
                   size_t nheaders, const char *payload_hash, time_t now_s, uint64_t ttl_s,
                   char *url, size_t urllen, br_err *err) {

@@ -57,6 +57,12 @@ int s3_presign_at(s3_target *t, const char *method, const char *key, const br_si
                   size_t nheaders, const char *payload_hash, time_t now_s, uint64_t ttl_s,
                   char *url, size_t urllen, br_err *err);
 
+/* The same with query (already encoded, e.g. partNumber=1&uploadId=...) among the signed
+ * parameters. */
+int s3_presign_query_at(s3_target *t, const char *method, const char *key, const char *query,
+                        const br_sigv4_header *headers, size_t nheaders, const char *payload_hash,
+                        time_t now_s, uint64_t ttl_s, char *url, size_t urllen, br_err *err);
+
 /* The body of a request: memory, or a byte range of a file descriptor (re-read on retries). */
 typedef struct s3_body {
   const void *mem;
@@ -90,8 +96,8 @@ typedef struct s3_response {
   uint64_t total_size;     /* object size from Content-Range ".../N", else content_length */
   char etag[80];
   char checksum_sha256[64]; /* x-amz-checksum-sha256 of the answer (HEAD with checksum mode) */
-  char code[64];     /* S3's error code from the XML error body, e.g. "NoSuchKey" */
-  char message[256]; /* and its message */
+  char code[64];            /* S3's error code from the XML error body, e.g. "NoSuchKey" */
+  char message[256];        /* and its message */
 } s3_response;
 
 /* Sends req, retrying transport errors, 500/502/503/504 and SlowDown with exponential backoff

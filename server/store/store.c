@@ -319,6 +319,30 @@ int br_store_presign_put(br_store *st, const char *key, const uint8_t digest[BR_
   return st->ops->presign_put(st, key, digest, out, err);
 }
 
+int br_store_multipart_begin(br_store *st, const char *key, const char *content_type,
+                             char *upload_id, size_t idlen, br_err *err) {
+  if (br_store_direct_mode(st) == BR_DIRECT_NONE || !st->ops->multipart_begin) return 1;
+  return st->ops->multipart_begin(st, key, content_type, upload_id, idlen, err);
+}
+
+int br_store_presign_part(br_store *st, const char *key, const char *upload_id, unsigned part,
+                          const uint8_t part_digest[BR_SHA256_LEN], br_direct_put *out,
+                          br_err *err) {
+  if (!st->ops->presign_part) return br_fail(err, "store %s: no multipart uploads", st->cfg.name);
+  return st->ops->presign_part(st, key, upload_id, part, part_digest, out, err);
+}
+
+int br_store_multipart_complete(br_store *st, const char *key, const char *upload_id,
+                                const char *const *etags, size_t n, br_err *err) {
+  if (!st->ops->multipart_complete) return (br_fail(err, "no multipart uploads"), 1);
+  return st->ops->multipart_complete(st, key, upload_id, etags, n, err);
+}
+
+int br_store_multipart_abort(br_store *st, const char *key, const char *upload_id, br_err *err) {
+  if (!st->ops->multipart_abort) return 0;
+  return st->ops->multipart_abort(st, key, upload_id, err);
+}
+
 int br_store_head_checksum(br_store *st, const char *key, uint64_t *size,
                            uint8_t sha[BR_SHA256_LEN], int *has_sha, br_err *err) {
   *has_sha = 0;

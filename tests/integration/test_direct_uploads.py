@@ -90,10 +90,10 @@ def test_direct_single_part_end_to_end(rgw, direct):
     assert requests.put(f"{srv.url}/v1/blobs/{sha(old)}", data=old,
                         timeout=TIMEOUT).status_code == 201
     new = os.urandom(300 * 1024)
-    big = {"sha256": "ab" * 32, "size": 17 * MiB}  # over part_size (16 MiB): not one PUT
+    big = {"sha256": "ab" * 32, "size": 17 * MiB}  # over part_size (16 MiB): a multipart plan
     acts = negotiate(srv, [item(new, "image/png"), item(old), big])
     assert [a["sha256"] for a in acts] == [sha(new), sha(old), big["sha256"]]  # request order
-    assert [a["status"] for a in acts] == ["upload", "present", "via_server"]
+    assert [a["status"] for a in acts] == ["upload", "present", "part_hashes"]
     a = acts[0]
     assert a["method"] == "PUT" and a["url"].startswith(rgw.endpoint + f"/{b}/")
     assert content_key(sha(new)) in a["url"]
@@ -460,3 +460,30 @@ def test_cli_put_direct_falls_back_to_the_server(server, tmp_path):
     assert "1 uploaded" in p.stderr
     assert requests.get(f"{server.url}/v1/blobs/{sha(b'via blobrefd')}",
                         timeout=TIMEOUT).content == b"via blobrefd"
+
+
+def test_multipart_end_to_end_and_bad_parts(rgw, direct):
+    srv, b = direct(part_size="5MiB", spool_max="16MiB")
+    data = os.urandom(11 * MiB)  # three parts at the smallest part size
+    ps = 5 * MiB
+    a = negotiate(srv, [item(data)])[0]
+    assert a["status"] == "part_hashes" and a["part_size"] == ps
+    parts = [sha(data[i:i + ps]) for i in range(0, len(data), ps)]
+    a = negotiate(srv, [dict(item(data), part_size=ps, part_sha256=parts)])[0]
+    assert a["status"] == "multipart" and len(a["parts"]) == 3 and a["upload_id"]
+    etags = []
+    for p in a["parts"]:
+        n = p["part_number"] - 1
+        r = requests.put(p["url"], data=data[n * ps:(n + 1) * ps], headers=p["headers"],
+                         timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        etags.append(r.headers["ETag"])
+    assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).status_code == 404
+    res = commit(srv, [dict(item(data), upload_id=a["upload_id"], parts=etags)])[0]
+    assert res["status"] == "created", res
+    r = requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT)
+    assert r.status_code == 200 and r.content == data
+    # bounds: more than 20,000 part hashes in one request
+    many = [dict(item(data), part_size=ps, part_sha256=["ab" * 32] * 3)] * 6667
+    assert_error(requests.post(f"{srv.url}/v1/uploads", json={"blobs": many}, timeout=TIMEOUT),
+                 413, "too_many_hashes")
