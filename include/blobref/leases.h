@@ -37,9 +37,15 @@ int br_lease_release(br_leases *l, const char *id, br_err *err);
 /* Attaches the n blobs at digests (32 bytes each) to the live lease id, durably, in one
  * transaction, when owner is NULL or the lease's owner: 1 attached (or were), 0 no such live lease
  * of that owner, 2 over BR_LEASE_MAX_BLOBS (none attached), -1 + err. Callers attach before they
- * read the blob's record (see reconcile.c's undo_leased). */
+ * read the blob's record; waits while another thread holds br_leases_block. */
 int br_lease_attach(br_leases *l, const char *id, const char *owner, const uint8_t *digests,
                     size_t n, uint64_t now, br_err *err);
+/* Holds off every br_lease_attach until br_leases_unblock (same thread, not nested). Reconcile
+ * checks the leases of a quarantine batch and commits it while blocked: an attach is then either
+ * seen by the check or committed after the quarantine, so the read that follows it sees the
+ * blob quarantined (never "present" and then quarantined under the lease). */
+void br_leases_block(br_leases *l);
+void br_leases_unblock(br_leases *l);
 /* Calls fn for every live lease (of owner, or all with NULL), by id. Returns 0 or -1 + err. */
 int br_leases_each(br_leases *l, const char *owner, uint64_t now,
                    int (*fn)(void *ud, const br_lease *lease), void *ud, br_err *err);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <lmdb.h>
 #include <openssl/rand.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 struct br_leases {
   MDB_env *env;
   MDB_dbi leases, by_blob, by_lease;
+  pthread_mutex_t gate; /* held by br_lease_attach and by a br_leases_block caller */
 };
 
 static int fail(br_err *err, const char *what, int rc) {
@@ -33,6 +35,7 @@ br_leases *br_leases_open(const char *dir, br_err *err) {
     br_fail(err, "out of memory");
     return NULL;
   }
+  pthread_mutex_init(&l->gate, NULL);
   MDB_txn *txn = NULL;
   int rc;
   if ((rc = mdb_env_create(&l->env)) || (rc = mdb_env_set_maxdbs(l->env, 4)) ||
@@ -46,6 +49,7 @@ br_leases *br_leases_open(const char *dir, br_err *err) {
     if (txn && rc) mdb_txn_abort(txn);
     fail(err, dir, rc);
     if (l->env) mdb_env_close(l->env);
+    pthread_mutex_destroy(&l->gate);
     free(l);
     return NULL;
   }
@@ -55,8 +59,13 @@ br_leases *br_leases_open(const char *dir, br_err *err) {
 void br_leases_close(br_leases *l) {
   if (!l) return;
   mdb_env_close(l->env);
+  pthread_mutex_destroy(&l->gate);
   free(l);
 }
+
+void br_leases_block(br_leases *l) { pthread_mutex_lock(&l->gate); }
+
+void br_leases_unblock(br_leases *l) { pthread_mutex_unlock(&l->gate); }
 
 static int valid_id(const char *id) {
   return id && strlen(id) == L && strspn(id, "0123456789abcdef") == L;
@@ -150,8 +159,9 @@ int br_lease_release(br_leases *l, const char *id, br_err *err) {
   return rc ? fail(err, "commit", rc) : 1;
 }
 
-int br_lease_attach(br_leases *l, const char *id, const char *owner, const uint8_t *digests,
-                    size_t n, uint64_t now, br_err *err) {
+/* br_lease_attach's transaction, under the gate. */
+static int attach_locked(br_leases *l, const char *id, const char *owner, const uint8_t *digests,
+                         size_t n, uint64_t now, br_err *err) {
   MDB_txn *txn;
   int rc = mdb_txn_begin(l->env, NULL, 0, &txn);
   if (rc) return fail(err, "write", rc);
@@ -187,6 +197,14 @@ int br_lease_attach(br_leases *l, const char *id, const char *owner, const uint8
   }
   rc = mdb_txn_commit(txn);
   return rc ? fail(err, "commit", rc) : 1;
+}
+
+int br_lease_attach(br_leases *l, const char *id, const char *owner, const uint8_t *digests,
+                    size_t n, uint64_t now, br_err *err) {
+  pthread_mutex_lock(&l->gate);
+  int rc = attach_locked(l, id, owner, digests, n, now, err);
+  pthread_mutex_unlock(&l->gate);
+  return rc;
 }
 
 int br_leases_each(br_leases *l, const char *owner, uint64_t now,

@@ -686,25 +686,24 @@ static void list_decided(FILE *f, enum decision kind, rstate_lists *lists, json_
     if (c.kind == kind) list_blob(lists, kind, c.digest, errors, list_failed);
 }
 
-/* Restores the blobs of a quarantine batch that a lease holds now. An upload, dedup hit or lookup
- * with ?lease= attaches the blob (durably) before it reads the record, and this check runs after
- * the batch committed: so either the lease was there for this check (the blob goes back to live,
- * never deleted: a quarantine is only a 410 until restored), or the quarantine committed before
- * the attach, and the caller's read sees it (a lookup reports it missing, an upload makes it live
- * again). Restored blobs are marked not applied. */
-static void undo_leased(br_reconciler *r, br_change *batch, size_t n, uint64_t now,
-                        json_t *errors) {
-  for (size_t i = 0; i < n; i++) {
-    if (!batch[i].applied || !br_leased_until(r->leases, batch[i].digest, br_now_ms(), NULL))
-      continue;
-    br_change ch = {.kind = BR_CHANGE_RESTORE, .cutoff_ms = UINT64_MAX};
-    memcpy(ch.digest, batch[i].digest, D);
-    br_err err;
-    if (br_index_apply_changes(r->env.index, &ch, 1, now, &err) < 0)
-      add_error(errors, "index: %s (a leased blob stays quarantined)", err.msg);
-    else if (ch.applied)
-      batch[i].applied = 0;
-  }
+/* Commits a batch of n changes; a quarantine batch is first cleared of the blobs a lease holds
+ * now, with attaches blocked until it committed: an upload, dedup hit or lookup with ?lease=
+ * attaches the blob before it reads the record, so either this check sees the lease (the blob
+ * stays live) or the attach and that read come after the commit (a lookup reports the blob
+ * missing, an upload makes it live again). A blob found under a live lease is never quarantined,
+ * not even for a moment. Returns how many changes remain in batch (all of them applied or not). */
+static size_t commit_batch(br_reconciler *r, br_change *batch, size_t n, enum decision kind,
+                           uint64_t now, json_t *errors) {
+  if (kind == DO_QUARANTINE) br_leases_block(r->leases);
+  size_t kept = 0;
+  for (size_t i = 0; i < n; i++)
+    if (kind != DO_QUARANTINE || !br_leased_until(r->leases, batch[i].digest, br_now_ms(), NULL))
+      batch[kept++] = batch[i];
+  br_err err;
+  if (kept && br_index_apply_changes(r->env.index, batch, kept, now, &err) < 0)
+    add_error(errors, "index: %s", err.msg);
+  if (kind == DO_QUARANTINE) br_leases_unblock(r->leases);
+  return kept;
 }
 
 /* Applies the decisions of one kind from the file, in batches, listing each one applied. Returns
@@ -744,9 +743,6 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
       }
       continue;
     }
-    /* a lease attached since the sweep wins (checked again after the batch, below) */
-    if (more && kind == DO_QUARANTINE && br_leased_until(r->leases, c.digest, br_now_ms(), NULL))
-      continue;
     if (more) {
       br_change *ch = &batch[n++];
       memset(ch, 0, sizeof *ch);
@@ -756,10 +752,7 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
       ch->reason = "unreferenced";
     }
     if (n == APPLY_BATCH || (!more && n)) {
-      br_err err;
-      if (br_index_apply_changes(env->index, batch, n, now, &err) < 0)
-        add_error(errors, "index: %s", err.msg);
-      if (kind == DO_QUARANTINE) undo_leased(r, batch, n, now, errors);
+      n = commit_batch(r, batch, n, kind, now, errors); /* a lease attached since the sweep wins */
       for (size_t i = 0; i < n; i++)
         if (batch[i].applied) {
           applied++;

@@ -381,14 +381,14 @@ def test_leases_vs_back_to_back_runs(tmp_path):
         s = requests.Session()
         while not stop.is_set():
             for h in pool:
+                with ul:  # only a hold answered before the GET is sent binds its answer
+                    held_until = until.get(h, 0)
                 r = s.get(f"{srv.url}/v1/blobs/{h}", timeout=30)
                 got = time.monotonic()
-                with ul:
-                    held = until.get(h, 0) > got
-                if held:
+                if held_until > got:
                     tr.count("lease_protected_reads")
                     if r.status_code != 200:
-                        tr.fail(f"{h[:12]} leased until {until[h] - got:.2f} s from now, "
+                        tr.fail(f"{h[:12]} leased until {held_until - got:.2f} s from now, "
                                 f"answered {r.status_code} {r.text[:150]!r}")
                 if r.status_code == 200 and r.content != data[h]:
                     tr.fail(f"{h[:12]} read bytes that are not its own")

@@ -1,13 +1,17 @@
 /* Reconcile's pure parts: the external sort (every size around the memory bound, duplicates
  * within and across spilled runs) and the data-file cache (entries visible only once committed,
- * chunks, pruning), and the report store; finishing deletes cut short (issue 19). */
+ * chunks, pruning), and the report store; finishing deletes cut short (issue 19); the leases'
+ * gate that keeps an attach out of a quarantine batch's check-and-commit. */
 #include <lmdb.h>
 #include <openssl/sha.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "blobref/config.h"
+#include "blobref/leases.h"
 #include "blobref/reconcile.h"
 #include "blobref/store.h"
 #include "reconcile/internal.h"
@@ -251,12 +255,57 @@ static void test_finish_deletes(const char *base) {
   br_config_free(&cfg);
 }
 
+struct attacher {
+  br_leases *l;
+  const char *id;
+  uint8_t d[BR_SHA256_LEN];
+  atomic_int done;
+  int rc;
+};
+static void *attach_thread(void *ud) {
+  struct attacher *a = ud;
+  br_err err;
+  a->rc = br_lease_attach(a->l, a->id, NULL, a->d, 1, br_now_ms(), &err);
+  atomic_store(&a->done, 1);
+  return NULL;
+}
+
+/* While a thread holds br_leases_block (reconcile between a quarantine batch's lease check and
+ * its commit), an attach waits: it is seen neither half-way nor in between; once unblocked it
+ * goes through. */
+static void test_lease_gate(const char *base) {
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s/leases", base);
+  br_err err;
+  br_leases *l = br_leases_open(dir, &err);
+  CHECK(l != NULL, "open: %s", err.msg);
+  if (!l) return;
+  br_lease lease;
+  CHECK(br_lease_create(l, "gate", NULL, 60000, br_now_ms(), &lease, &err) == 0, "create: %s",
+        err.msg);
+  struct attacher a = {.l = l, .id = lease.id};
+  make_digest(7, a.d);
+  br_leases_block(l);
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, attach_thread, &a) == 0, "thread");
+  /* a negative: nothing to await, so give the attach time it would need to commit */
+  for (int i = 0; i < 50 && !atomic_load(&a.done); i++) usleep(10000);
+  CHECK(!atomic_load(&a.done), "an attach waits while blocked");
+  CHECK(br_leased_until(l, a.d, br_now_ms(), NULL) == 0, "and is not visible");
+  br_leases_unblock(l);
+  pthread_join(t, NULL);
+  CHECK(a.rc == 1, "attached once unblocked: %d", a.rc);
+  CHECK(br_leased_until(l, a.d, br_now_ms(), NULL) == lease.expires_ms, "leased");
+  br_leases_close(l);
+}
+
 int main(void) {
   char dir[] = "/tmp/blobref-test-reconcile-XXXXXX";
   if (!mkdtemp(dir)) return 1;
   test_sort(dir);
   test_state(dir);
   test_finish_deletes(dir);
+  test_lease_gate(dir);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
