@@ -54,12 +54,13 @@ def _part_size_for(size, part_size=PART_SIZE):
     return max(part_size, -(-fit // (1 << 20)) * (1 << 20))
 
 
-def _describe_file(path, part_size=PART_SIZE):
+def _describe_file(path, part_size=None):
     """{"sha256","size","content_type"} of a file (type guessed from its name), and for a file
-    over MIN_PART also "part_size" and "part_sha256" (one SHA-256 per part), hashed in the same
-    pass: the server uses them when the blob is too big for a single presigned PUT."""
+    over MIN_PART (any file, with part_size) also "part_size" and "part_sha256" (one SHA-256 per
+    part of PART_SIZE or part_size), hashed in the same pass: the server uses them when the
+    blob is too big for a single presigned PUT."""
     h, size = hashlib.sha256(), 0
-    ps = _part_size_for(os.path.getsize(path), part_size)
+    ps = _part_size_for(os.path.getsize(path), part_size or PART_SIZE)
     parts, ph, in_part = [], hashlib.sha256(), 0
     with open(path, "rb") as f:
         while True:
@@ -77,7 +78,7 @@ def _describe_file(path, part_size=PART_SIZE):
         parts.append(ph.hexdigest())
     ct = mimetypes.guess_type(path, strict=False)[0] or "application/octet-stream"
     out = {"sha256": h.hexdigest(), "size": size, "content_type": ct}
-    if size > MIN_PART and len(parts) == -(-size // ps):  # (not if it changed while hashed)
+    if (size > MIN_PART or part_size) and len(parts) == -(-size // ps):  # (unless it changed)
         out.update(part_size=ps, part_sha256=parts)
     return out
 
