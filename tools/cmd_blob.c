@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -85,6 +86,65 @@ fail:
   return rc;
 }
 
+/* Hashes the file into hex and *size and, in the same pass, each part_size bytes into the JSON
+ * array *parts of hex SHA-256s (the caller owns it). Returns 0 or -1 with err. */
+static int sha256_file_parts(FILE *f, uint64_t part_size, char hex[BR_HEX_LEN + 1], uint64_t *size,
+                             json_t **parts, br_err *err) {
+  int rc = -1;
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int dlen = 0;
+  char *buf = malloc(HASH_CHUNK), phex[BR_HEX_LEN + 1];
+  EVP_MD_CTX *md = EVP_MD_CTX_new(), *pmd = EVP_MD_CTX_new();
+  uint64_t in_part = 0;
+  *size = 0;
+  *parts = json_array();
+  if (!buf || !md || !pmd || !*parts || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1 ||
+      EVP_DigestInit_ex(pmd, EVP_sha256(), NULL) != 1) {
+    br_fail(err, "out of memory");
+    goto fail;
+  }
+  for (;;) {
+    size_t want = part_size - in_part < HASH_CHUNK ? (size_t)(part_size - in_part) : HASH_CHUNK;
+    size_t n = fread(buf, 1, want, f);
+    if (n > 0 && (EVP_DigestUpdate(md, buf, n) != 1 || EVP_DigestUpdate(pmd, buf, n) != 1)) {
+      br_fail(err, "SHA-256 failed");
+      goto fail;
+    }
+    *size += n;
+    in_part += n;
+    if (in_part == part_size || (n < want && in_part > 0)) {
+      if (EVP_DigestFinal_ex(pmd, digest, &dlen) != 1 ||
+          EVP_DigestInit_ex(pmd, EVP_sha256(), NULL) != 1) {
+        br_fail(err, "SHA-256 failed");
+        goto fail;
+      }
+      br_hex_encode(digest, phex);
+      json_array_append_new(*parts, json_string(phex));
+      in_part = 0;
+    }
+    if (n < want) break;
+  }
+  if (ferror(f)) {
+    br_fail(err, "read error: %s", strerror(errno));
+    goto fail;
+  }
+  if (EVP_DigestFinal_ex(md, digest, &dlen) != 1 || dlen != BR_SHA256_LEN) {
+    br_fail(err, "SHA-256 failed");
+    goto fail;
+  }
+  br_hex_encode(digest, hex);
+  rc = 0;
+fail:
+  if (rc != 0) {
+    json_decref(*parts);
+    *parts = NULL;
+  }
+  EVP_MD_CTX_free(md);
+  EVP_MD_CTX_free(pmd);
+  free(buf);
+  return rc;
+}
+
 /* Parses a 2xx JSON reply body into *root. Returns 0 or -1 with err. */
 static int parse_json_reply(const br_http_buf *body, json_t **root, br_err *err) {
   json_error_t je;
@@ -115,7 +175,9 @@ static const char put_help[] =
     "  --jobs N             uploads at a time with several files (1-64, default 4)\n"
     "  --direct             ask POST /v1/uploads first and PUT each new file straight\n"
     "                       to the store where offered (else through the server), then\n"
-    "                       register them with POST /v1/uploads/commit\n"
+    "                       register them with POST /v1/uploads/commit; a file over\n"
+    "                       5 MiB is hashed per 8 MiB part in the same pass and sent in\n"
+    "                       parts when the store's part size is smaller than the file\n"
     "  -v, --verbose        print 'HEX size=N dedup=yes|no sent=N' instead of HEX\n"
     "  -h, --help           this help\n"
     "\n"
@@ -411,14 +473,22 @@ static int put_many(const cli_globals *g, const put_opts *o, const put_list *lis
 
 /* ---- put --direct: negotiate, PUT straight to the store, commit -------------------------- */
 
-#define DIRECT_BATCH 1000 /* blobs per negotiation and commit */
+#define DIRECT_BATCH 1000            /* blobs per negotiation and commit */
+#define DIRECT_HASHES_MAX 20000      /* part hashes per negotiation (the server's bound) */
+#define DIRECT_MIN_PART (5ull << 20) /* S3's smallest part: no single PUT is offered below it */
+#define DIRECT_PART (8ull << 20)     /* the part size a file over DIRECT_MIN_PART is hashed at */
+#define DIRECT_MAX_PARTS 10000
+#define DIRECT_ETAG_MAX 127
 
 typedef struct direct_item {
   const char *path;
   char hex[BR_HEX_LEN + 1];
   uint64_t size;
   const char *type;
+  uint64_t part_size; /* 0: hashed whole only (not over DIRECT_MIN_PART) */
+  json_t *part_sha256;
   json_t *action; /* borrowed from the negotiation reply */
+  json_t *etags;  /* a multipart plan's ETags, in part order (owned) */
   int ok;         /* the bytes are in the store (or were sent through blobrefd) */
   int via_server;
   uint64_t sent;
@@ -434,12 +504,53 @@ typedef struct direct_run {
   size_t uploaded, present, failed;
 } direct_run;
 
-/* PUTs the file of it to the presigned URL of its action with the signed headers. A 412 (the
- * object is there already: If-None-Match) counts as landed. Returns 0 or -1 with err. */
-static int direct_put(direct_item *it, br_err *err) {
-  const char *url = json_string_value(json_object_get(it->action, "url"));
-  json_t *headers = json_object_get(it->action, "headers");
-  FILE *in = fopen(it->path, "rb");
+/* The part size a file of size bytes is hashed at: DIRECT_PART or bigger (a MiB multiple) so that
+ * it has at most DIRECT_MAX_PARTS parts; 0 when it is not over DIRECT_MIN_PART. Pure. */
+static uint64_t direct_part_size(uint64_t size) {
+  if (size <= DIRECT_MIN_PART) return 0;
+  uint64_t fit = (size + DIRECT_MAX_PARTS - 1) / DIRECT_MAX_PARTS;
+  fit = (fit + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1);
+  return fit > DIRECT_PART ? fit : DIRECT_PART;
+}
+
+/* A bounded read from a FILE (curl's read callback for one part). */
+typedef struct part_reader {
+  FILE *in;
+  uint64_t left;
+} part_reader;
+
+static size_t part_read(char *buf, size_t size, size_t nitems, void *arg) {
+  part_reader *r = arg;
+  size_t want = size * nitems;
+  if (want > r->left) want = (size_t)r->left;
+  size_t n = want ? fread(buf, 1, want, r->in) : 0;
+  if (n < want && ferror(r->in)) return CURL_READFUNC_ABORT;
+  r->left -= n;
+  return n;
+}
+
+/* Keeps the ETag response header (quotes and all, as S3 wants it back) in the char[] given. */
+static size_t etag_header(char *line, size_t size, size_t nitems, void *arg) {
+  size_t n = size * nitems;
+  char *etag = arg;
+  if (n > 5 && !strncasecmp(line, "ETag:", 5)) {
+    const char *v = line + 5;
+    size_t len = n - 5;
+    while (len && (*v == ' ' || *v == '\t')) v++, len--;
+    while (len && (v[len - 1] == '\r' || v[len - 1] == '\n' || v[len - 1] == ' ')) len--;
+    if (len && len <= DIRECT_ETAG_MAX) snprintf(etag, DIRECT_ETAG_MAX + 1, "%.*s", (int)len, v);
+  }
+  return n;
+}
+
+/* PUTs len bytes of path from offset to a presigned URL with the signed headers of its action
+ * (url, headers). A 412 (the object is there already: If-None-Match) counts as landed (*sent 0).
+ * etag (DIRECT_ETAG_MAX + 1 chars, or NULL) gets the answer's ETag. Returns 0 or -1 with err. */
+static int direct_put(const json_t *action, const char *path, uint64_t offset, uint64_t len,
+                      char *etag, uint64_t *sent, br_err *err) {
+  const char *url = json_string_value(json_object_get(action, "url"));
+  json_t *headers = json_object_get(action, "headers");
+  FILE *in = fopen(path, "rb");
   CURL *c = curl_easy_init();
   struct curl_slist *hl = curl_slist_append(NULL, "Expect:");
   int rc = -1;
@@ -452,6 +563,10 @@ static int direct_put(direct_item *it, br_err *err) {
     br_fail(err, "cannot open: %s", in ? "out of memory" : strerror(errno));
     goto done;
   }
+  if (fseeko(in, (off_t)offset, SEEK_SET) != 0) {
+    br_fail(err, "cannot seek: %s", strerror(errno));
+    goto done;
+  }
   const char *name;
   json_t *v;
   json_object_foreach(headers, name, v) {
@@ -460,23 +575,31 @@ static int direct_put(direct_item *it, br_err *err) {
     hl = curl_slist_append(hl, line);
   }
   br_http_buf body = {.max = 4096};
+  part_reader rd = {.in = in, .left = len};
+  if (etag) etag[0] = '\0';
   curl_easy_setopt(c, CURLOPT_URL, url);
   curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
-  curl_easy_setopt(c, CURLOPT_READDATA, in);
-  curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, (curl_off_t)it->size);
+  curl_easy_setopt(c, CURLOPT_READFUNCTION, part_read);
+  curl_easy_setopt(c, CURLOPT_READDATA, &rd);
+  curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, (curl_off_t)len);
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, br_http_buf_write);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
+  if (etag) {
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, etag_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, etag);
+  }
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   CURLcode cc = curl_easy_perform(c);
   if (cc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
   if (cc != CURLE_OK) {
     br_fail(err, "PUT to the store: %s", curl_easy_strerror(cc));
-  } else if (is_2xx(status) || status == 412) {
-    curl_off_t sent = 0;
-    curl_easy_getinfo(c, CURLINFO_SIZE_UPLOAD_T, &sent);
-    it->sent = status == 412 ? 0 : (uint64_t)sent;
+  } else if (is_2xx(status) || (status == 412 && !etag)) {
+    curl_off_t up = 0;
+    curl_easy_getinfo(c, CURLINFO_SIZE_UPLOAD_T, &up);
+    *sent = status == 412 ? 0 : (uint64_t)up;
     rc = 0;
+    if (etag && !etag[0]) rc = br_fail(err, "PUT of a part to the store: no ETag in the answer");
   } else {
     br_fail(err, "PUT to the store: HTTP %ld %.200s", status, body.data ? body.data : "");
   }
@@ -486,6 +609,30 @@ done:
   if (c) curl_easy_cleanup(c);
   if (in) fclose(in);
   return rc;
+}
+
+/* PUTs every part of the multipart plan of it, in order, keeping their ETags in it->etags.
+ * Returns 0 or -1 with err. */
+static int direct_put_parts(direct_item *it, br_err *err) {
+  json_t *parts = json_object_get(it->action, "parts");
+  json_int_t ps = json_integer_value(json_object_get(it->action, "part_size"));
+  size_t n = json_array_size(parts);
+  if (ps <= 0 || n == 0 || n != ((it->size + (uint64_t)ps - 1) / (uint64_t)ps))
+    return br_fail(err, "multipart plan does not cover the file");
+  it->etags = json_array();
+  for (size_t k = 0; k < n; k++) {
+    json_t *p = json_array_get(parts, k);
+    uint64_t off = (uint64_t)ps * k,
+             len = it->size - off < (uint64_t)ps ? it->size - off : (uint64_t)ps;
+    char etag[DIRECT_ETAG_MAX + 1];
+    uint64_t sent = 0;
+    if (json_integer_value(json_object_get(p, "part_number")) != (json_int_t)k + 1)
+      return br_fail(err, "multipart plan: parts out of order");
+    if (direct_put(p, it->path, off, len, etag, &sent, err) != 0) return -1;
+    json_array_append_new(it->etags, json_string(etag));
+    it->sent += sent;
+  }
+  return 0;
 }
 
 static void *direct_worker(void *arg) {
@@ -498,8 +645,10 @@ static void *direct_worker(void *arg) {
     br_err err = {{0}};
     if (status && !strcmp(status, "present")) {
       it->ok = 1;
-    } else if (status && !strcmp(status, "upload")) {
-      it->ok = direct_put(it, &err) == 0;
+    } else if (status && (!strcmp(status, "upload") || !strcmp(status, "multipart"))) {
+      it->ok = !strcmp(status, "upload")
+                   ? direct_put(it->action, it->path, 0, it->size, NULL, &it->sent, &err) == 0
+                   : direct_put_parts(it, &err) == 0;
       if (!it->ok) {
         char what[300];
         snprintf(what, sizeof what, "put %.250s", it->path);
@@ -526,16 +675,29 @@ static int direct_batch(direct_run *r, int jobs, uint64_t *bytes, uint64_t *sent
   for (size_t i = 0; i < r->n; i++) {
     direct_item *it = &r->items[i];
     FILE *in = fopen(it->path, "rb");
-    if (!in || sha256_file(in, it->hex, &it->size, &err) != 0) {
-      if (!in) br_fail(&err, "cannot open %s: %s", it->path, strerror(errno));
+    struct stat st;
+    if (!in || fstat(fileno(in), &st) != 0) {
+      br_fail(&err, "cannot open %s: %s", it->path, strerror(errno));
       if (in) fclose(in);
       goto fail;
     }
+    /* one pass: the whole file's hash and, over DIRECT_MIN_PART, its parts' */
+    it->part_size = direct_part_size((uint64_t)st.st_size);
+    int hr = it->part_size
+                 ? sha256_file_parts(in, it->part_size, it->hex, &it->size, &it->part_sha256, &err)
+                 : sha256_file(in, it->hex, &it->size, &err);
     fclose(in);
+    if (hr != 0) goto fail;
     it->type = r->o->type ? r->o->type : br_content_type_for_name(it->path);
     if (!it->type) it->type = "application/octet-stream";
-    json_array_append_new(req, json_pack("{s:s,s:I,s:s}", "sha256", it->hex, "size",
-                                         (json_int_t)it->size, "content_type", it->type));
+    json_t *one = json_pack("{s:s,s:I,s:s}", "sha256", it->hex, "size", (json_int_t)it->size,
+                            "content_type", it->type);
+    if (it->part_size && it->size > DIRECT_MIN_PART &&
+        json_array_size(it->part_sha256) == (it->size + it->part_size - 1) / it->part_size) {
+      json_object_set_new(one, "part_size", json_integer((json_int_t)it->part_size));
+      json_object_set(one, "part_sha256", it->part_sha256);
+    }
+    json_array_append_new(req, one);
   }
   json_t *body = json_pack("{s:O}", "blobs", req);
   int jr =
@@ -561,9 +723,15 @@ static int direct_batch(direct_run *r, int jobs, uint64_t *bytes, uint64_t *sent
     *sent += it->sent;
     if (!it->ok) r->failed++;
     if (it->ok) *bytes += it->size;
-    if (it->ok && !it->via_server)
-      json_array_append_new(cblobs, json_pack("{s:s,s:I,s:s}", "sha256", it->hex, "size",
-                                              (json_int_t)it->size, "content_type", it->type));
+    if (it->ok && !it->via_server) {
+      json_t *one = json_pack("{s:s,s:I,s:s}", "sha256", it->hex, "size", (json_int_t)it->size,
+                              "content_type", it->type);
+      if (it->etags) {
+        json_object_set(one, "upload_id", json_object_get(it->action, "upload_id"));
+        json_object_set(one, "parts", it->etags);
+      }
+      json_array_append_new(cblobs, one);
+    }
   }
   rc = 0;
   if (json_array_size(cblobs)) {
@@ -601,6 +769,10 @@ fail:
   r->failed += r->n;
 done:
   fflush(stdout);
+  for (size_t i = 0; i < r->n; i++) {
+    json_decref(r->items[i].part_sha256);
+    json_decref(r->items[i].etags);
+  }
   json_decref(req);
   json_decref(cblobs);
   json_decref(reply);
@@ -623,10 +795,18 @@ static int put_many_direct(const cli_globals *g, const put_opts *o, const put_li
   direct_run r = {.g = g, .o = o, .items = items};
   pthread_mutex_init(&r.lock, NULL);
   uint64_t bytes = 0, sent = 0;
-  for (size_t first = 0; first < list->n; first += DIRECT_BATCH) {
-    r.n = list->n - first < DIRECT_BATCH ? list->n - first : DIRECT_BATCH;
+  for (size_t first = 0; first < list->n; first += r.n) {
+    /* at most DIRECT_BATCH files and DIRECT_HASHES_MAX part hashes (from their sizes now) */
+    size_t hashes = 0;
     memset(items, 0, DIRECT_BATCH * sizeof *items);
-    for (size_t i = 0; i < r.n; i++) items[i].path = list->paths[first + i];
+    for (r.n = 0; r.n < DIRECT_BATCH && first + r.n < list->n; r.n++) {
+      struct stat st;
+      uint64_t size = stat(list->paths[first + r.n], &st) == 0 ? (uint64_t)st.st_size : 0;
+      uint64_t ps = direct_part_size(size), nparts = ps ? (size + ps - 1) / ps : 0;
+      if (r.n > 0 && hashes + nparts > DIRECT_HASHES_MAX) break;
+      hashes += nparts;
+      items[r.n].path = list->paths[first + r.n];
+    }
     direct_batch(&r, jobs, &bytes, &sent);
   }
   pthread_mutex_destroy(&r.lock);

@@ -487,3 +487,57 @@ def test_multipart_end_to_end_and_bad_parts(rgw, direct):
     many = [dict(item(data), part_size=ps, part_sha256=["ab" * 32] * 3)] * 6667
     assert_error(requests.post(f"{srv.url}/v1/uploads", json={"blobs": many}, timeout=TIMEOUT),
                  413, "too_many_hashes")
+
+
+def test_python_put_many_multipart(rgw, direct, tmp_path):
+    """An 11 MiB file over the store's 5 MiB part size: put_many hashes its parts in the same
+    pass, PUTs them to the plan's URLs and commits the ETags; nothing goes through blobrefd."""
+    blobref = python_client()
+    srv, b = direct(part_size="5MiB", spool_max="16MiB")
+    big, small = tmp_path / "big.bin", tmp_path / "small.bin"
+    big.write_bytes(os.urandom(11 * MiB))
+    small.write_bytes(os.urandom(3000))
+    received = metric(srv, "blobref_received_bytes_total")
+    c = blobref.Client(srv.url)
+    res = c.put_many([big, small], workers=2)
+    assert res["uploaded"] == 2 and res["via_server"] == 0 and res["present"] == 0
+    assert res["bytes"] == 11 * MiB + 3000
+    assert metric(srv, "blobref_received_bytes_total") == received
+    r = requests.get(f"{srv.url}/v1/blobs/{sha(big.read_bytes())}", timeout=TIMEOUT)
+    assert r.status_code == 200 and r.content == big.read_bytes()
+    assert c.put_many([big], workers=2)["present"] == 1
+
+
+def test_cli_put_direct_multipart(rgw, direct, tmp_path):
+    srv, b = direct(part_size="5MiB", spool_max="16MiB")
+    d = tmp_path / "tree"
+    d.mkdir()
+    big, small = d / "big.bin", d / "small.bin"
+    big.write_bytes(os.urandom(11 * MiB))
+    small.write_bytes(os.urandom(3000))
+    received = metric(srv, "blobref_received_bytes_total")
+    p = cli(srv, "put", "-r", d, "--direct", "--jobs", "2")
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.splitlines()) == sorted(f"{sha(f.read_bytes())}  {f}"
+                                                   for f in (big, small))
+    assert "2 files: 2 uploaded, 0 already present, 0 failed" in p.stderr
+    assert f"{11 * MiB + 3000} sent" in p.stderr
+    assert metric(srv, "blobref_received_bytes_total") == received
+    r = requests.get(f"{srv.url}/v1/blobs/{sha(big.read_bytes())}", timeout=TIMEOUT)
+    assert r.status_code == 200 and r.content == big.read_bytes()
+    p = cli(srv, "put", "-r", d, "--direct")
+    assert p.returncode == 0 and "0 uploaded, 2 already present" in p.stderr, p.stderr
+
+
+def test_python_put_many_answers_part_hashes(rgw, direct, tmp_path, monkeypatch):
+    """A file negotiated without part hashes (here: the client's threshold raised past it) is
+    answered part_hashes; put_many hashes it again at the store's part size and uploads it."""
+    blobref = python_client()
+    monkeypatch.setattr(blobref, "MIN_PART", 64 * MiB)
+    srv, b = direct(part_size="5MiB", spool_max="16MiB")
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(11 * MiB))
+    res = blobref.Client(srv.url).put_many([big])
+    assert res["uploaded"] == 1 and res["via_server"] == 0 and res["bytes"] == 11 * MiB
+    r = requests.get(f"{srv.url}/v1/blobs/{sha(big.read_bytes())}", timeout=TIMEOUT)
+    assert r.status_code == 200 and r.content == big.read_bytes()

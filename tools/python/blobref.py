@@ -41,18 +41,46 @@ _CHUNK = 1 << 20
 LOOKUP_BATCH = 10_000
 
 
-def _describe_file(path):
-    """{"sha256","size","content_type"} of a file (type guessed from its name)."""
+MIN_PART = 5 << 20     # S3's smallest part: a store never offers single PUTs below it
+PART_SIZE = 8 << 20    # the part size put_many hashes a file over MIN_PART at
+MAX_PARTS = 10_000
+HASHES_MAX = 20_000    # part hashes per negotiation (the server's too_many_hashes bound)
+
+
+def _part_size_for(size, part_size=PART_SIZE):
+    """The part size a file of size bytes is hashed at: part_size, or bigger (a MiB multiple) so
+    that it has at most MAX_PARTS parts."""
+    fit = -(-size // MAX_PARTS)
+    return max(part_size, -(-fit // (1 << 20)) * (1 << 20))
+
+
+def _describe_file(path, part_size=None):
+    """{"sha256","size","content_type"} of a file (type guessed from its name), and for a file
+    over MIN_PART (any file, with part_size) also "part_size" and "part_sha256" (one SHA-256 per
+    part of PART_SIZE or part_size), hashed in the same pass: the server uses them when the
+    blob is too big for a single presigned PUT."""
     h, size = hashlib.sha256(), 0
+    ps = _part_size_for(os.path.getsize(path), part_size or PART_SIZE)
+    parts, ph, in_part = [], hashlib.sha256(), 0
     with open(path, "rb") as f:
         while True:
-            chunk = f.read(_CHUNK)
+            chunk = f.read(min(_CHUNK, ps - in_part))
             if not chunk:
                 break
             h.update(chunk)
+            ph.update(chunk)
             size += len(chunk)
+            in_part += len(chunk)
+            if in_part == ps:
+                parts.append(ph.hexdigest())
+                ph, in_part = hashlib.sha256(), 0
+    if in_part:
+        parts.append(ph.hexdigest())
     ct = mimetypes.guess_type(path, strict=False)[0] or "application/octet-stream"
-    return {"sha256": h.hexdigest(), "size": size, "content_type": ct}
+    out = {"sha256": h.hexdigest(), "size": size, "content_type": ct}
+    if (size > MIN_PART or part_size) and len(parts) == -(-size // ps):  # (unless it changed)
+        out.update(part_size=ps, part_sha256=parts)
+    return out
 
 
 class BlobrefError(Exception):
@@ -532,8 +560,10 @@ class Client:
     def put_many(self, paths, workers=8, batch_size=1000):
         """Uploads files: each is hashed locally, then `POST /v1/uploads` says per blob whether
         the server has it (`present`), where to PUT it straight to the store (`upload`: a
-        presigned URL and its headers) or to send it through blobrefd (`via_server`). Direct
-        uploads go `workers` at a time and are registered by `POST /v1/uploads/commit`, in
+        presigned URL and its headers), in parts (`multipart`: a file over 5 MiB is hashed per
+        8 MiB part in the same pass, each part PUT to its presigned URL and the commit names the
+        ETags) or to send it through blobrefd (`via_server`). Direct uploads (and parts) go
+        `workers` at a time and are registered by `POST /v1/uploads/commit`, in
         batches of batch_size. Returns `{"present", "uploaded", "via_server", "bytes",
         "hashes"}`: counts, body bytes sent, and the files' hashes in order. A commit that
         finds an object missing or not the blob raises BlobrefError with that status."""
@@ -559,20 +589,40 @@ class Client:
     def _put_batch(self, pool, paths, out):
         items = list(pool.map(_describe_file, paths))
         out["hashes"].extend(it["sha256"] for it in items)
-        acts = self._json("POST", "/v1/uploads", {"blobs": items})["blobs"]
+        group, nhashes = [], 0
+        for path, it in zip(paths, items):   # at most HASHES_MAX part hashes a negotiation
+            n = len(it.get("part_sha256", ()))
+            if group and nhashes + n > HASHES_MAX:
+                self._put_group(pool, group, out)
+                group, nhashes = [], 0
+            group.append((path, it))
+            nhashes += n
+        if group:
+            self._put_group(pool, group, out)
+
+    def _put_group(self, pool, group, out):
+        acts = self._json("POST", "/v1/uploads", {"blobs": [it for _, it in group]})["blobs"]
         futs = []
-        for path, it, act in zip(paths, items, acts):
+        for (path, it), act in zip(group, acts):
+            if act["status"] == "part_hashes":   # parts hashed at another size: once more
+                it = _describe_file(path, act["part_size"])
+                act = self._json("POST", "/v1/uploads", {"blobs": [it]})["blobs"][0]
             if act["status"] == "upload":
                 futs.append(pool.submit(self._put_direct, path, it, act))
+            elif act["status"] == "multipart":
+                parts = [pool.submit(self._put_part, path, act["part_size"], p)
+                         for p in act["parts"]]
+                futs.append(pool.submit(self._put_multipart, it, act, parts))
             elif act["status"] == "present":
                 out["present"] += 1
-            else:  # via_server (or a plan this client does not follow, e.g. multipart)
+            else:  # via_server (or a plan this client does not follow)
                 futs.append(pool.submit(self._put_via_server, path, it))
         direct = []
         for f in futs:
             kind, it, sent = f.result()
             out["bytes"] += sent
             if kind == "direct":
+                it = {k: v for k, v in it.items() if k not in ("part_size", "part_sha256")}
                 direct.append(it)
             else:
                 out["via_server"] += 1
@@ -587,15 +637,37 @@ class Client:
                 raise BlobrefError(r["status"], 200,
                                    f"commit of {r['sha256']}: {r.get('message', r['status'])}")
 
+    def _put_part(self, path, part_size, part):
+        """PUTs one part of a multipart plan (its bytes read at its offset); (ETag, bytes)."""
+        with open(path, "rb") as f:
+            f.seek((part["part_number"] - 1) * part_size)
+            data = f.read(part_size)
+        ans = self._store_put(part["url"], part.get("method", "PUT"), part["headers"], data)
+        if not 200 <= ans.status < 300 or not ans.headers.get("ETag"):
+            raise BlobrefError("direct_upload_failed", ans.status,
+                               f"PUT of part {part['part_number']} to the store: {ans.status} "
+                               f"{ans.body[:300].decode('utf-8', 'replace')}")
+        self._count(sent=len(data))
+        return ans.headers["ETag"], len(data)
+
+    def _put_multipart(self, it, act, parts):
+        """Waits for the parts of a multipart plan; the commit item names upload_id and ETags.
+        (Runs on the pool after its parts were queued, so it never waits on its own slot.)"""
+        done = [f.result() for f in parts]
+        return ("direct", dict(it, upload_id=act["upload_id"], parts=[e for e, _ in done]),
+                sum(n for _, n in done))
+
+    def _store_put(self, url, method, headers, data):
+        u = urllib.parse.urlsplit(url)
+        headers = dict(headers, **{"Content-Length": str(len(data)),
+                                   "User-Agent": f"blobref-python/{__version__}"})
+        return self._once((u.scheme, u.hostname, u.port), method, u.path + "?" + u.query, data,
+                          headers, None)
+
     def _put_direct(self, path, it, act):
         with open(path, "rb") as f:
             data = f.read()   # at most the store's part size: the server offers no bigger PUT
-        u = urllib.parse.urlsplit(act["url"])
-        origin = (u.scheme, u.hostname, u.port)
-        headers = dict(act["headers"], **{"Content-Length": str(len(data)),
-                                          "User-Agent": f"blobref-python/{__version__}"})
-        ans = self._once(origin, act.get("method", "PUT"), u.path + "?" + u.query, data,
-                         headers, None)
+        ans = self._store_put(act["url"], act.get("method", "PUT"), act["headers"], data)
         if ans.status == 412:   # If-None-Match: another client's PUT of the same blob landed
             return "direct", it, 0
         if not 200 <= ans.status < 300:
