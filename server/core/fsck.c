@@ -166,7 +166,7 @@ int br_fsck(br_config *cfg, int verify) {
     printf("index: %s\n", err.msg);
     f.problems++;
   }
-  /* only LMDB's counters are compared: a PostgreSQL index's change under running nodes while
+  /* only LMDB's counters are compared: a PostgreSQL index changes under running nodes while
    * fsck walks, and repair_counts opens the LMDB directory (its counters: pg.c, at start) */
   int kept =
       strcmp(br_index_kind(srv->index), "lmdb") ? -2 : br_index_counts(srv->index, stored, &err);
