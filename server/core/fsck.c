@@ -166,7 +166,8 @@ int br_fsck(br_config *cfg, int verify) {
     printf("index: %s\n", err.msg);
     f.problems++;
   }
-  /* a PostgreSQL index keeps no counters (1 and nothing stored): nothing to compare */
+  /* only LMDB's counters are compared: a PostgreSQL index changes under running nodes while
+   * fsck walks, and repair_counts opens the LMDB directory (its counters: pg.c, at start) */
   int kept =
       strcmp(br_index_kind(srv->index), "lmdb") ? -2 : br_index_counts(srv->index, stored, &err);
   int differ = rc == 0 && kept != -2 && (kept != 0 || br_counts_diff(f.found, stored) > 0);

@@ -31,6 +31,7 @@ struct idx_backend {
   char node[300];          /* host/pid: who holds a purge claim (shown, never compared) */
   uint64_t purge_claim_ms; /* how long a purge claim holds */
   int schema_ok;           /* set once at open: new connections prepare the hot reads */
+  char count_node[24];     /* this process's rows of blobref_counts (random at open) */
   /* the writer's (writer thread only) */
   PGconn *wconn;
   PGresult *wres;                   /* holds the value rec_get / purge_get returned */
@@ -162,11 +163,24 @@ static int schema_shared_state(PGconn *c, char *why, size_t cap) {
   return rc;
 }
 
+/* Schema step "counters": exact per-state counters, rows (node, store, state) summed at read so
+ * that each node's writer adds to rows of its own (no hot row shared by the nodes). The row of
+ * state -1 (node 0, store '') says they are complete; created empty, they are recounted at the
+ * next writable open (an index migrated from an older schema). */
+static int schema_counts(PGconn *c, char *why, size_t cap) {
+  return exec_ok(c,
+                 "CREATE TABLE blobref_counts (node bigint NOT NULL, store text NOT NULL,"
+                 " state smallint NOT NULL, blobs bigint NOT NULL, bytes bigint NOT NULL,"
+                 " PRIMARY KEY (node, store, state))",
+                 why, cap);
+}
+
 /* The migration steps in order: step i brings the schema to version i + 1. */
 static int (*const SCHEMA_STEPS[])(PGconn *c, char *why, size_t cap) = {
     schema_v1,
     schema_purge_claims,
     schema_shared_state,
+    schema_counts,
 };
 #define SCHEMA_VERSION ((int)(sizeof SCHEMA_STEPS / sizeof SCHEMA_STEPS[0]))
 
@@ -715,6 +729,123 @@ static int pg_purge_del(idx_backend *be, const uint8_t *digest) {
   return rc ? rc : rows ? 0 : IDX_ABSENT;
 }
 
+/* ---- exact per-state counters -----------------------------------------------------------------
+ * blobref_counts (schema_counts): each writer adds its batch's change to its own rows (node =
+ * count_node), a read sums them. A recount (txn_scan, then counts_set) holds the table in SHARE
+ * ROW EXCLUSIVE mode from before its scan to its commit: a batch of another node that changed
+ * records adds to the counters either before the scan (which then sees its records) or after the
+ * recount commits (which then did not see them), never in between. */
+
+#define COUNTS_DONE_STATE (-1) /* the row (node 0, store '') saying the counters are complete */
+
+static int pg_counts_read(idx_backend *be, br_counts *out, br_err *err) {
+  br_counts_clear(out);
+  int rc = 0;
+  PGresult *r = read_query(be,
+                           "SELECT store, state::text, sum(blobs)::text, sum(bytes)::text"
+                           " FROM blobref_counts GROUP BY store, state",
+                           0, NULL, NULL, NULL, "counters", &rc, err);
+  if (!r) return rc < 0 ? rc : -1;
+  int complete = 0;
+  for (int i = 0; i < PQntuples(r); i++) {
+    int state = atoi(PQgetvalue(r, i, 1));
+    if (state == COUNTS_DONE_STATE) {
+      complete = 1;
+      continue;
+    }
+    if (state < 0 || state >= BR_COUNTS_STATES || PQgetlength(r, i, 0) > BR_MAX_STORE_NAME)
+      continue; /* not one of ours */
+    br_counts_add(out, PQgetvalue(r, i, 0), state, strtoll(PQgetvalue(r, i, 2), NULL, 10),
+                  strtoll(PQgetvalue(r, i, 3), NULL, 10));
+  }
+  PQclear(r);
+  if (!complete) br_counts_clear(out);
+  return complete ? 0 : 1;
+}
+
+/* One statement for the whole change: a VALUES row per non-zero entry, each added to this node's
+ * row (inserted when it has none). */
+static int pg_counts_add(idx_backend *be, const br_counts *delta) {
+  size_t n = 0;
+  for (size_t i = 0; i < delta->n; i++) n += delta->c[i].blobs || delta->c[i].bytes;
+  if (!n) return 0;
+  enum { ROW_SQL = 64, NUM = 24 };
+  const char **v = malloc((1 + 4 * n) * sizeof *v);
+  char *nums = malloc(n * 3 * NUM), *sql = malloc(256 + n * ROW_SQL);
+  int rc = IDX_PG_FAILED;
+  if (!v || !nums || !sql) {
+    snprintf(be->werr, sizeof be->werr, "out of memory");
+    goto done;
+  }
+  v[0] = be->count_node;
+  size_t len = (size_t)snprintf(sql, 256,
+                                "INSERT INTO blobref_counts (node, store, state, blobs,"
+                                " bytes) VALUES ");
+  size_t k = 0;
+  for (size_t i = 0; i < delta->n; i++) {
+    const br_count *d = &delta->c[i];
+    if (!d->blobs && !d->bytes) continue;
+    char *num = nums + k * 3 * NUM;
+    snprintf(num, NUM, "%d", d->state);
+    snprintf(num + NUM, NUM, "%lld", (long long)d->blobs);
+    snprintf(num + 2 * NUM, NUM, "%lld", (long long)d->bytes);
+    int p = 2 + 4 * (int)k;
+    v[p - 1] = d->store, v[p] = num, v[p + 1] = num + NUM, v[p + 2] = num + 2 * NUM;
+    len +=
+        (size_t)snprintf(sql + len, ROW_SQL, "%s($1::int8, $%d, $%d::int2, $%d::int8, $%d::int8)",
+                         k ? "," : "", p, p + 1, p + 2, p + 3);
+    k++;
+  }
+  snprintf(sql + len, 256 + n * ROW_SQL - len,
+           " ON CONFLICT (node, store, state) DO UPDATE SET"
+           " blobs = blobref_counts.blobs + EXCLUDED.blobs,"
+           " bytes = blobref_counts.bytes + EXCLUDED.bytes");
+  rc = wcommand(be, sql, 1 + 4 * (int)n, v, NULL, NULL, NULL);
+done:
+  free(v);
+  free(nums);
+  free(sql);
+  return rc;
+}
+
+static int pg_counts_set(idx_backend *be, const br_counts *exact) {
+  if (!exact)
+    return wcommand(be, "DELETE FROM blobref_counts WHERE state = -1", 0, NULL, NULL, NULL, NULL);
+  int rc = wcommand(be, "DELETE FROM blobref_counts", 0, NULL, NULL, NULL, NULL);
+  if (!rc) rc = pg_counts_add(be, exact);
+  if (!rc)
+    rc = wcommand(be, "INSERT INTO blobref_counts VALUES (0, '', -1, 0, 0)", 0, NULL, NULL, NULL,
+                  NULL);
+  return rc;
+}
+
+/* The recount's walk: takes the counters' table (see above), then reads every record through a
+ * cursor in the writer's transaction (its own earlier writes included). */
+static int pg_txn_scan(idx_backend *be, idx_scan_fn fn, void *ud) {
+  release_wres(be);
+  int rc = wcommand(be, "LOCK TABLE blobref_counts IN SHARE ROW EXCLUSIVE MODE", 0, NULL, NULL,
+                    NULL, NULL);
+  if (!rc)
+    rc = wcommand(be,
+                  "DECLARE br_recount BINARY NO SCROLL CURSOR FOR"
+                  " SELECT digest, record FROM blobref_blobs",
+                  0, NULL, NULL, NULL, NULL);
+  char fetch[48];
+  snprintf(fetch, sizeof fetch, "FETCH %d FROM br_recount", SCAN_PAGE);
+  for (int more = 1; !rc && more;) {
+    PGresult *r = wquery(be, fetch, 0, NULL, NULL, NULL, PGRES_TUPLES_OK, &rc);
+    if (!r) break;
+    int n = PQntuples(r), stop = 0;
+    for (int i = 0; i < n && !stop; i++)
+      stop = fn(ud, (const uint8_t *)PQgetvalue(r, i, 0), (size_t)PQgetlength(r, i, 0),
+                PQgetvalue(r, i, 1), (size_t)PQgetlength(r, i, 1));
+    more = n == SCAN_PAGE && !stop;
+    PQclear(r);
+  }
+  if (!rc) rc = wcommand(be, "CLOSE br_recount", 0, NULL, NULL, NULL, NULL);
+  return rc;
+}
+
 /* ---- shared state ---------------------------------------------------------------------------
  */
 
@@ -967,8 +1098,45 @@ static const idx_ops pg_ops = {
     .kv_scan = pg_kv_scan,
     .kv_del = pg_kv_del,
     .next_id = pg_next_id,
+    .counts_read = pg_counts_read,
+    .counts_add = pg_counts_add,
+    .counts_set = pg_counts_set,
+    .txn_scan = pg_txn_scan,
     .close = pg_close,
 };
+
+/* This process's key in blobref_counts: random, never 0 (the completeness row's). */
+static void pick_count_node(idx_backend *be) {
+  uint64_t k = 0;
+  FILE *f = fopen("/dev/urandom", "rb");
+  if (!f || fread(&k, sizeof k, 1, f) != 1) k = (uint64_t)time(NULL) << 20 ^ (uint64_t)getpid();
+  if (f) fclose(f);
+  k &= INT64_MAX;
+  snprintf(be->count_node, sizeof be->count_node, "%lld", (long long)(k ? k : 1));
+}
+
+/* At a writable open: the rows of earlier processes (one set per start) are summed into this
+ * one's, so that the table stays as small as the nodes running. 0 or -1 with why. */
+static int fold_counts(idx_backend *be, PGconn *c, char *why, size_t cap) {
+  if (exec_ok(c, "BEGIN", why, cap) < 0) return -1;
+  int rc = exec_ok(c, "LOCK TABLE blobref_counts IN SHARE ROW EXCLUSIVE MODE", why, cap);
+  if (!rc) {
+    const char *v[1] = {be->count_node};
+    PGresult *r =
+        PQexecParams(c,
+                     "WITH old AS (DELETE FROM blobref_counts WHERE state >= 0"
+                     " RETURNING store, state, blobs, bytes)"
+                     " INSERT INTO blobref_counts (node, store, state, blobs, bytes)"
+                     " SELECT $1::int8, store, state, sum(blobs)::int8, sum(bytes)::int8 FROM old"
+                     " GROUP BY store, state",
+                     1, NULL, v, NULL, NULL, 0);
+    if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) rc = -1, pq_message(c, r, why, cap);
+    PQclear(r);
+  }
+  if (!rc) return exec_ok(c, "COMMIT", why, cap);
+  PQclear(PQexec(c, "ROLLBACK"));
+  return -1;
+}
 
 idx_backend *idx_pg_open(const br_index_options *opt, const idx_ops **ops, br_err *err) {
   idx_backend *be = calloc(1, sizeof *be);
@@ -995,6 +1163,13 @@ idx_backend *idx_pg_open(const br_index_options *opt, const idx_ops **ops, br_er
   if (prepare(c, STMT_GET, SQL_GET, why, sizeof why) < 0 ||
       prepare(c, STMT_GET_MANY, SQL_GET_MANY, why, sizeof why) < 0) {
     br_fail(err, "index: PostgreSQL: %s", why);
+    PQfinish(c);
+    pg_close(be);
+    return NULL;
+  }
+  pick_count_node(be);
+  if (!opt->read_only && fold_counts(be, c, why, sizeof why) < 0) {
+    br_fail(err, "index: PostgreSQL: counters: %s", why);
     PQfinish(c);
     pg_close(be);
     return NULL;
