@@ -135,6 +135,7 @@ typedef struct br_config {
   uint64_t grace_ms;
   uint64_t retention_ms;
   double max_fraction;
+  int reconcile_lists; /* each run records its blobs per action (false: counts only) */
   /* [auth] */
   unsigned anonymous_scopes;
   int private_metrics; /* /metrics and /readyz's details need the metrics or admin scope */

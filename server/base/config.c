@@ -95,6 +95,8 @@ static const struct key_spec reconcile_keys[] = {
     {"grace", KEY_DURATION, SRV(grace_ms), "72h", 1000, UINT64_MAX / 2, 0, HOUR_MS},
     {"retention", KEY_DURATION, SRV(retention_ms), "7d", 1000, UINT64_MAX / 2, 0, HOUR_MS},
     {"max_fraction", KEY_FRACTION, SRV(max_fraction), "0.10", 0, 1, 0, 0},
+    /* false: a run records its counts only, no per-run blob lists */
+    {"lists", KEY_BOOL, SRV(reconcile_lists), "true", 0, 0, 0, 0},
 };
 /* [index]: where the index lives; postgres lets several nodes share one (the dsn may name several
  * hosts with target_session_attrs=read-write; its password is never logged). */

@@ -140,8 +140,18 @@ enum MHD_Result reconcile_run_blobs_get(struct request *req) {
   }
   br_err err;
   int found = 0;
-  free(reconcile_runner_report(req->srv, req->run_id, &found, &err));
+  char *text = reconcile_runner_report(req->srv, req->run_id, &found, &err);
   if (!found) return reply_error(req, E_NOT_FOUND, "no run %" PRIu64, req->run_id);
+  json_t *rep = json_loads(text, 0, NULL);
+  free(text);
+  if (!rep) return reply_error(req, E_INTERNAL, "a stored report does not parse");
+  int listed = !json_is_null(json_object_get(rep, "lists"));
+  json_decref(rep);
+  /* 404, not 409: no retry or later state makes these lists exist (they were never written) */
+  if (!listed)
+    return reply_error(req, E_LISTS_NOT_RECORDED,
+                       "run %" PRIu64 " recorded counts only ([reconcile] lists = false)",
+                       req->run_id);
   json_t *blobs = json_array();
   int more = 0;
   if (!blobs || br_reconciler_list_page(reconcile_runner_reconciler(req->srv), req->run_id, action,

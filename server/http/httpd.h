@@ -56,6 +56,7 @@ enum br_api_error {
   E_JOB_CONFLICT,
   E_LEASE_NOT_FOUND,
   E_LEASE_FULL,
+  E_LISTS_NOT_RECORDED,
   E_INTERNAL,
   E__COUNT
 };

@@ -58,6 +58,7 @@ static const struct {
     [E_JOB_CONFLICT] = {"job_conflict", 409},
     [E_LEASE_NOT_FOUND] = {"lease_not_found", 404},
     [E_LEASE_FULL] = {"lease_full", 409},
+    [E_LISTS_NOT_RECORDED] = {"lists_not_recorded", 404},
     [E_INTERNAL] = {"internal", 500},
 };
 

@@ -249,7 +249,8 @@ struct sweep {
   uint64_t live, marked, missing, n[3], bytes_delete;
   uint64_t held_referenced, pending, protect;
   json_t *held_list;
-  rstate_lists *lists; /* the run's blob lists (held and pending are listed here) */
+  rstate_lists *lists; /* the run's blob lists (held and pending are listed here); NULL:
+                        * [reconcile] lists = false */
   FILE *out;
   br_err err;
   int failed;
@@ -295,8 +296,8 @@ static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
       kind = DO_QUARANTINE;
     } else if (!marked) {
       s->pending++;
-      if (rstate_lists_add(s->lists, RL_PENDING, digest, leased > eligible ? leased : eligible,
-                           &s->err) < 0)
+      if (s->lists && rstate_lists_add(s->lists, RL_PENDING, digest,
+                                       leased > eligible ? leased : eligible, &s->err) < 0)
         return s->failed = 1;
     }
   } else if (marked) {
@@ -304,7 +305,8 @@ static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
       kind = DO_RESTORE;
     } else {
       s->held_referenced++;
-      if (rstate_lists_add(s->lists, RL_HELD, digest, 0, &s->err) < 0) return s->failed = 1;
+      if (s->lists && rstate_lists_add(s->lists, RL_HELD, digest, 0, &s->err) < 0)
+        return s->failed = 1;
       if (json_array_size(s->held_list) < MAX_HELD_LISTED) {
         char hex[BR_HEX_LEN + 1];
         br_hex_encode(digest, hex);
@@ -668,11 +670,13 @@ int64_t br_reconcile_finish_deletes(br_reconciler *r, br_err *err) {
 static const int list_of_kind[] = {
     [DO_QUARANTINE] = RL_QUARANTINED, [DO_RESTORE] = RL_RESTORED, [DO_DELETE] = RL_DELETED};
 
-/* Lists one applied (or, in a dry run, decided) blob; a failure is the report's, once. */
+/* Lists one applied (or, in a dry run, decided) blob; a failure is the report's, once. lists
+ * NULL (lists = false): nothing. */
 static void list_blob(rstate_lists *lists, enum decision kind, const uint8_t d[D], json_t *errors,
                       int *list_failed) {
   br_err err;
-  if (*list_failed || rstate_lists_add(lists, list_of_kind[kind], d, 0, &err) == 0) return;
+  if (!lists || *list_failed || rstate_lists_add(lists, list_of_kind[kind], d, 0, &err) == 0)
+    return;
   *list_failed = 1;
   add_error(errors, "lists: %s", err.msg);
 }
@@ -820,8 +824,9 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   /* sweep: the decisions, against the index in key order */
   struct sweep s = {.r = r, .sorter = m.sorter, .now = started, .held_list = held};
   int list_failed = 0;
-  s.lists = failed ? NULL : rstate_lists_begin(r->state, id, &err);
-  if (!failed && !s.lists) {
+  int want_lists = cfg->reconcile_lists;
+  s.lists = failed || !want_lists ? NULL : rstate_lists_begin(r->state, id, &err);
+  if (!failed && want_lists && !s.lists) {
     add_error(errors, "%s", err.msg);
     failed = 1;
   }
@@ -878,9 +883,11 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
       restored = s.n[DO_RESTORE];
       deleted = s.n[DO_DELETE];
       reclaimed = s.bytes_delete;
-      list_decided(s.out, DO_RESTORE, s.lists, errors, &list_failed);
-      if (!refused) list_decided(s.out, DO_QUARANTINE, s.lists, errors, &list_failed);
-      list_decided(s.out, DO_DELETE, s.lists, errors, &list_failed);
+      if (s.lists) {
+        list_decided(s.out, DO_RESTORE, s.lists, errors, &list_failed);
+        if (!refused) list_decided(s.out, DO_QUARANTINE, s.lists, errors, &list_failed);
+        list_decided(s.out, DO_DELETE, s.lists, errors, &list_failed);
+      }
     } else {
       restored = apply_kind(r, s.out, DO_RESTORE, started, s.grace_cutoff, &reclaimed, errors,
                             s.lists, &list_failed);
@@ -926,10 +933,11 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
                 (json_int_t)s.marked, "quarantined", (json_int_t)quarantined, "restored",
                 (json_int_t)restored, "deleted", (json_int_t)deleted, "held_referenced",
                 (json_int_t)s.held_referenced, "pending", (json_int_t)s.pending));
-  json_t *lists = json_object();
-  for (int a = 0; a < RL_NACTIONS; a++)
+  /* null: the run recorded no lists (lists = false), so /blobs has none to page */
+  json_t *lists = want_lists ? json_object() : json_null();
+  for (int a = 0; want_lists && a < RL_NACTIONS; a++)
     json_object_set_new(lists, rstate_action_name(a), json_integer((json_int_t)listed[a]));
-  json_object_set_new(lists, "bytes", json_integer((json_int_t)list_bytes));
+  if (want_lists) json_object_set_new(lists, "bytes", json_integer((json_int_t)list_bytes));
   json_object_set_new(rep, "lists", lists);
   json_object_set_new(rep, "bytes_reclaimed", json_integer((json_int_t)reclaimed));
   json_object_set_new(rep, "deletes_finished", json_integer((json_int_t)finished));

@@ -632,7 +632,9 @@
       (run.tables || []).length ? h("section", { className: "panel" }, h("h3", {}, "Tables"),
         h("table", {}, h("thead", {}, h("tr", {}, Object.keys(run.tables[0]).map((k) => h("th", {}, k)))),
           h("tbody", {}, run.tables.map((t) => h("tr", {}, Object.values(t).map((v) => h("td", {}, String(v)))))))) : null,
-      run.lists ? await runLists(run) : null);
+      run.lists ? await runLists(run)
+        : run.lists === null ? h("section", { className: "panel", id: "run-lists" }, h("h3", {}, "Blobs"),
+          h("p", {}, "this run recorded counts only ([reconcile] lists = false)")) : null);
     view.dataset.ready = "1";
   }
 

@@ -266,10 +266,12 @@ class IceTable:
 # --- the server -----------------------------------------------------------------------------
 
 def recon_conf(*tables, grace="1s", retention="1h", max_fraction="1", interval="0",
-               extra="", server_extra="dedup_touch_interval = 0s\n"):
+               extra="", server_extra="dedup_touch_interval = 0s\n", lists=None):
     text = f"[server]\n{server_extra}"
     text += (f"[reconcile]\ninterval = {interval}\ngrace = {grace}\nretention = {retention}\n"
              f"max_fraction = {max_fraction}\n")
+    if lists is not None:
+        text += f"lists = {lists}\n"
     for t in tables:
         text += t if isinstance(t, str) else t.conf()
     return text + extra

@@ -1,9 +1,13 @@
 """Per-run blob lists (issue 22): every run, dry runs too, lists exactly which blobs it
 quarantined, restored, deleted, held while referenced and left pending (inside grace, with the time
 each becomes eligible), over a real Iceberg table; paged by GET /v1/reconcile/runs/{id}/blobs with
-bounded, checked parameters; printed by `blobref reconcile show ID --action A`."""
+bounded, checked parameters; printed by `blobref reconcile show ID --action A`. With
+[reconcile] lists = false a run records its counts only and its lists answer 404
+lists_not_recorded."""
 import datetime
 import json
+import re
+import subprocess
 import time
 
 from reconcile_util import Api, IceTable, blob, cli, sha, start
@@ -151,5 +155,62 @@ def test_run_blobs_bad_parameters(tmp_path):
         r = api.s.get(f"{url}/{rid}/blobs", params={"action": "pending", "limit": "1000"},
                       timeout=30)
         assert r.status_code == 200 and r.json()["blobs"] == [] and r.json()["next"] is None
+    finally:
+        srv.stop()
+
+
+def list_entries(data_dir):
+    """The number of list chunks in the reconcile state (mdb_stat of its "lists" database)."""
+    out = subprocess.run(["mdb_stat", "-s", "lists", str(data_dir / "reconcile")],
+                         capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"Entries: (\d+)", out).group(1))
+
+
+def test_lists_off_records_counts_only(tmp_path):
+    """lists = false: a real run and a dry run quarantine and count as before but write no list
+    (no chunk in the state), report "lists": null, and each action's list is 404
+    lists_not_recorded (no retry makes it exist), in the API and the CLI. Turned back on, the
+    next run lists again and the counts-only runs still answer 404."""
+    t = IceTable(tmp_path / "t")
+    srv = start(tmp_path, t, grace="1s", lists="false")
+    api = Api(srv)
+    try:
+        keep = api.put(b"kept")
+        t.write_data({"a.parquet": [keep]})
+        t.append("a.parquet")
+        old = sorted(api.put(blob("old", i)) for i in range(3))
+        time.sleep(GRACE + MARGIN)
+        new = api.put(b"inside grace")
+        dry = api.run(dry_run=True)
+        rep = api.run()
+        for r in (dry, rep):
+            assert r["state"] == "done" and r["lists"] is None, r
+            assert r["blobs"]["quarantined"] == 3 and r["blobs"]["pending"] == 1, r
+        for h in old:
+            assert api.code(h) == 410
+        assert api.code(new) == 200
+        assert list_entries(srv.data_dir) == 0
+        for rid in (dry["id"], rep["id"]):
+            for action in ("quarantined", "restored", "deleted", "pending", "held"):
+                r = api.s.get(f"{api.url}/v1/reconcile/runs/{rid}/blobs",
+                              params={"action": action}, timeout=30)
+                assert r.status_code == 404, r.text
+                assert r.json()["error"]["code"] == "lists_not_recorded", r.text
+                assert "lists = false" in r.json()["error"]["message"], r.text
+        p = cli(srv, "reconcile", "show", str(rep["id"]), "--action", "quarantined")
+        assert p.returncode != 0 and "lists_not_recorded" in p.stderr and not p.stdout, p
+        p = cli(srv, "reconcile", "show", str(rep["id"]))
+        assert p.returncode == 0 and "listed:" not in p.stdout, p
+
+        srv.stop()
+        srv.config_text = srv.config_text.replace("lists = false", "lists = true")
+        srv.start()
+        time.sleep(GRACE + MARGIN)
+        on = api.run()
+        assert on["lists"]["quarantined"] == 1 and list_entries(srv.data_dir) > 0, on
+        assert hashes(listed(api, on["id"], "quarantined")) == [new]
+        r = api.s.get(f"{api.url}/v1/reconcile/runs/{rep['id']}/blobs",
+                      params={"action": "quarantined"}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "lists_not_recorded"
     finally:
         srv.stop()
