@@ -164,18 +164,20 @@ void lease_attach_job(struct request *req) {
     snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
 }
 
-int lease_attach(struct request *req, const uint8_t *digests, size_t n, enum MHD_Result *r) {
+int lease_attach(struct request *req, const uint8_t *digests, size_t n, enum br_api_error *e,
+                 char *msg, size_t msglen) {
   if (!req->lease[0] || !n) return 0;
   br_leases *ls = leases_of(req);
   br_err err;
   int rc = ls ? br_lease_attach(ls, req->lease, owner_of(req), digests, n, br_now_ms(), &err) : 0;
   if (rc == 1) return 0;
+  *e = rc == 2 ? E_LEASE_FULL : rc == 0 ? E_LEASE_NOT_FOUND : E_INTERNAL;
   if (rc == 2)
-    *r = reply_error(req, E_LEASE_FULL, "lease %s holds %d blobs, the most one lease may",
-                     req->lease, BR_LEASE_MAX_BLOBS);
+    snprintf(msg, msglen, "lease %s holds %d blobs, the most one lease may", req->lease,
+             BR_LEASE_MAX_BLOBS);
   else if (rc == 0)
-    *r = reply_error(req, E_LEASE_NOT_FOUND, "lease %s ended", req->lease);
+    snprintf(msg, msglen, "lease %s ended", req->lease);
   else
-    *r = reply_error(req, E_INTERNAL, "%s", err.msg);
+    snprintf(msg, msglen, "%s", err.msg);
   return -1;
 }

@@ -129,47 +129,45 @@ static struct looked *look_up(struct request *req, const uint8_t *digests, size_
   return l;
 }
 
-enum MHD_Result lookup_finish(struct request *req) {
-  uint8_t *digests = NULL;
-  size_t n = 0;
+/* A lookup with ?lease=ID: its hashes, while a finisher attaches the present ones to the lease
+ * (a durable commit, never made on a network thread). Freed with the request (req->job_data). */
+struct lookup_job {
+  size_t n;
+  int rc; /* 0, or -1 with e and msg */
   enum br_api_error e;
-  char msg[256];
-  if (lookup_parse(req->body ? req->body : "", req->body_len, req->srv->cfg->max_lookup_hashes,
-                   &digests, &n, &e, msg, sizeof msg) < 0)
-    return reply_error(req, e, "%s", msg);
-  enum MHD_Result r = lease_take(req);
-  if (req->phase == PHASE_ANSWERED || r != MHD_YES) {
-    free(digests);
-    return r;
-  }
-  br_err err;
+  char msg[sizeof(br_err)];
+  uint8_t digests[];
+};
+
+/* The finisher's part: attaches the blobs present and live now; the answer reads them again. */
+static void lookup_attach_job(struct request *req) {
+  struct lookup_job *j = req->job_data;
   int rc = 0;
-  /* ?lease=ID: the blobs present are attached first, then read (and reported) below */
-  if (req->lease[0]) {
-    struct looked *l = look_up(req, digests, n, &rc, &err);
-    uint8_t *present = l ? malloc(n ? n * BR_SHA256_LEN : 1) : NULL;
-    size_t npresent = 0;
-    for (size_t i = 0; present && i < n; i++)
-      if (l[i].live)
-        memcpy(present + npresent++ * BR_SHA256_LEN, digests + i * BR_SHA256_LEN, BR_SHA256_LEN);
-    free(l);
-    if (!present) {
-      free(digests);
-      return l ? reply_error(req, E_INTERNAL, "out of memory")
-               : reply_error(req, index_error(rc), "%s", err.msg);
-    }
-    rc = lease_attach(req, present, npresent, &r);
-    free(present);
-    if (rc < 0) {
-      free(digests);
-      return r;
-    }
+  br_err err;
+  struct looked *l = look_up(req, j->digests, j->n, &rc, &err);
+  uint8_t *present = l ? malloc(j->n ? j->n * BR_SHA256_LEN : 1) : NULL;
+  size_t npresent = 0;
+  for (size_t i = 0; present && i < j->n; i++)
+    if (l[i].live)
+      memcpy(present + npresent++ * BR_SHA256_LEN, j->digests + i * BR_SHA256_LEN, BR_SHA256_LEN);
+  j->rc = 0;
+  if (!present) {
+    j->rc = -1;
+    j->e = l ? E_INTERNAL : index_error(rc);
+    snprintf(j->msg, sizeof j->msg, "%s", l ? "out of memory" : err.msg);
+  } else {
+    j->rc = lease_attach(req, present, npresent, &j->e, j->msg, sizeof j->msg);
   }
+  free(l);
+  free(present);
+}
+
+/* The answer: which of the n digests are present and live, read now. */
+static enum MHD_Result lookup_answer(struct request *req, const uint8_t *digests, size_t n) {
+  int rc = 0;
+  br_err err;
   struct looked *l = look_up(req, digests, n, &rc, &err);
-  if (!l) {
-    free(digests);
-    return reply_error(req, index_error(rc), "%s", err.msg);
-  }
+  if (!l) return reply_error(req, index_error(rc), "%s", err.msg);
   json_t *found = json_array(), *missing = json_array();
   for (size_t i = 0; i < n; i++) {
     const uint8_t *digest = digests + i * BR_SHA256_LEN;
@@ -181,10 +179,45 @@ enum MHD_Result lookup_finish(struct request *req) {
       json_array_append_new(missing, json_string(hex));
     }
   }
-  r = reply_json(req, MHD_HTTP_OK, json_pack("{s:O,s:O}", "found", found, "missing", missing));
+  enum MHD_Result r =
+      reply_json(req, MHD_HTTP_OK, json_pack("{s:O,s:O}", "found", found, "missing", missing));
   json_decref(found);
   json_decref(missing);
   free(l);
-  free(digests);
   return r;
+}
+
+enum MHD_Result lookup_finish(struct request *req) {
+  if (req->phase == PHASE_RESUMED) { /* ?lease=: the present blobs are attached (or refused) */
+    struct lookup_job *j = req->job_data;
+    if (j->rc < 0) return reply_error(req, j->e, "%s", j->msg);
+    return lookup_answer(req, j->digests, j->n);
+  }
+  uint8_t *digests = NULL;
+  size_t n = 0;
+  enum br_api_error e;
+  char msg[256];
+  if (lookup_parse(req->body ? req->body : "", req->body_len, req->srv->cfg->max_lookup_hashes,
+                   &digests, &n, &e, msg, sizeof msg) < 0)
+    return reply_error(req, e, "%s", msg);
+  enum MHD_Result r = lease_take(req);
+  if (req->phase == PHASE_ANSWERED || r != MHD_YES || !req->lease[0]) {
+    if (req->phase != PHASE_ANSWERED && r == MHD_YES) r = lookup_answer(req, digests, n);
+    free(digests);
+    return r;
+  }
+  /* ?lease=ID: the blobs present are attached first (on a finisher), then read and reported */
+  struct lookup_job *j = malloc(sizeof *j + (n ? n * BR_SHA256_LEN : 1));
+  if (!j) {
+    free(digests);
+    return reply_error(req, E_INTERNAL, "out of memory");
+  }
+  j->n = n;
+  memcpy(j->digests, digests, n * BR_SHA256_LEN);
+  free(digests);
+  req->job_data = j;
+  req->job_fn = lookup_attach_job;
+  if (request_finish_async(req, JOB_CALL) < 0)
+    return reply_error(req, E_NOT_READY, "the server is stopping");
+  return MHD_YES;
 }

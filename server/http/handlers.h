@@ -53,14 +53,15 @@ enum MHD_Result blob_refs_get(struct request *req); /* GET /v1/blobs/{hash}/refs
 
 /* h_leases.c: POST/GET /v1/leases, GET/DELETE /v1/leases/{id}; and for uploads and lookups:
  * lease_take checks ?lease=ID (a live lease the token may use; else answers 404
- * lease_not_found) into req->lease, lease_attach attaches blobs to it (0, or -1 with *r the
- * answered error). */
+ * lease_not_found) into req->lease, lease_attach attaches blobs to it durably (a sync: call it
+ * on a finisher, never a network thread; 0, or -1 with *e and msg, nothing answered). */
 enum MHD_Result leases_post(struct request *req);
 enum MHD_Result leases_get(struct request *req);
 enum MHD_Result lease_get(struct request *req);
 enum MHD_Result lease_delete(struct request *req);
 enum MHD_Result lease_take(struct request *req);
-int lease_attach(struct request *req, const uint8_t *digests, size_t n, enum MHD_Result *r);
+int lease_attach(struct request *req, const uint8_t *digests, size_t n, enum br_api_error *e,
+                 char *msg, size_t msglen);
 /* A finisher job (JOB_CALL) attaching the upload's req->digest to req->lease, durably, off the
  * network thread: finish_rc 0, or -1 with finish_error and finish_message. */
 void lease_attach_job(struct request *req);

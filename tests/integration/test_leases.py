@@ -274,9 +274,10 @@ def test_lease_that_expires_mid_run(tmp_path, monkeypatch):
 
 
 def test_leased_uploads_never_sync_on_the_network_thread(tmp_path):
-    """PUT and POST ?lease= attach their blob to the lease durably (an LMDB commit: fdatasync) on a
-    finisher thread: the thread that answers the request (libmicrohttpd's) never syncs. A PUT
-    dedup hit with Expect: 100-continue still gets its answer before any body."""
+    """PUT and POST ?lease= and POST /v1/lookup?lease= attach their blobs to the lease durably (an
+    LMDB commit: fdatasync) on a finisher thread: the thread that answers the request
+    (libmicrohttpd's) never syncs. A PUT dedup hit with Expect: 100-continue still gets its answer
+    before any body."""
     import pytest
     from util_strace import SYNC_CALLS, Tracer
     if not Tracer.available():
@@ -287,6 +288,7 @@ def test_leased_uploads_never_sync_on_the_network_thread(tmp_path):
     try:
         lease = new_lease(api, "1h", "traced")
         present = api.put(blob("present", 0))
+        found = api.put(blob("found", 0))
         with Tracer(srv.proc.pid, tmp_path / "strace.txt") as tr:
             assert tr.attached >= 2, "strace did not attach to the server threads"
             new_b, post_b = blob("traced-put", 0), blob("traced-post", 0)
@@ -300,6 +302,9 @@ def test_leased_uploads_never_sync_on_the_network_thread(tmp_path):
                           data=blob("present", 0), headers={"Expect": "100-continue"},
                           timeout=30)
             assert r.status_code == 200, r.text
+            r = api.s.post(f"{api.url}/v1/lookup", params={"lease": lease["id"]},
+                           json={"hashes": [found, "0" * 64]}, timeout=30)
+            assert r.status_code == 200 and [f["sha256"] for f in r.json()["found"]] == [found]
         calls = tr.calls()
         answering = {c.pid for c in calls if c.name in ("sendto", "sendmsg", "writev", "write")
                      and "HTTP/1.1 20" in c.args}
@@ -308,6 +313,50 @@ def test_leased_uploads_never_sync_on_the_network_thread(tmp_path):
         assert syncs, "the attaches must be durable"
         assert not [c for c in syncs if c.pid in answering], (answering, syncs)
         r = api.s.get(f"{api.url}/v1/leases/{lease['id']}", timeout=30)
-        assert r.json()["blobs"] == 3, r.text
+        assert r.json()["blobs"] == 4, r.text
+    finally:
+        srv.stop()
+
+
+def test_lease_attaches_survive_kill9(tmp_path):
+    """Every attach acknowledged (PUT, POST, a lookup's found blobs: each made durable on a
+    finisher before its answer) is still on the lease after kill -9 and a restart, and holds its
+    blob against a run past grace; a lookup under a lease that ended is 404 lease_not_found and
+    attaches nothing."""
+    import signal
+    t = IceTable(tmp_path / "t")
+    srv = start(tmp_path, t, grace="1s")
+    api = Api(srv)
+    try:
+        keep = api.put(b"referenced")
+        t.write_data({"a.parquet": [keep]})
+        t.append("a.parquet")
+        found = [api.put(blob("found", i)) for i in range(3)]
+        ctl = api.put(b"not leased")
+        lease = new_lease(api, "1h", "killed")
+        put_b, post_b = blob("put", 0), blob("post", 0)
+        r = api.s.put(f"{api.url}/v1/blobs/{sha(put_b)}", params={"lease": lease["id"]},
+                      data=put_b, timeout=30)
+        assert r.status_code == 201, r.text
+        r = api.s.post(f"{api.url}/v1/blobs", params={"lease": lease["id"]}, data=post_b,
+                       timeout=30)
+        assert r.status_code == 201, r.text
+        r = api.s.post(f"{api.url}/v1/lookup", params={"lease": lease["id"]},
+                       json={"hashes": found + ["0" * 64]}, timeout=30)
+        assert r.status_code == 200 and len(r.json()["found"]) == 3, r.text
+        leased = sorted(found + [sha(put_b), sha(post_b)])
+        assert srv.stop(signal.SIGKILL) == -signal.SIGKILL
+        srv.start()
+        r = api.s.get(f"{api.url}/v1/leases/{lease['id']}", timeout=30)
+        assert r.status_code == 200 and r.json()["blobs"] == 5, r.text
+        time.sleep(GRACE + MARGIN)  # every blob is past grace now
+        rep = api.run()
+        assert quarantined(api, rep["id"]) == [ctl], rep
+        assert sorted(pending(api, rep["id"])) == leased
+        r = api.s.delete(f"{api.url}/v1/leases/{lease['id']}", timeout=30)
+        assert r.status_code == 200, r.text
+        r = api.s.post(f"{api.url}/v1/lookup", params={"lease": lease["id"]},
+                       json={"hashes": found}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "lease_not_found", r.text
     finally:
         srv.stop()
