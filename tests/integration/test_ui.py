@@ -477,3 +477,47 @@ def test_refused_dry_run_shows_as_refused(tmp_path):
         if browser:
             browser.close()
         srv.stop()
+
+
+def test_counts_only_run_and_why_in_grace_or_leased(tmp_path):
+    """With [reconcile] lists = false the run page says it recorded counts only (instead of an
+    empty list); the blob page says why an unreferenced blob is not quarantined yet: in grace
+    until T, or leased by L until T (as GET /v1/blobs/{hash}/refs does)."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (tools/install-deps.sh test installs it)")
+    table = IceTable(tmp_path / "t")
+    kept, young, leased = os.urandom(100), os.urandom(101), os.urandom(102)
+    table.write_data({"a.parquet": [sha(kept)]})
+    table.append("a.parquet")
+    srv = Server(tmp_path / "data", config_text=recon_conf(table, grace="1h", lists="false")).start()
+    browser = None
+    try:
+        lease = requests.post(f"{srv.url}/v1/leases", json={"ttl": "2h", "name": "ui-job"},
+                              timeout=10).json()
+        for data, params in ((kept, {}), (young, {}), (leased, {"lease": lease["id"]})):
+            assert requests.put(f"{srv.url}/v1/blobs/{sha(data)}", data=data, params=params,
+                                timeout=10).status_code == 201
+        rid = requests.post(f"{srv.url}/v1/reconcile", timeout=10).json()["id"]
+        for _ in range(600):
+            rep = requests.get(f"{srv.url}/v1/reconcile/runs/{rid}", timeout=10).json()
+            if rep["state"] != "running":
+                break
+            time.sleep(0.05)
+        assert rep["state"] == "done" and rep["lists"] is None and rep["blobs"]["pending"] == 2
+        browser = Browser(tmp_path / "chromium")
+        browser.goto(f"{srv.url}/ui/#reconcile/{rid}")
+        browser.wait("document.getElementById('view') && document.getElementById('view')"
+                     ".dataset.ready === '1' && !!document.getElementById('run-lists')",
+                     what="the run page")
+        assert "recorded counts only" in browser.text("#run-lists")
+        for data, start in ((young, "unreferenced, in grace until "),
+                            (leased, f"unreferenced, leased by {lease['id']} (ui-job) until ")):
+            why = requests.get(f"{srv.url}/v1/blobs/{sha(data)}/refs", timeout=30).json()["why"]
+            assert why.startswith(start), why
+            browser.hash(f"#blob/{sha(data)}")
+            browser.wait(f"(document.getElementById('blob-why-text') || {{}}).textContent === "
+                         f"{json.dumps(why)}", what="the blob's why")
+    finally:
+        if browser:
+            browser.close()
+        srv.stop()
