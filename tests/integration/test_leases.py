@@ -163,6 +163,15 @@ def test_another_tokens_lease_is_not_found(tmp_path):
         r = b.s.put(f"{srv.url}/v1/blobs/{sha(data)}", params={"lease": la["id"]}, data=data,
                     timeout=30)
         assert r.status_code == 404 and r.json()["error"]["code"] == "lease_not_found"
+        mine = b.put(blob("b's own", 0))  # present: a lookup would attach it
+        r = b.s.post(f"{srv.url}/v1/blobs", params={"lease": la["id"]}, data=data, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "lease_not_found"
+        r = b.s.post(f"{srv.url}/v1/lookup", params={"lease": la["id"]},
+                     json={"hashes": [mine]}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "lease_not_found"
+        assert b.code(sha(data)) == 404  # nothing was stored
+        r = a.s.get(f"{srv.url}/v1/leases/{la['id']}", timeout=30)
+        assert r.status_code == 200 and r.json()["blobs"] == 0, r.text  # nothing attached
         for method in ("GET", "DELETE"):
             r = b.s.request(method, f"{srv.url}/v1/leases/{la['id']}", timeout=30)
             assert r.status_code == 404 and r.json()["error"]["code"] == "lease_not_found"
