@@ -62,7 +62,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD_ROOT)/fuzz/bin/%)
 
 # Keep the objects of unit and fuzz binaries (make would delete them as intermediates).
 .SECONDARY:
-.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile bench-deletes bench-tables bench-direct bench-cluster test-failover clean format install
+.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile print-bench-flags bench-deletes bench-tables bench-direct bench-cluster test-failover clean format install
 all: $(BIN)/blobrefd $(BIN)/blobref
 
 deps:
@@ -226,6 +226,10 @@ install: all
 format:
 	clang-format -i $(wildcard server/*.c server/*/*.c server/*/*.h include/blobref/*.h tools/*.c tools/*.h \
 	  tests/unit/*.c tests/unit/*.h tests/fuzz/*.c tests/bench/*.c)
+
+# The flags a bench script links with when run directly (make bench-* passes them itself).
+print-bench-flags:
+	@printf 'BENCH_CFLAGS=%s\nBENCH_LDLIBS=%s\n' '$(PKG_CFLAGS)' '$(LDLIBS)'
 
 clean:
 	rm -rf build bin

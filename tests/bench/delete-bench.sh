@@ -16,12 +16,18 @@ BLOBS=${BLOBS:-100000}
 SEED_THREADS=${SEED_THREADS:-32}
 MODES=${MODES:-single batch}
 OUT=${OUT:-$ROOT/build/bench/deletes.md}
-PKGS="libmicrohttpd lmdb libcrypto libcurl jansson inih avro-c zlib snappy libzstd liblz4
-      libbrotlidec libbrotlienc"  # the Makefile's PKGS (make passes BENCH_LDLIBS itself)
-# shellcheck disable=SC2086
-LDLIBS=${BENCH_LDLIBS:-$(pkg-config --libs $PKGS) -lpthread -lm}
-# shellcheck disable=SC2086
-CFLAGS=${BENCH_CFLAGS:-$(pkg-config --cflags $PKGS)}
+# make bench-deletes passes the Makefile's flags; run directly, ask make for the same ones (its
+# PKGS list is the one place the libraries are named: a copy here once lacked gnutls, pq, magic)
+if [ -z "${BENCH_LDLIBS:-}" ]; then
+  FLAGS=$(MAKEFLAGS= make -s --no-print-directory -C "$ROOT" print-bench-flags) || {
+    echo "make print-bench-flags failed" >&2
+    exit 1
+  }
+  BENCH_CFLAGS=$(sed -n 's/^BENCH_CFLAGS=//p' <<<"$FLAGS")
+  BENCH_LDLIBS=$(sed -n 's/^BENCH_LDLIBS=//p' <<<"$FLAGS")
+fi
+LDLIBS=$BENCH_LDLIBS
+CFLAGS=${BENCH_CFLAGS:-}
 log() { printf '[bench-deletes %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 for t in cc radosgw /usr/bin/python3 pkg-config; do

@@ -10,6 +10,8 @@
 #        QUICK=1            smoke run: SNAPSHOTS=10
 #        OUT=build/bench/reconcile.md (raw step lines in reconcile.jsonl beside it)
 #        KEEP=1             keep the work directory (index, table, reconcile state)
+#        LISTS_ROUNDS=5     rounds of the full run with [reconcile] lists on and off, interleaved
+#                           from the same filled index (0: none)
 #
 # Steps, each in its own process (so that peak RSS is the step's own):
 #   gen      our Parquet writer (hex hashes, snappy) writes the data files; avsc writes the manifests
@@ -20,6 +22,8 @@
 #   rerun    no table change: every data file comes from the cache, no Parquet read
 #   append   v101: reads only the 10 new files; restores the quarantined blobs they reference
 #   full_spill (SPILL=1) --full --dry-run with a quarter of the references in memory
+#   lists_ab LISTS_ROUNDS x (full with lists on, full with lists off), each from a copy of the
+#            index as fill left it: wall, CPU, list and report bytes, the state file's size
 # Runs are real (not dry): the first one quarantines, so the rerun measures the steady state of a
 # server whose index is settled. Grace is 72h (the blobs were uploaded 30 days ago), retention
 # 100 years: nothing is deleted, so no blob bytes are needed.
@@ -29,12 +33,18 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 LIB=${1:-$ROOT/build/release/libblobref.a}
 OUT=${OUT:-$ROOT/build/bench/reconcile.md}
 if [ "${QUICK:-0}" = 1 ]; then export SNAPSHOTS=${SNAPSHOTS:-10}; fi
-PKGS="libmicrohttpd lmdb libcrypto libcurl jansson inih avro-c zlib snappy libzstd liblz4
-      libbrotlidec libbrotlienc"  # the Makefile's PKGS (make passes BENCH_LDLIBS itself)
-# shellcheck disable=SC2086
-LDLIBS=${BENCH_LDLIBS:-$(pkg-config --libs $PKGS) -lpthread -lm}
-# shellcheck disable=SC2086
-CFLAGS=${BENCH_CFLAGS:-$(pkg-config --cflags $PKGS)}
+# make bench-reconcile passes the Makefile's flags; run directly, ask make for the same ones (its
+# PKGS list is the one place the libraries are named: a copy here once lacked gnutls, pq, magic)
+if [ -z "${BENCH_LDLIBS:-}" ]; then
+  FLAGS=$(MAKEFLAGS= make -s --no-print-directory -C "$ROOT" print-bench-flags) || {
+    echo "make print-bench-flags failed" >&2
+    exit 1
+  }
+  BENCH_CFLAGS=$(sed -n 's/^BENCH_CFLAGS=//p' <<<"$FLAGS")
+  BENCH_LDLIBS=$(sed -n 's/^BENCH_LDLIBS=//p' <<<"$FLAGS")
+fi
+LDLIBS=$BENCH_LDLIBS
+CFLAGS=${BENCH_CFLAGS:-}
 
 log() { printf '[bench-reconcile %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() {
@@ -75,8 +85,30 @@ echo "{\"step\":\"avro\",\"seconds\":$((($(date +%s%N) - t0) / 1000000))e-3}" >>
 du -sb "$T/table/data" "$T/table/metadata" | awk '{printf "{\"step\":\"size\",\"what\":\"%s\",\"bytes\":%s}\n", $2, $1}' \
   | sed "s#$T/table/##" >>"$STEPS"
 
-log "filling the index, then reconcile: full, rerun, append$([ "${SPILL:-1}" = 1 ] && echo ', full_spill')"
-"$RB" run "$T" | tee -a "$STEPS" | cut -c1-200 >&2 || die "reconcile_bench run failed"
+STEP_NAMES="full rerun append"
+[ "${SPILL:-1}" = 1 ] && STEP_NAMES="$STEP_NAMES full_spill"
+ROUNDS=${LISTS_ROUNDS:-5}
+log "filling the index, then reconcile: $STEP_NAMES"
+"$RB" run "$T" fill | tee -a "$STEPS" | cut -c1-200 >&2 || die "reconcile_bench fill failed"
+[ "$ROUNDS" -gt 0 ] && cp -a --sparse=always "$T/data" "$T/data.filled"
+# shellcheck disable=SC2086
+"$RB" run "$T" $STEP_NAMES | tee -a "$STEPS" | cut -c1-200 >&2 || die "reconcile_bench run failed"
+
+# lists on against off: the same full run from the same filled index, interleaved (the order
+# swapped every round) so that both see the same load on a shared machine
+for ((r = 1; r <= ROUNDS; r++)); do
+  order="1 0"
+  [ $((r % 2)) = 0 ] && order="0 1"
+  for l in $order; do
+    rm -rf "$T/data"
+    cp -a --sparse=always "$T/data.filled" "$T/data"
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    log "lists round $r/$ROUNDS, lists=$l (load $load)"
+    LISTS=$l "$RB" run "$T" full \
+      | sed "s/^{\"step\":\"full\"/{\"step\":\"lists_ab\",\"round\":$r,\"load1\":$load/" \
+      | tee -a "$STEPS" | cut -c1-200 >&2 || die "reconcile_bench lists round failed"
+  done
+done
 
 mkdir -p "$(dirname "$OUT")"
 cp "$STEPS" "${OUT%.md}.jsonl"
@@ -129,6 +161,50 @@ out.append("Goals (issue 7): full run under 60 s, rerun with no change under 5 s
            "queue delay of the thread that runs reconcile (other load on the machine); the rest of the "
            "wall time is waiting on the disk (fsync). Peak RSS is the step process's ru_maxrss; "
            "file-backed pages are mostly LMDB's map (the index read end to end).")
+ab = [s for s in steps if s["step"] == "lists_ab"]
+if ab:
+    import statistics
+    med = statistics.median
+    rounds = sorted({s["round"] for s in ab})
+    pick = lambda r, on: next(s for s in ab if s["round"] == r and s["lists_on"] == on)
+    out.append("")
+    out.append(f"Lists on against off (`[reconcile] lists`): the full run from the same filled index, "
+               f"{len(rounds)} rounds, on and off interleaved (order swapped each round)")
+    out.append("")
+    out.append("| round | load (1 min) on / off | wall on / off | on/off | wall less CPU wait on / off | on/off "
+               "| apply on / off | CPU on / off | on/off | listed | list bytes | report bytes on / off "
+               "| state file on / off |")
+    out.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    ratios, own_ratios, cpu_ratios = [], [], []
+    own = lambda s: s["seconds"] - s["runq_wait_s"]
+    for r in rounds:
+        on, off = pick(r, 1), pick(r, 0)
+        lo = on["report"]["lists"] or {}
+        listed = sum(v for k, v in lo.items() if k != "bytes")
+        ratios.append(on["seconds"] / off["seconds"])
+        own_ratios.append(own(on) / own(off))
+        con, coff = on["cpu_user_s"] + on["cpu_sys_s"], off["cpu_user_s"] + off["cpu_sys_s"]
+        cpu_ratios.append(con / max(coff, 1e-9))
+        out.append(f"| {r} | {on['load1']:.1f} / {off['load1']:.1f} | {on['seconds']:.2f} / {off['seconds']:.2f} s "
+                   f"| {ratios[-1]:.3f} | {own(on):.2f} / {own(off):.2f} s | {own_ratios[-1]:.3f} "
+                   f"| {on['report']['phases']['delete_ms'] / 1000:.2f} / {off['report']['phases']['delete_ms'] / 1000:.2f} s "
+                   f"| {con:.2f} / {coff:.2f} s | {cpu_ratios[-1]:.3f} | {listed} | {lo.get('bytes', 0)} "
+                   f"| {on['report_bytes']} / {off['report_bytes']} "
+                   f"| {on['state_file_bytes'] / 1048576:.1f} / {off['state_file_bytes'] / 1048576:.1f} MiB |")
+    on1 = pick(rounds[0], 1)
+    lo = on1["report"]["lists"] or {}
+    listed = sum(v for k, v in lo.items() if k != "bytes")
+    extra = med([pick(r, 1)["state_file_bytes"] - pick(r, 0)["state_file_bytes"] for r in rounds])
+    out.append("")
+    out.append(f"Median wall on/off {med(ratios):.3f} (goal at most 1.10: "
+               f"{'met' if med(ratios) <= 1.10 else 'NOT met'}); median of wall less CPU wait on/off "
+               f"{med(own_ratios):.3f}; median CPU on/off {med(cpu_ratios):.3f}; "
+               f"median walls {med([pick(r, 1)['seconds'] for r in rounds]):.2f} s on, "
+               f"{med([pick(r, 0)['seconds'] for r in rounds]):.2f} s off. "
+               f"Lists of {listed} blobs: {lo.get('bytes', 0)} bytes of values "
+               f"({lo.get('bytes', 0) / max(listed, 1):.1f} bytes per listed blob), the state file "
+               f"{extra / 1048576:.1f} MiB larger than with lists off ({extra / max(listed, 1):.1f} bytes "
+               f"per listed blob on disk, LMDB pages included).")
 text = "\n".join(out) + "\n"
 open(sys.argv[2], "w").write(text)
 print(text)

@@ -12,9 +12,10 @@
  *                             on stdout. Naming steps runs only those (e.g. under perf record).
  *
  * Sizes (the same environment for both modes): SNAPSHOTS=100 FILES_PER_SNAPSHOT=10
- * HASHES_PER_FILE=1000. Of each data file's values, 90 % are blobs of its own (so every indexed
- * blob referenced once) and 10 % repeat blobs of the previous file; the index holds the referenced
- * blobs plus 1/9 as many that nothing references (10 % of the index), all uploaded 30 days ago.
+ * HASHES_PER_FILE=1000 (LISTS=0: reconcile runs with [reconcile] lists = false). Of each data
+ * file's values, 90 % are blobs of its own (so every indexed blob referenced once) and 10 %
+ * repeat blobs of the previous file; the index holds the referenced blobs plus 1/9 as many that
+ * nothing references (10 % of the index), all uploaded 30 days ago.
  * The appended snapshot (v{SNAPSHOTS+1}) adds FILES_PER_SNAPSHOT files whose values are half
  * unreferenced blobs (quarantined by the first run: restored) and half hashes the index lacks.
  *
@@ -50,6 +51,7 @@
 
 static unsigned snapshots = 100, files_per_snapshot = 10, hashes_per_file = 1000;
 static unsigned fill_threads = 1024;
+static unsigned lists_on = 1; /* LISTS=0: [reconcile] lists = false (counts only) */
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...) {
@@ -266,11 +268,12 @@ static void load_config(br_config *cfg, const char *dir, unsigned version) {
            "grace = 72h\n"
            "retention = 36500d\n"
            "max_fraction = 1.0\n"
+           "lists = %s\n"
            "[table bench]\n"
            "location = %s/table/metadata/v%u.metadata.json\n"
            "column = image_sha256\n"
            "form = hex\n",
-           dir, dir, version);
+           dir, lists_on ? "true" : "false", dir, version);
   br_err err;
   br_config_init(cfg);
   if (br_config_load_string(cfg, text, "bench", &err) < 0 || br_config_finish(cfg, &err) < 0)
@@ -395,6 +398,7 @@ static void step_reconcile(const char *dir, const char *name, unsigned version,
   atomic_store(&smp.stop, 1);
   pthread_join(smp.thread, NULL);
   char *text = json_dumps(rep, JSON_COMPACT);
+  size_t text_len = text ? strlen(text) : 0;
   printf(
       "{\"step\":\"%s\",\"rc\":%d,\"seconds\":%.3f,\"runq_wait_s\":%.3f,\"peak_anon_kib\":%ld,"
       "\"peak_file_kib\":%ld,\"report\":%s",
@@ -404,6 +408,12 @@ static void step_reconcile(const char *dir, const char *name, unsigned version,
   br_reconciler_close(r);
   for (int i = 0; i < cfg.nstores; i++) br_store_close(stores[i]);
   br_index_close(idx);
+  /* what the reconcile state holds after the run (data-file cache, reports, lists) */
+  char path[4300];
+  snprintf(path, sizeof path, "%s/data.mdb", state);
+  struct stat sb;
+  printf(",\"lists_on\":%u,\"report_bytes\":%zu,\"state_file_bytes\":%lld", lists_on, text_len,
+         stat(path, &sb) == 0 ? (long long)sb.st_size : -1LL);
   br_config_free(&cfg);
   if (rc != 0) {
     fflush(stdout);
@@ -477,6 +487,7 @@ int main(int argc, char **argv) {
   files_per_snapshot = env_uint("FILES_PER_SNAPSHOT", files_per_snapshot, 1, 10000);
   hashes_per_file = env_uint("HASHES_PER_FILE", hashes_per_file, 10, 10000000);
   fill_threads = env_uint("FILL_THREADS", fill_threads, 1, 4096);
+  lists_on = env_uint("LISTS", lists_on, 0, 1);
   br_log_min_level = BR_LOG_WARN;
   if (!strcmp(argv[1], "gen"))
     cmd_gen(argv[2]);
