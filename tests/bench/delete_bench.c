@@ -117,7 +117,7 @@ static void change_all(struct seed *sd, enum br_change_kind kind, uint64_t expec
   free(chs);
 }
 
-static void no_lock(void *ud, const uint8_t digest[D], int lock) {}
+static int no_lock(void *ud, const uint8_t digest[D], int lock) { return 0; }
 static int no_locks(void *ud, const uint8_t (*digests)[D], size_t n, int lock) { return 0; }
 
 static int count_key(void *ud, const char *key, uint64_t size) {
