@@ -56,6 +56,8 @@ static void print_summary(json_t *rep) {
         (long long)json_integer_value(json_object_get(l, "held")),
         (long long)json_integer_value(json_object_get(l, "pending")),
         (long long)json_integer_value(json_object_get(l, "bytes")));
+  else if (json_is_null(l))
+    printf("listed: nothing, the run recorded counts only ([reconcile] lists = false)\n");
   json_t *errs = json_object_get(rep, "errors");
   for (size_t i = 0; i < json_array_size(errs); i++)
     printf("error: %s\n", json_string_value(json_array_get(errs, i)));
