@@ -1171,6 +1171,25 @@ int br_index_next_id(br_index *idx, uint64_t *id, br_err *err) {
   return idx->ops->next_id(idx->be, id, err);
 }
 
+int br_index_has_fcache(br_index *idx) { return idx->ops->fcache_put != NULL; }
+
+int br_index_fcache_put(br_index *idx, const uint8_t id[BR_SHA256_LEN], uint32_t chunk,
+                        uint32_t chunks, const void *hashes, size_t len, br_err *err) {
+  if (!idx->ops->fcache_put) return br_fail(err, "index: no file cache on %s", idx->ops->name);
+  return idx->ops->fcache_put(idx->be, id, chunk, chunks, hashes, len, err);
+}
+
+int br_index_fcache_get(br_index *idx, const uint8_t id[BR_SHA256_LEN], uint32_t chunk, void **val,
+                        size_t *len, uint32_t *chunks, br_err *err) {
+  if (!idx->ops->fcache_get) return br_fail(err, "index: no file cache on %s", idx->ops->name);
+  return idx->ops->fcache_get(idx->be, id, chunk, val, len, chunks, err);
+}
+
+int br_index_fcache_prune(br_index *idx, const uint8_t *keep, size_t n, br_err *err) {
+  if (!idx->ops->fcache_prune) return br_fail(err, "index: no file cache on %s", idx->ops->name);
+  return idx->ops->fcache_prune(idx->be, keep, n, err);
+}
+
 br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err) {
   br_index *idx = calloc(1, sizeof *idx);
   if (!idx) {

@@ -1,5 +1,6 @@
 /* Private to reconcile: the external sorter of digests (memory-bounded mark) and the state kept
- * between runs (the data-file cache and the reports), in an LMDB environment of their own. */
+ * between runs (the data-file cache and the reports), in an LMDB environment of their own or in
+ * a shared index. */
 #ifndef BLOBREF_RECONCILE_INTERNAL_H
 #define BLOBREF_RECONCILE_INTERNAL_H
 
@@ -30,8 +31,9 @@ void dsort_free(dsort *s);
 typedef struct rstate rstate;
 
 /* Opens (creating) the state environment in directory dir. With shared (an index with shared
- * state: PostgreSQL), the run ids, reports and per-run lists live there instead, so that every
- * node answers the same runs; the data-file cache stays in dir (a node's own). */
+ * state: PostgreSQL), the run ids, reports, per-run lists and the data-file cache live there
+ * instead, so that every node answers the same runs and any node's run is incremental over
+ * another's; dir then keeps nothing a run needs. */
 rstate *rstate_open(const char *dir, br_index *shared, br_err *err);
 void rstate_close(rstate *st);
 
