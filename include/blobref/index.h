@@ -110,6 +110,9 @@ int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int l
 #define BR_INDEX_LEASE_RECONCILE 1
 #define BR_INDEX_LEASE_DRAIN 2 /* a pass of the drain of old copies */
 int br_index_lease(br_index *idx, int which, int take, br_err *err);
+/* Whether any node (this one included) holds the lease `which` now, without taking it: 1 held,
+ * 0 not (always on LMDB), or a negative code + err. */
+int br_index_lease_held(br_index *idx, int which, br_err *err);
 
 /* ---- shared state (PostgreSQL only) -----------------------------------------------------------
  * What every node must answer alike (reconcile's reports and per-run lists): bytes by key in one

@@ -46,6 +46,8 @@ typedef struct idx_ops {
   int (*ready)(idx_backend *be); /* 1 when it can serve (the database is reachable) */
   int (*lock_blob)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], int lock, br_err *err);
   int (*lease)(idx_backend *be, int which, int take, br_err *err);
+  /* Optional: 1 when any session holds the lease which, 0 not, a negative code + err. */
+  int (*lease_held)(idx_backend *be, int which, br_err *err);
 
   int (*begin)(idx_backend *be);
   int (*commit)(idx_backend *be);

@@ -1133,6 +1133,10 @@ int br_index_lease(br_index *idx, int which, int take, br_err *err) {
   return idx->ops->lease ? idx->ops->lease(idx->be, which, take, err) : take ? 1 : 0;
 }
 
+int br_index_lease_held(br_index *idx, int which, br_err *err) {
+  return idx->ops->lease_held ? idx->ops->lease_held(idx->be, which, err) : 0;
+}
+
 int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int lock, br_err *err) {
   int rc = idx->ops->lock_blob ? idx->ops->lock_blob(idx->be, digest, lock, err) : 0;
   return rc < 0 ? BR_INDEX_UNAVAILABLE : 0; /* whatever the cause (lock_timeout too) */

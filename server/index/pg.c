@@ -1128,6 +1128,27 @@ static int pg_lease(idx_backend *be, int which, int take, br_err *err) {
   return advisory(be, BR_INDEX_LEASE_CLASS, which, take ? LOCK_TRY : LOCK_RELEASE, err);
 }
 
+/* Whether a session holds the advisory lock of lease which in this database (pg_locks shows a
+ * two-key advisory lock as classid, objid with objsubid 2). */
+static int pg_lease_held(idx_backend *be, int which, br_err *err) {
+  char c[16], k[16];
+  snprintf(c, sizeof c, "%d", BR_INDEX_LEASE_CLASS);
+  snprintf(k, sizeof k, "%d", which);
+  const char *v[2] = {c, k};
+  int rc = 0;
+  PGresult *r = read_query(be,
+                           "SELECT count(*)::text FROM pg_locks l JOIN pg_database d"
+                           " ON d.oid = l.database WHERE d.datname = current_database()"
+                           " AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 2"
+                           " AND l.classid = $1::int8::oid AND l.objid = $2::int8::oid",
+                           2, v, NULL, NULL, "lease", &rc, err);
+  if (!r) return rc;
+  /* binary results: the text cast comes back as its characters */
+  int held = PQgetlength(r, 0, 0) > 0 && PQgetvalue(r, 0, 0)[0] != '0';
+  PQclear(r);
+  return held;
+}
+
 /* pg_notify on the writer's connection: the other nodes' listeners (pg_listen.c) hear of it when
  * the transaction commits, and only then. */
 static int pg_announce(idx_backend *be, const uint8_t (*digests)[BR_SHA256_LEN], size_t n) {
@@ -1158,6 +1179,7 @@ static const idx_ops pg_ops = {
     .ready = pg_ready,
     .lock_blob = pg_lock_blob,
     .lease = pg_lease,
+    .lease_held = pg_lease_held,
     .begin = pg_begin,
     .commit = pg_commit,
     .abort = pg_abort,

@@ -851,3 +851,22 @@ int rstate_list_page(rstate *st, uint64_t run, int action, const uint8_t *after,
   mdb_txn_abort(txn);
   return out;
 }
+
+/* ---- the run in progress, for the other nodes ------------------------------------------------ */
+
+int rstate_put_current(rstate *st, const char *json, br_err *err) {
+  if (!st->shared) return 0;
+  uint8_t k = 'C';
+  return br_index_shared_put(st->shared, &k, 1, json, strlen(json), err) < 0 ? -1 : 0;
+}
+
+char *rstate_get_current(rstate *st, int *found, br_err *err) {
+  *found = 0;
+  if (!st->shared) return NULL;
+  uint8_t k = 'C';
+  char *out = NULL;
+  size_t len = 0;
+  int rc = br_index_shared_get(st->shared, &k, 1, &out, &len, err);
+  *found = rc == 0;
+  return rc == 0 ? out : NULL;
+}

@@ -1,7 +1,8 @@
-"""Reconcile state shared across a cluster (issue 20): on a PostgreSQL index the per-data-file
-hash cache lives in the database (blobref_filecache), so a run or a why-alive on node B after a
-run on node A reads no data file, and a run on B after A was killed mid-run completes from what A
-cached, and is correct."""
+"""Reconcile state shared across a cluster (issue 20): two blobrefd nodes over one PostgreSQL
+index and one shared fs store. The per-data-file hash cache lives in the database
+(blobref_filecache), so a run or a why-alive on node B after a run on node A reads no data file,
+and a run on B after A was killed mid-run completes from what A cached, and is correct; the run
+A executes is shown on B (phase, progress) and a POST to B is 409 for its whole duration."""
 import errno
 import os
 import signal
@@ -9,12 +10,63 @@ import time
 
 import requests
 
+import hashlib
+import threading
+
+import pytest
+
 from cluster_util import wait_for
-from test_cluster_shared import new_blob, pg_supported, run_to_end, shared_cluster  # noqa: F401
+from conftest import Server
 from util_http import sha
 
 TIMEOUT = 30
 FILES = 4
+
+
+class Nodes:
+    def __init__(self, nodes, dsn):
+        self.nodes, self.dsn = nodes, dsn
+        self.url = nodes[0].url
+
+
+@pytest.fixture
+def shared_cluster(postgres, tmp_path):
+    """Factory: shared_cluster(n, extra="", server="") -> n started nodes over one fresh
+    PostgreSQL database and one fs store; `extra` is a format string (str.format, no fields).
+    At the end every node the test did not kill stops cleanly."""
+    made = []
+    dsn = postgres.database()
+
+    def make(n, extra="", server=""):
+        for i in range(n):
+            conf = (f"[server]\nupload_store = lake\n{server}\n"
+                    f"[store lake]\nkind = fs\nroot = {tmp_path / 'lake'}\n"
+                    f"[index]\nkind = postgres\ndsn = {dsn}\n" + extra.format())
+            made.append(Server(tmp_path / f"node{i + 1}", conf))
+        for srv in made:
+            srv.start(timeout=30)
+        return Nodes(made, dsn)
+
+    yield make
+    for i, srv in enumerate(made):
+        if srv.proc is None:
+            continue  # killed by the test
+        alive = srv.alive()
+        rc = srv.stop()
+        assert alive and rc == 0, f"node{i + 1}: exit {rc}:\n{srv.read_log()[-3000:]}"
+
+
+def new_blob(tag, i, size=2000):
+    return hashlib.sha256(f"{tag}/{i}".encode()).digest() + os.urandom(size)
+
+
+def run_to_end(node):
+    r = requests.post(f"{node.url}/v1/reconcile", timeout=TIMEOUT)
+    assert r.status_code == 202, (r.status_code, r.text)
+    rid = r.json()["id"]
+    wait_for(lambda: requests.get(f"{node.url}/v1/reconcile/runs/{rid}", timeout=TIMEOUT)
+             .json()["state"] != "running", 60, f"run {rid} to end")
+    return rid
 
 
 def table_counts(rep):
@@ -52,8 +104,7 @@ def report(node, rid):
 
 
 def cache_rows(postgres, c):
-    dsn = c.nodes[0].config_text.split("dsn = ", 1)[1].split("\n", 1)[0]
-    db = dsn.rsplit("dbname=", 1)[1].split()[0]
+    db = c.dsn.rsplit("dbname=", 1)[1].split()[0]
     [[rows, ids]] = postgres.psql("SELECT count(*), count(DISTINCT id) FROM blobref_filecache",
                                   dbname=db)
     return int(rows), int(ids)
@@ -159,3 +210,67 @@ def test_node_killed_mid_run_other_node_completes_from_its_cache(shared_cluster,
             assert r.status_code == 200 and r.content == d, (sha(d), r.status_code)
         for d in unref:
             assert s.get(f"{b.url}/v1/blobs/{sha(d)}", timeout=TIMEOUT).status_code == 410
+
+
+def test_run_on_a_shown_on_b_with_phase_and_409_for_its_whole_run(shared_cluster, tmp_path,  # noqa
+                                                                  monkeypatch):
+    """While node A runs reconcile, node B lists that run (state running, its phase and progress)
+    and answers it by id, and every POST /v1/reconcile to B from A's 202 to the end of A's run is
+    409 naming A's run, the whole mark phase included (A waits on a FIFO after its mark)."""
+    fifo = tmp_path / "pause"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("BLOBREF_TEST_RECONCILE_PAUSE", str(fifo))
+    t, refs = referenced_table(tmp_path, "fv-ref")
+    c = shared_cluster(2, extra=recon_extra(t))
+    a, b = c.nodes
+    upload_all(c.url, refs)
+    r = requests.post(f"{a.url}/v1/reconcile", timeout=TIMEOUT)
+    assert r.status_code == 202, r.text
+    rid = r.json()["id"]
+    answers, after, stop = [], [], threading.Event()
+
+    def poll_b():
+        """POSTs to B until told to stop or B accepts one, which is right only once A's run
+        has ended (its report is stored before its lease is given back)."""
+        with requests.Session() as s:
+            while not stop.is_set():
+                p = s.post(f"{b.url}/v1/reconcile", timeout=TIMEOUT)
+                if p.status_code == 202:
+                    after.append((p.json()["id"], report(b, rid)["state"]))
+                    return
+                answers.append((p.status_code, p.json().get("id")))
+
+    poller = threading.Thread(target=poll_b)
+    poller.start()
+    fd = None
+    try:
+        fd = at_pause(fifo)
+        run = requests.get(f"{b.url}/v1/reconcile/runs/{rid}", timeout=TIMEOUT)
+        assert run.status_code == 200, run.text
+        run = run.json()
+        assert run["state"] == "running" and run["id"] == rid and run["phase"] == "mark", run
+        assert run["progress"]["data_files"] == FILES, run
+        assert run["progress"]["data_files_read"] == FILES, run
+        listed = requests.get(f"{b.url}/v1/reconcile/runs", timeout=TIMEOUT).json()["runs"]
+        assert listed and listed[0]["id"] == rid and listed[0]["state"] == "running", listed
+        at_mark = len(answers)
+        os.close(fd)
+        fd = None
+        wait_for(lambda: requests.get(f"{b.url}/v1/reconcile/runs/{rid}", timeout=TIMEOUT)
+                 .json()["state"] != "running", 60, f"run {rid} to end")
+    finally:
+        if fd is not None:
+            os.close(fd)  # the run goes on: the nodes can stop
+        stop.set()
+        poller.join()
+    if after:  # B's own run, accepted once A's had ended: let it pass the pause and end
+        [(rid_b, state_then)] = after
+        assert state_then == "done", after
+        os.close(at_pause(fifo))
+        wait_for(lambda: requests.get(f"{b.url}/v1/reconcile/runs/{rid_b}", timeout=TIMEOUT)
+                 .json()["state"] != "running", 60, f"run {rid_b} to end")
+    assert at_mark > 0 and len(answers) > at_mark, answers
+    assert all(a == (409, rid) for a in answers), [a for a in answers if a != (409, rid)][:5]
+    assert report(b, rid)["state"] == "done"
+    listed = requests.get(f"{b.url}/v1/reconcile/runs", timeout=TIMEOUT).json()["runs"]
+    assert all(x["state"] == "done" for x in listed) and rid in [x["id"] for x in listed], listed
