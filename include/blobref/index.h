@@ -110,6 +110,9 @@ int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int l
 #define BR_INDEX_LEASE_RECONCILE 1
 #define BR_INDEX_LEASE_DRAIN 2 /* a pass of the drain of old copies */
 int br_index_lease(br_index *idx, int which, int take, br_err *err);
+/* Whether any node (this one included) holds the lease `which` now, without taking it: 1 held,
+ * 0 not (always on LMDB), or a negative code + err. */
+int br_index_lease_held(br_index *idx, int which, br_err *err);
 
 /* ---- shared state (PostgreSQL only) -----------------------------------------------------------
  * What every node must answer alike (reconcile's reports and per-run lists): bytes by key in one
@@ -129,6 +132,21 @@ int br_index_shared_scan(br_index *idx, const void *from, size_t flen, const voi
 int br_index_shared_del(br_index *idx, const void *from, size_t flen, const void *to, size_t tlen,
                         br_err *err);
 int br_index_next_id(br_index *idx, uint64_t *id, br_err *err);
+
+/* ---- reconcile's data-file cache (PostgreSQL only) ---------------------------------------------
+ * Each data file's hashes by file id (32 bytes), as chunks of raw digests, so that whichever node
+ * runs the next reconcile (or answers why-alive) finds what another node read. Chunk 0 is written
+ * last and carries the number of chunks: an entry without it is not there. br_index_has_fcache:
+ * 1 when the index keeps it (never on LMDB: the caller keeps its own). fcache_put: writes chunk
+ * (chunks: the entry's chunk count, chunk 0 only). fcache_get: 0 with *val malloc'd (*len bytes;
+ * *chunks for chunk 0), 1 absent. fcache_prune: drops the entries whose id is not among
+ * keep[0..n) (32 bytes each). Each call its own transaction; 0 or a negative code + err. */
+int br_index_has_fcache(br_index *idx);
+int br_index_fcache_put(br_index *idx, const uint8_t id[BR_SHA256_LEN], uint32_t chunk,
+                        uint32_t chunks, const void *hashes, size_t len, br_err *err);
+int br_index_fcache_get(br_index *idx, const uint8_t id[BR_SHA256_LEN], uint32_t chunk, void **val,
+                        size_t *len, uint32_t *chunks, br_err *err);
+int br_index_fcache_prune(br_index *idx, const uint8_t *keep, size_t n, br_err *err);
 
 /* Stops the writer (after finishing queued operations) and closes the environment. */
 void br_index_close(br_index *idx);

@@ -56,6 +56,19 @@ uint64_t br_reconciler_next_id(br_reconciler *r, br_err *err);
 int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *opt,
                      json_t **report);
 
+/* The running report of run id (0: whichever runs): {id, state "running", dry_run, force, full,
+ * started_at, phase "mark" | "sweep" | "apply", progress {data_files, data_files_read,
+ * data_files_cached, records_swept}}, of this node's run or, on a shared index, of the run
+ * another node is executing (while it holds the reconcile lease). A new json_t or NULL. Any
+ * thread. */
+json_t *br_reconciler_running(br_reconciler *r, uint64_t id);
+/* Says that run id is asked for (phase "starting"), before br_reconcile_run starts it: the run
+ * shows on every node from the moment its lease is taken. */
+/* The id of the run holding the cluster-wide reconcile lease (this node's or another's, as it
+ * published it), or 0 when none is known. */
+uint64_t br_reconciler_lease_run(br_reconciler *r);
+void br_reconciler_announce(br_reconciler *r, uint64_t id, const br_reconcile_options *opt);
+
 /* Finishes the deletes that a crash or a failed index write cut short: every record marked
  * deleting loses the bytes it still owns (never another record's key, never an in-place object
  * rewritten since) and then its record. br_reconciler_open calls it, and a run that failed

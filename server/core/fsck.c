@@ -111,13 +111,17 @@ static void print_count_diff(const br_counts *stored, const br_counts *found) {
   printf("index counters: missing or incomplete\n");
 }
 
-/* The counters differed from fsck's walk (which a running server's writes may also explain):
- * recounts them in a writable open's writer transaction, replacing them. Returns the number of
- * entries that differed there, or -1 (printed). */
+/* The counters differed from fsck's walk (which a running server's writes may also explain), or
+ * the index is PostgreSQL's (whose nodes may write while fsck walks, so that only a recount in
+ * one transaction can tell): recounts them in a writable open's writer transaction, which on
+ * PostgreSQL holds off every node's change of the counters until it commits, replacing them.
+ * Returns the number of entries that differed there, or -1 (printed). */
 static int repair_counts(br_config *cfg) {
   char dir[4096];
   snprintf(dir, sizeof dir, "%s/index", cfg->data_dir);
-  br_index_options opt = {.map_size = cfg->index_map_size, .batch_max = 1};
+  br_index_options opt = {.map_size = cfg->index_map_size,
+                          .batch_max = 1,
+                          .dsn = !strcmp(cfg->index_kind, "postgres") ? cfg->index_dsn : NULL};
   br_err err;
   br_index *idx = br_index_open(dir, &opt, &err);
   br_counts *found = malloc(sizeof *found), *stored = malloc(sizeof *stored);
@@ -166,11 +170,11 @@ int br_fsck(br_config *cfg, int verify) {
     printf("index: %s\n", err.msg);
     f.problems++;
   }
-  /* only LMDB's counters are compared: a PostgreSQL index changes under running nodes while
-   * fsck walks, and repair_counts opens the LMDB directory (its counters: pg.c, at start) */
-  int kept =
-      strcmp(br_index_kind(srv->index), "lmdb") ? -2 : br_index_counts(srv->index, stored, &err);
-  int differ = rc == 0 && kept != -2 && (kept != 0 || br_counts_diff(f.found, stored) > 0);
+  /* LMDB's counters are compared with the walk's; a PostgreSQL index changes under running nodes
+   * while fsck walks, so its counters are recounted in one transaction (repair_counts) */
+  int shared = strcmp(br_index_kind(srv->index), "lmdb") != 0;
+  int kept = shared ? 0 : br_index_counts(srv->index, stored, &err);
+  int differ = rc == 0 && (shared || kept != 0 || br_counts_diff(f.found, stored) > 0);
   br_server_close(srv);
   if (differ && repair_counts(cfg) != 0) f.problems++;
   free(f.found);

@@ -75,6 +75,7 @@ static void *runner_main(void *arg) {
         memset(&rr->opt, 0, sizeof rr->opt);
         br_err err;
         rr->running_id = br_reconciler_next_id(rr->rec, &err);
+        if (rr->running_id) br_reconciler_announce(rr->rec, rr->running_id, &rr->opt);
         break;
       }
       struct timespec ts;
@@ -254,6 +255,7 @@ int reconcile_runner_request(br_server *srv, const br_reconcile_options *opt, ui
       rr->opt = *opt;
       rr->requested = 1;
       rr->running_id = *id;
+      br_reconciler_announce(rr->rec, *id, opt); /* shown on every node before the 202 */
       pthread_cond_signal(&rr->cv);
     }
   }
@@ -272,8 +274,20 @@ json_t *reconcile_runner_current(br_server *srv, uint64_t id) {
   struct reconcile_runner *rr = srv->reconcile;
   json_t *r = NULL;
   pthread_mutex_lock(&rr->lock);
-  if (rr->running_id && (!id || rr->running_id == id)) r = running_report(rr);
+  uint64_t mine = rr->running_id;
+  if (mine && (!id || mine == id)) r = running_report(rr);
   pthread_mutex_unlock(&rr->lock);
+  if (mine && !r) return NULL; /* one run cluster-wide: this node's, not id */
+  /* this node's run as the reconciler reports it (phase, progress), or another node's */
+  json_t *run = br_reconciler_running(rr->rec, mine ? mine : id);
+  if (!r) return run;
+  if (run) {
+    json_object_set(r, "phase", json_object_get(run, "phase"));
+    json_object_set(r, "progress", json_object_get(run, "progress"));
+    json_decref(run);
+  } else { /* asked for, not started yet */
+    json_object_set_new(r, "phase", json_string("starting"));
+  }
   return r;
 }
 

@@ -50,8 +50,14 @@ enum MHD_Result reconcile_post(struct request *req) {
   uint64_t id = 0;
   int rc = reconcile_runner_request(req->srv, &qo.opt, &id, &err);
   if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
-  if (rc > 0 && !id) /* on another node sharing the index */
-    return reply_error(req, E_RECONCILE_RUNNING, "a run is in progress on another node");
+  if (rc > 0 && !id) { /* on another node sharing the index: its id when it published it */
+    id = br_reconciler_lease_run(reconcile_runner_reconciler(req->srv));
+    if (!id) return reply_error(req, E_RECONCILE_RUNNING, "a run is in progress on another node");
+    json_t *body =
+        error_body(E_RECONCILE_RUNNING, "run %" PRIu64 " is running on another node", id);
+    json_object_set_new(body, "id", json_integer((json_int_t)id));
+    return reply_json(req, br_api_error_status(E_RECONCILE_RUNNING), body);
+  }
   if (rc > 0) {
     json_t *body = error_body(E_RECONCILE_RUNNING, "run %" PRIu64 " is running", id);
     json_object_set_new(body, "id", json_integer((json_int_t)id));

@@ -46,6 +46,8 @@ typedef struct idx_ops {
   int (*ready)(idx_backend *be); /* 1 when it can serve (the database is reachable) */
   int (*lock_blob)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], int lock, br_err *err);
   int (*lease)(idx_backend *be, int which, int take, br_err *err);
+  /* Optional: 1 when any session holds the lease which, 0 not, a negative code + err. */
+  int (*lease_held)(idx_backend *be, int which, br_err *err);
 
   int (*begin)(idx_backend *be);
   int (*commit)(idx_backend *be);
@@ -90,6 +92,13 @@ typedef struct idx_ops {
   int (*kv_del)(idx_backend *be, const void *from, size_t flen, const void *to, size_t tlen,
                 br_err *err);
   int (*next_id)(idx_backend *be, uint64_t *id, br_err *err);
+  /* Optional (shared backends; any thread): reconcile's data-file cache, as index.h's
+   * br_index_fcache_* say. */
+  int (*fcache_put)(idx_backend *be, const uint8_t id[BR_SHA256_LEN], uint32_t chunk,
+                    uint32_t chunks, const void *hashes, size_t len, br_err *err);
+  int (*fcache_get)(idx_backend *be, const uint8_t id[BR_SHA256_LEN], uint32_t chunk, void **val,
+                    size_t *len, uint32_t *chunks, br_err *err);
+  int (*fcache_prune)(idx_backend *be, const uint8_t *keep, size_t n, br_err *err);
   /* Exact per-state counters (NULL on a backend without them). counts_read (any thread): 0 and
    * the stored counters, 1 when none are kept or they are not complete, or -1 + err. */
   int (*counts_read)(idx_backend *be, br_counts *out, br_err *err);

@@ -1133,6 +1133,10 @@ int br_index_lease(br_index *idx, int which, int take, br_err *err) {
   return idx->ops->lease ? idx->ops->lease(idx->be, which, take, err) : take ? 1 : 0;
 }
 
+int br_index_lease_held(br_index *idx, int which, br_err *err) {
+  return idx->ops->lease_held ? idx->ops->lease_held(idx->be, which, err) : 0;
+}
+
 int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int lock, br_err *err) {
   int rc = idx->ops->lock_blob ? idx->ops->lock_blob(idx->be, digest, lock, err) : 0;
   return rc < 0 ? BR_INDEX_UNAVAILABLE : 0; /* whatever the cause (lock_timeout too) */
@@ -1169,6 +1173,25 @@ int br_index_shared_del(br_index *idx, const void *from, size_t flen, const void
 int br_index_next_id(br_index *idx, uint64_t *id, br_err *err) {
   if (!idx->ops->next_id) return br_fail(err, "index: no shared sequence on %s", idx->ops->name);
   return idx->ops->next_id(idx->be, id, err);
+}
+
+int br_index_has_fcache(br_index *idx) { return idx->ops->fcache_put != NULL; }
+
+int br_index_fcache_put(br_index *idx, const uint8_t id[BR_SHA256_LEN], uint32_t chunk,
+                        uint32_t chunks, const void *hashes, size_t len, br_err *err) {
+  if (!idx->ops->fcache_put) return br_fail(err, "index: no file cache on %s", idx->ops->name);
+  return idx->ops->fcache_put(idx->be, id, chunk, chunks, hashes, len, err);
+}
+
+int br_index_fcache_get(br_index *idx, const uint8_t id[BR_SHA256_LEN], uint32_t chunk, void **val,
+                        size_t *len, uint32_t *chunks, br_err *err) {
+  if (!idx->ops->fcache_get) return br_fail(err, "index: no file cache on %s", idx->ops->name);
+  return idx->ops->fcache_get(idx->be, id, chunk, val, len, chunks, err);
+}
+
+int br_index_fcache_prune(br_index *idx, const uint8_t *keep, size_t n, br_err *err) {
+  if (!idx->ops->fcache_prune) return br_fail(err, "index: no file cache on %s", idx->ops->name);
+  return idx->ops->fcache_prune(idx->be, keep, n, err);
 }
 
 br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err) {

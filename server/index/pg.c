@@ -175,12 +175,25 @@ static int schema_counts(PGconn *c, char *why, size_t cap) {
                  why, cap);
 }
 
+/* Schema step "file cache": reconcile's data-file cache, each data file's hashes by file id in
+ * chunks of raw digests (chunk 0 written last, with the number of chunks). The hashes are random
+ * bytes: stored out of line without trying to compress them. */
+static int schema_file_cache(PGconn *c, char *why, size_t cap) {
+  int rc = exec_ok(c,
+                   "CREATE TABLE blobref_filecache (id bytea NOT NULL CHECK (length(id) = 32),"
+                   " chunk integer NOT NULL CHECK (chunk >= 0), chunks integer,"
+                   " hashes bytea NOT NULL CHECK (length(hashes) % 32 = 0),"
+                   " PRIMARY KEY (id, chunk))",
+                   why, cap);
+  if (!rc)
+    rc = exec_ok(c, "ALTER TABLE blobref_filecache ALTER COLUMN hashes SET STORAGE EXTERNAL", why,
+                 cap);
+  return rc;
+}
+
 /* The migration steps in order: step i brings the schema to version i + 1. */
 static int (*const SCHEMA_STEPS[])(PGconn *c, char *why, size_t cap) = {
-    schema_v1,
-    schema_purge_claims,
-    schema_shared_state,
-    schema_counts,
+    schema_v1, schema_purge_claims, schema_shared_state, schema_counts, schema_file_cache,
 };
 #define SCHEMA_VERSION ((int)(sizeof SCHEMA_STEPS / sizeof SCHEMA_STEPS[0]))
 
@@ -957,6 +970,74 @@ static int pg_next_id(idx_backend *be, uint64_t *id, br_err *err) {
   return *id ? 0 : br_fail(err, "index: run id: '%s'", buf);
 }
 
+/* ---- reconcile's data-file cache ---------------------------------------------------------------
+ */
+
+static void u32_text(uint32_t v, char out[12]) { snprintf(out, 12, "%u", v); }
+
+static int pg_fcache_put(idx_backend *be, const uint8_t id[BR_SHA256_LEN], uint32_t chunk,
+                         uint32_t chunks, const void *hashes, size_t len, br_err *err) {
+  if (len > (size_t)INT32_MAX / 2 || len % BR_SHA256_LEN || chunk > INT32_MAX || chunks > INT32_MAX)
+    return br_fail(err, "index: file cache: chunk too large");
+  char c[12], n[12];
+  u32_text(chunk, c), u32_text(chunks, n);
+  const char *v[4] = {(const char *)id, c, chunk ? NULL : n, hashes ? hashes : ""};
+  int l[4] = {BR_SHA256_LEN, 0, 0, (int)len}, f[4] = {1, 0, 0, 1}, rc = 0;
+  PGresult *r = read_query(be,
+                           "INSERT INTO blobref_filecache (id, chunk, chunks, hashes)"
+                           " VALUES ($1, $2::int4, $3::int4, $4) ON CONFLICT (id, chunk)"
+                           " DO UPDATE SET chunks = EXCLUDED.chunks, hashes = EXCLUDED.hashes",
+                           4, v, l, f, "file cache", &rc, err);
+  PQclear(r);
+  return r ? 0 : rc;
+}
+
+static int pg_fcache_get(idx_backend *be, const uint8_t id[BR_SHA256_LEN], uint32_t chunk,
+                         void **val, size_t *len, uint32_t *chunks, br_err *err) {
+  char c[12];
+  u32_text(chunk, c);
+  const char *v[2] = {(const char *)id, c};
+  int l[2] = {BR_SHA256_LEN, 0}, f[2] = {1, 0}, rc = 0;
+  PGresult *r = read_query(be,
+                           "SELECT hashes, coalesce(chunks, 0)::text FROM blobref_filecache"
+                           " WHERE id = $1 AND chunk = $2::int4",
+                           2, v, l, f, "file cache", &rc, err);
+  if (!r) return rc;
+  int out = 1;
+  if (PQntuples(r) == 1) {
+    size_t n = (size_t)PQgetlength(r, 0, 0);
+    char num[16]; /* binary results: the text cast comes back as its characters */
+    int nl = PQgetlength(r, 0, 1);
+    snprintf(num, sizeof num, "%.*s", nl < 15 ? nl : 15, PQgetvalue(r, 0, 1));
+    *val = malloc(n ? n : 1);
+    if (!*val) {
+      out = br_fail(err, "out of memory");
+    } else {
+      memcpy(*val, PQgetvalue(r, 0, 0), n);
+      *len = n;
+      *chunks = (uint32_t)strtoul(num, NULL, 10);
+      out = 0;
+    }
+  }
+  PQclear(r);
+  return out;
+}
+
+static int pg_fcache_prune(idx_backend *be, const uint8_t *keep, size_t n, br_err *err) {
+  if (n > (size_t)INT32_MAX / BR_SHA256_LEN) return br_fail(err, "index: file cache: too many");
+  /* the kept ids as one parameter, split in the statement (an anti-join, one round trip) */
+  const char *v[1] = {n ? (const char *)keep : ""};
+  int l[1] = {(int)(n * BR_SHA256_LEN)}, f[1] = {1}, rc = 0;
+  PGresult *r = read_query(be,
+                           "WITH k AS MATERIALIZED (SELECT substring($1::bytea FROM i * 32 + 1"
+                           " FOR 32) AS id FROM generate_series(0, length($1::bytea) / 32 - 1) i)"
+                           " DELETE FROM blobref_filecache c"
+                           " WHERE NOT EXISTS (SELECT 1 FROM k WHERE k.id = c.id)",
+                           1, v, l, f, "file cache", &rc, err);
+  PQclear(r);
+  return r ? 0 : rc;
+}
+
 static void pg_close(idx_backend *be) {
   release_wres(be);
   PQfinish(be->wconn);
@@ -1047,6 +1128,27 @@ static int pg_lease(idx_backend *be, int which, int take, br_err *err) {
   return advisory(be, BR_INDEX_LEASE_CLASS, which, take ? LOCK_TRY : LOCK_RELEASE, err);
 }
 
+/* Whether a session holds the advisory lock of lease which in this database (pg_locks shows a
+ * two-key advisory lock as classid, objid with objsubid 2). */
+static int pg_lease_held(idx_backend *be, int which, br_err *err) {
+  char c[16], k[16];
+  snprintf(c, sizeof c, "%d", BR_INDEX_LEASE_CLASS);
+  snprintf(k, sizeof k, "%d", which);
+  const char *v[2] = {c, k};
+  int rc = 0;
+  PGresult *r = read_query(be,
+                           "SELECT count(*)::text FROM pg_locks l JOIN pg_database d"
+                           " ON d.oid = l.database WHERE d.datname = current_database()"
+                           " AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 2"
+                           " AND l.classid = $1::int8::oid AND l.objid = $2::int8::oid",
+                           2, v, NULL, NULL, "lease", &rc, err);
+  if (!r) return rc;
+  /* binary results: the text cast comes back as its characters */
+  int held = PQgetlength(r, 0, 0) > 0 && PQgetvalue(r, 0, 0)[0] != '0';
+  PQclear(r);
+  return held;
+}
+
 /* pg_notify on the writer's connection: the other nodes' listeners (pg_listen.c) hear of it when
  * the transaction commits, and only then. */
 static int pg_announce(idx_backend *be, const uint8_t (*digests)[BR_SHA256_LEN], size_t n) {
@@ -1077,6 +1179,7 @@ static const idx_ops pg_ops = {
     .ready = pg_ready,
     .lock_blob = pg_lock_blob,
     .lease = pg_lease,
+    .lease_held = pg_lease_held,
     .begin = pg_begin,
     .commit = pg_commit,
     .abort = pg_abort,
@@ -1098,6 +1201,9 @@ static const idx_ops pg_ops = {
     .kv_scan = pg_kv_scan,
     .kv_del = pg_kv_del,
     .next_id = pg_next_id,
+    .fcache_put = pg_fcache_put,
+    .fcache_get = pg_fcache_get,
+    .fcache_prune = pg_fcache_prune,
     .counts_read = pg_counts_read,
     .counts_add = pg_counts_add,
     .counts_set = pg_counts_set,

@@ -1,5 +1,6 @@
 /* Private to reconcile: the external sorter of digests (memory-bounded mark) and the state kept
- * between runs (the data-file cache and the reports), in an LMDB environment of their own. */
+ * between runs (the data-file cache and the reports), in an LMDB environment of their own or in
+ * a shared index. */
 #ifndef BLOBREF_RECONCILE_INTERNAL_H
 #define BLOBREF_RECONCILE_INTERNAL_H
 
@@ -8,6 +9,8 @@
 
 #include "blobref/common.h"
 #include "blobref/index.h"
+
+#include <jansson.h>
 
 /* --- external sort: digests in, ascending unique digests out ------------------------------- */
 
@@ -30,8 +33,9 @@ void dsort_free(dsort *s);
 typedef struct rstate rstate;
 
 /* Opens (creating) the state environment in directory dir. With shared (an index with shared
- * state: PostgreSQL), the run ids, reports and per-run lists live there instead, so that every
- * node answers the same runs; the data-file cache stays in dir (a node's own). */
+ * state: PostgreSQL), the run ids, reports, per-run lists and the data-file cache live there
+ * instead, so that every node answers the same runs and any node's run is incremental over
+ * another's; dir then keeps nothing a run needs. */
 rstate *rstate_open(const char *dir, br_index *shared, br_err *err);
 void rstate_close(rstate *st);
 
@@ -104,5 +108,36 @@ void rstate_lists_free(rstate_lists *l); /* NULL allowed; does not flush */
 int rstate_list_page(rstate *st, uint64_t run, int action, const uint8_t *after, size_t limit,
                      int (*fn)(void *ud, const uint8_t d[BR_SHA256_LEN], uint64_t t_ms), void *ud,
                      int *more, br_err *err);
+
+/* The in-progress run as others see it (shared: key 'C' of the index's shared state, one run
+ * cluster-wide at a time), so that every node answers the run another node is executing. */
+int rstate_put_current(rstate *st, const char *json, br_err *err);
+/* The published running report (malloc'd) or NULL with *found = 0 (always on a local state). */
+char *rstate_get_current(rstate *st, int *found, br_err *err);
+
+/* --- the run in progress: phase and progress (progress.c) ----------------------------------
+ * The running run's report ({id, state "running", dry_run, force, full, started_at, phase,
+ * progress}), kept for this node's readers and, on a shared index, published (at each phase and
+ * at most once a second in between) for the other nodes'. The run's thread writes; any thread
+ * reads. */
+typedef struct rprogress rprogress;
+/* index: the shared index whose reconcile lease says whether a published run is alive, or NULL. */
+rprogress *rprogress_new(rstate *st, br_index *index, br_err *err);
+void rprogress_free(rprogress *p);
+void rprogress_start(rprogress *p, uint64_t id, int dry_run, int force, int full,
+                     const char *started_at, const char *phase);
+/* The run is in phase ("mark", "sweep", "apply"), with data files seen, read and taken from the
+ * cache so far and index records swept; published when the phase changed or a second passed. */
+void rprogress_update(rprogress *p, const char *phase, uint64_t files, uint64_t read,
+                      uint64_t cached, uint64_t swept);
+/* Publishes what the last update said now (the end of a phase). */
+void rprogress_publish(rprogress *p);
+void rprogress_end(rprogress *p);
+/* The running report of run id (0: whichever runs): this node's own run, else the one another
+ * node published while it still holds the reconcile lease. A new json_t, or NULL. */
+json_t *rprogress_get(rprogress *p, uint64_t id);
+/* The id of the run that holds the reconcile lease, as published (its report may be stored
+ * already: the lease is given back after it), or 0 when none is known. */
+uint64_t rprogress_holder(rprogress *p);
 
 #endif

@@ -30,6 +30,7 @@ struct br_reconciler {
   br_reconcile_env env;
   rstate *state;
   br_leases *leases;
+  rprogress *progress; /* the run in progress, for readers here and on other nodes */
   char state_dir[4096];
 };
 
@@ -47,10 +48,12 @@ br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err) {
     free(r);
     return NULL;
   }
+  r->progress = rprogress_new(r->state, br_index_has_shared(env->index) ? env->index : NULL, err);
   char leases_dir[4200];
   snprintf(leases_dir, sizeof leases_dir, "%s/leases", r->state_dir);
-  r->leases = br_leases_open(leases_dir, err);
+  r->leases = r->progress ? br_leases_open(leases_dir, err) : NULL;
   if (!r->leases) {
+    rprogress_free(r->progress);
     rstate_close(r->state);
     free(r);
     return NULL;
@@ -67,8 +70,21 @@ br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err) {
 void br_reconciler_close(br_reconciler *r) {
   if (!r) return;
   br_leases_close(r->leases);
+  rprogress_free(r->progress);
   rstate_close(r->state);
   free(r);
+}
+
+void br_reconciler_announce(br_reconciler *r, uint64_t id, const br_reconcile_options *opt) {
+  char ts[64];
+  br_format_time_ms(br_now_ms(), ts, sizeof ts);
+  rprogress_start(r->progress, id, opt->dry_run, opt->force, opt->full, ts, "starting");
+}
+
+uint64_t br_reconciler_lease_run(br_reconciler *r) { return rprogress_holder(r->progress); }
+
+json_t *br_reconciler_running(br_reconciler *r, uint64_t id) {
+  return rprogress_get(r->progress, id);
 }
 
 br_leases *br_reconciler_leases(br_reconciler *r) { return r->leases; }
@@ -88,7 +104,8 @@ struct mark {
   uint8_t *kept;       /* ids of every live data file seen (for pruning the cache) */
   size_t nkept, kept_cap;
   uint64_t files, read, cached;
-  br_iceberg_stats fstats; /* values, nulls, invalid of the files read */
+  uint64_t all_files, all_read, all_cached; /* over every table, for the progress */
+  br_iceberg_stats fstats;                  /* values, nulls, invalid of the files read */
   br_err err;
   int hash_failed;
 };
@@ -102,6 +119,7 @@ static int add_ref(void *ud, const uint8_t d[D]) {
 
 static int on_data_file(void *ud, const br_iceberg_data_file *f) {
   struct mark *m = ud;
+  rprogress_update(m->r->progress, "mark", m->all_files, m->all_read, m->all_cached, 0);
   uint8_t id[D];
   rstate_file_id(f->path, f->file_size, f->record_count, m->tcfg->column, (int)m->tcfg->form, id);
   if (m->nkept == m->kept_cap) {
@@ -113,12 +131,14 @@ static int on_data_file(void *ud, const br_iceberg_data_file *f) {
   }
   memcpy(m->kept + m->nkept++ * D, id, D);
   m->files++;
+  m->all_files++;
   if (!m->opt->full) {
     m->entry = NULL;
     int rc = rstate_cached(m->r->state, id, add_ref, m, &m->err);
     if (rc < 0) return -1;
     if (rc == 1) {
       m->cached++;
+      m->all_cached++;
       return 0;
     }
   }
@@ -138,6 +158,7 @@ static int on_data_file(void *ud, const br_iceberg_data_file *f) {
   int rc = rstate_entry_commit(m->entry, &m->err);
   m->entry = NULL;
   m->read++;
+  m->all_read++;
   return rc < 0 ? -1 : 0;
 }
 
@@ -249,6 +270,7 @@ struct sweep {
   uint64_t live, marked, missing, n[3], bytes_delete;
   uint64_t held_referenced, pending, protect;
   json_t *held_list;
+  uint64_t swept, files, read, cached; /* records seen; the mark's data files (progress) */
   rstate_lists *lists; /* the run's blob lists (held and pending are listed here); NULL:
                         * [reconcile] lists = false */
   FILE *out;
@@ -278,6 +300,8 @@ static int refs_seek(struct sweep *s, const uint8_t d[D]) {
 
 static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
   struct sweep *s = ud;
+  if ((++s->swept & 4095) == 0)
+    rprogress_update(s->r->progress, "sweep", s->files, s->read, s->cached, s->swept);
   if (refs_seek(s, digest) < 0) return s->failed = 1;
   int marked = s->have_next && memcmp(s->next, digest, D) == 0;
   if (marked) s->have_next = 0;
@@ -789,6 +813,7 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   json_object_set_new(rep, "started_at", json_string(ts));
   br_err err = {{0}};
   int failed = 0;
+  rprogress_start(r->progress, id, opt->dry_run, opt->force, opt->full, ts, "mark");
 
   if (!opt->dry_run && br_leases_prune(r->leases, started, &err) < 0)
     add_error(errors, "%s", err.msg); /* expired leases hold nothing anyway */
@@ -819,10 +844,19 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
     }
   }
   uint64_t mark_end = br_now_ms();
+  rprogress_update(r->progress, "mark", m.all_files, m.all_read, m.all_cached, 0);
+  rprogress_publish(r->progress); /* the mark's totals, whatever the last publication was */
   test_pause();
 
   /* sweep: the decisions, against the index in key order */
-  struct sweep s = {.r = r, .sorter = m.sorter, .now = started, .held_list = held};
+  struct sweep s = {.r = r,
+                    .sorter = m.sorter,
+                    .now = started,
+                    .held_list = held,
+                    .files = m.all_files,
+                    .read = m.all_read,
+                    .cached = m.all_cached};
+  rprogress_update(r->progress, "sweep", s.files, s.read, s.cached, 0);
   int list_failed = 0;
   int want_lists = cfg->reconcile_lists;
   s.lists = failed || !want_lists ? NULL : rstate_lists_begin(r->state, id, &err);
@@ -863,6 +897,7 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
     }
   }
   uint64_t sweep_end = br_now_ms();
+  rprogress_update(r->progress, "apply", s.files, s.read, s.cached, s.swept);
 
   /* guards, then the changes */
   const char *refused = NULL;
@@ -957,6 +992,7 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
     br_error("reconcile: run %" PRIu64 ": the report could not be stored: %s", id,
              text ? err.msg : "out of memory");
   free(text);
+  rprogress_end(r->progress); /* after the report: a reader finds one or the other */
   *report_out = rep;
   return failed ? -1 : 0;
 }

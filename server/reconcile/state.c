@@ -3,7 +3,9 @@
  * hashes, by file identity, in chunks of at most 65,536), the run reports (JSON by run id) and
  * each run's blob lists (raw digests by run and action, in chunks of at most 16,384). On a shared
  * index (PostgreSQL) the run ids, reports and lists are in the index's shared state instead
- * (keys 'R' + run id, 'L' + list key), so that every node answers the same runs. */
+ * (keys 'R' + run id, 'L' + list key), so that every node answers the same runs, and the
+ * data-file cache is the index's too (br_index_fcache_*), so that any node's run is incremental
+ * over any other's. */
 #include <errno.h>
 #include <lmdb.h>
 #include <openssl/evp.h>
@@ -26,6 +28,7 @@
  * the next run reads again. */
 struct rstate {
   br_index *shared; /* non-NULL: runs and lists in the index's shared state */
+  br_index *fcache; /* non-NULL: the data-file cache in the index (shared), not in env */
   MDB_env *env;
   MDB_dbi files, runs, lists;
   MDB_txn *batch;
@@ -71,6 +74,7 @@ rstate *rstate_open(const char *dir, br_index *shared, br_err *err) {
     return NULL;
   }
   st->shared = shared;
+  if (shared && br_index_has_fcache(shared)) st->fcache = shared;
   return st;
 }
 
@@ -110,8 +114,44 @@ static void chunk_key(const uint8_t id[D], uint32_t chunk, uint8_t key[D + 4]) {
   key[D + 2] = (uint8_t)(chunk >> 8), key[D + 3] = (uint8_t)chunk;
 }
 
+/* The shared cache's entry of id: fn (non-zero stops) over the hashes of each chunk, chunk 0
+ * first. 1 cached (fn called), 0 not, -1 + err (a chunk missing behind its header too). */
+static int shared_entry_each(rstate *st, const uint8_t id[D],
+                             int (*fn)(void *ud, const uint8_t *hashes, size_t n), void *ud,
+                             br_err *err) {
+  uint32_t chunks = 0, ignored;
+  for (uint32_t c = 0; c == 0 || c < chunks; c++) {
+    void *val = NULL;
+    size_t len = 0;
+    int rc = br_index_fcache_get(st->fcache, id, c, &val, &len, c ? &ignored : &chunks, err);
+    if (rc < 0) return -1;
+    if (rc == 1) return c ? br_fail(err, "reconcile state: damaged cache entry (chunk %u)", c) : 0;
+    int stop =
+        len % D ? br_fail(err, "reconcile state: damaged cache chunk") : fn(ud, val, len / D);
+    free(val);
+    if (stop) return -1;
+  }
+  return 1;
+}
+
+struct each_hash {
+  int (*fn)(void *ud, const uint8_t d[D]);
+  void *ud;
+};
+
+static int each_hash(void *arg, const uint8_t *hashes, size_t n) {
+  struct each_hash *e = arg;
+  for (size_t i = 0; i < n; i++)
+    if (e->fn(e->ud, hashes + i * D) != 0) return 1;
+  return 0;
+}
+
 int rstate_cached(rstate *st, const uint8_t id[D], int (*fn)(void *ud, const uint8_t d[D]),
                   void *ud, br_err *err) {
+  if (st->fcache) {
+    struct each_hash e = {fn, ud};
+    return shared_entry_each(st, id, each_hash, &e, err);
+  }
   MDB_txn *txn = st->batch; /* sees the entries not committed yet */
   int rc = txn ? 0 : mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
   if (rc) return fail(err, "read", rc);
@@ -148,7 +188,24 @@ int rstate_cached(rstate *st, const uint8_t id[D], int (*fn)(void *ud, const uin
   return out;
 }
 
+struct holds {
+  const uint8_t *want;
+  int found;
+};
+
+static int holds_chunk(void *arg, const uint8_t *hashes, size_t n) {
+  struct holds *h = arg;
+  for (size_t i = 0; i < n && !h->found; i++)
+    if (!memcmp(hashes + i * D, h->want, D)) h->found = 1;
+  return 0; /* whole entry read: a missing chunk is an error, not "without it" */
+}
+
 int rstate_cache_holds(rstate *st, const uint8_t id[D], const uint8_t want[D], br_err *err) {
+  if (st->fcache) {
+    struct holds h = {want, 0};
+    int rc = shared_entry_each(st, id, holds_chunk, &h, err);
+    return rc < 0 ? -1 : rc == 0 ? 2 : h.found;
+  }
   MDB_txn *txn; /* a read transaction of its own: never the run's batch (another thread's) */
   int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
   if (rc) return fail(err, "read", rc);
@@ -208,6 +265,7 @@ rstate_entry *rstate_entry_begin(rstate *st, const uint8_t id[D], br_err *err) {
   }
   e->st = st;
   memcpy(e->id, id, D);
+  if (st->fcache) return e; /* chunks written as they fill, chunk 0 (the header) at the commit */
   int rc = st->batch ? 0 : mdb_txn_begin(st->env, NULL, 0, &st->batch);
   if (!rc) rc = mdb_txn_begin(st->env, st->batch, 0, &e->txn);
   if (rc) {
@@ -221,6 +279,11 @@ rstate_entry *rstate_entry_begin(rstate *st, const uint8_t id[D], br_err *err) {
 
 static int flush_chunk(rstate_entry *e, br_err *err) {
   if (!e->n) return 0;
+  if (e->st->fcache) { /* chunks 1.. as they fill: invisible until chunk 0 is written */
+    int rc = br_index_fcache_put(e->st->fcache, e->id, ++e->chunks, 0, e->buf, e->n * D, err);
+    e->n = 0;
+    return rc < 0 ? -1 : 0;
+  }
   uint8_t key[D + 4];
   chunk_key(e->id, ++e->chunks, key);
   if (!e->txn) { /* a large entry: chunk by chunk, each durable (see below) */
@@ -252,6 +315,12 @@ int rstate_entry_add(rstate_entry *e, const uint8_t d[D], br_err *err) {
 }
 
 int rstate_entry_commit(rstate_entry *e, br_err *err) {
+  if (e->st->fcache) { /* the rest as chunk 0, which makes the entry visible */
+    int rc = br_index_fcache_put(e->st->fcache, e->id, 0, e->chunks + 1, e->buf, e->n * D, err);
+    free(e->buf);
+    free(e);
+    return rc < 0 ? -1 : 0;
+  }
   int rc = flush_chunk(e, err);
   if (rc == 0) {
     uint8_t key[D + 4], h[4] = {(uint8_t)(e->chunks >> 24), (uint8_t)(e->chunks >> 16),
@@ -299,6 +368,7 @@ static int id_kept(const uint8_t *keep, size_t n, const uint8_t *id) {
 }
 
 int rstate_prune(rstate *st, const uint8_t *keep, size_t n, br_err *err) {
+  if (st->fcache) return br_index_fcache_prune(st->fcache, keep, n, err) < 0 ? -1 : 0;
   if (batch_flush(st, err) < 0) return -1;
   MDB_txn *txn;
   int rc = mdb_txn_begin(st->env, NULL, 0, &txn);
@@ -780,4 +850,23 @@ int rstate_list_page(rstate *st, uint64_t run, int action, const uint8_t *after,
   mdb_cursor_close(cur);
   mdb_txn_abort(txn);
   return out;
+}
+
+/* ---- the run in progress, for the other nodes ------------------------------------------------ */
+
+int rstate_put_current(rstate *st, const char *json, br_err *err) {
+  if (!st->shared) return 0;
+  uint8_t k = 'C';
+  return br_index_shared_put(st->shared, &k, 1, json, strlen(json), err) < 0 ? -1 : 0;
+}
+
+char *rstate_get_current(rstate *st, int *found, br_err *err) {
+  *found = 0;
+  if (!st->shared) return NULL;
+  uint8_t k = 'C';
+  char *out = NULL;
+  size_t len = 0;
+  int rc = br_index_shared_get(st->shared, &k, 1, &out, &len, err);
+  *found = rc == 0;
+  return rc == 0 ? out : NULL;
 }

@@ -10,7 +10,7 @@ import requests
 
 from conftest import Server
 from pgutil import wait_until
-from util_http import assert_error
+from util_http import assert_error, fsck
 
 TIMEOUT = 30
 
@@ -215,3 +215,43 @@ def test_reconcile_runs_once_cluster_wide(two_nodes, postgres):
         holder.wait(10)
     r = requests.post(f"{b.url}/v1/reconcile", timeout=TIMEOUT)
     assert r.status_code == 202, r.text
+
+
+def test_fsck_recounts_the_counters_from_the_rows_and_repairs_them(two_nodes, postgres,
+                                                                   tmp_path):
+    """`blobrefd --fsck` on a PostgreSQL index (nodes running) recounts the per-state counters
+    from the rows in one transaction and compares them with blobref_counts: a wrong row is
+    reported (exit 1) and replaced; the next fsck finds them right (exit 0)."""
+    a, b, dsn = two_nodes
+    blobs = [os.urandom(500 + i) for i in range(5)]
+    for i, d in enumerate(blobs):
+        assert requests.put(f"{(a, b)[i % 2].url}/v1/blobs/{sha(d)}", data=d,
+                            timeout=TIMEOUT).status_code == 201
+    r = requests.delete(f"{b.url}/v1/blobs/{sha(blobs[0])}", timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    live = sum(len(d) for d in blobs[1:])
+
+    def sums(state):
+        [[n, size]] = rows(postgres, dsn, "SELECT coalesce(sum(blobs), 0), coalesce(sum(bytes), 0)"
+                                          f" FROM blobref_counts WHERE state = {state}"
+                                          " AND store = ''")
+        return int(n), int(size)
+
+    assert sums(0) == (4, live)
+    # a node's row gone wrong: 7 live blobs too many
+    rows(postgres, dsn, "INSERT INTO blobref_counts VALUES (4242, '', 0, 7, 700)")
+    conf = a.data_dir / "blobref.conf"
+    rc, n, problems, out = fsck(tmp_path / "fsck1", config=conf)
+    assert (rc, n, problems) == (1, 5, 1), out
+    assert "index counters: live blobs: stored 11 (%d bytes), counted 4 (%d bytes)" % (
+        live + 700, live) in out, out
+    assert "repaired" in out, out
+    assert sums(0) == (4, live)
+    assert sums(2) == (1, len(blobs[0]))  # the admin's hold: state held
+    rc, n, problems, out = fsck(tmp_path / "fsck2", config=conf)
+    assert (rc, n, problems) == (0, 5, 0), out
+    assert "index counters" not in out, out
+    # the nodes go on counting on top of the repaired rows
+    d = os.urandom(900)
+    assert requests.put(f"{a.url}/v1/blobs/{sha(d)}", data=d, timeout=TIMEOUT).status_code == 201
+    assert sums(0) == (5, live + 900)
