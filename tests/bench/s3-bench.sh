@@ -13,6 +13,7 @@
 #        UPLOAD_CONNS=16 UPLOAD_FILES=200 OUT=build/bench/s3-results.md KEEP=1
 #        SCENARIOS="redirect get4k get1m get16m range upload"   a subset for a quicker run
 #        PROXY_CONNS=16   wrk's connections for the proxied 1 MiB and 16 MiB reads (both sides)
+#        PERF_OUT=FILE    `perf record -g` the proxying blobrefd through the timed rounds into FILE
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -273,6 +274,10 @@ upload_run() { # WHO ROUND
   log "upload $1: $(tail -1 "$RES/upload.$1" | cut -d' ' -f1) blobs/s"
 }
 
+if [ -n "${PERF_OUT:-}" ]; then
+  perf record -g -F 499 -p "${PIDS[proxy]}" -o "$PERF_OUT" >"$T/perf.log" 2>&1 &
+  PIDS[perf]=$!
+fi
 for ROUND in $(seq 0 $((ROUNDS - 1))); do
   log "round $((ROUND + 1))/$ROUNDS"
   order=(a b c)
@@ -298,6 +303,11 @@ for ROUND in $(seq 0 $((ROUNDS - 1))); do
   done
 done
 
+if [ -n "${PIDS[perf]:-}" ]; then
+  kill -INT "${PIDS[perf]}" && wait "${PIDS[perf]}" 2>/dev/null || true
+  unset 'PIDS[perf]'
+  log "perf profile of the proxying blobrefd: $PERF_OUT"
+fi
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 col() { awk -v c="$3" '{ print $c }' "$RES/$1.$2" | median; }
 ratio() { paste -d' ' "$RES/$1.$2" "$RES/$1.$3" | awk '{ print $1 / $3 }' | median; }
