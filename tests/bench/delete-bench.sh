@@ -72,7 +72,7 @@ access_key = TESTAK
 secret_key = TESTSK
 CONF
   log "$m: seeding $BLOBS blobs ($SEED_THREADS writers), then finishing their deletes (timed)"
-  "$T/delete_bench" "$T/$m/blobref.conf" "$m" "$BLOBS" "$SEED_THREADS" 2>"$T/$m.log" | tee -a "$LINES" >&2 \
+  RGW_PIDS=$(awk '{ print $2 }' "$T/rgw/pids") "$T/delete_bench" "$T/$m/blobref.conf" "$m" "$BLOBS" "$SEED_THREADS" 2>"$T/$m.log" | tee -a "$LINES" >&2 \
     || { tail -20 "$T/$m.log" >&2; die "delete_bench $m failed"; }
 done
 mkdir -p "$(dirname "$OUT")"
@@ -83,12 +83,14 @@ rows = {r["mode"]: r for r in (json.loads(l) for l in open(sys.argv[1]) if l.str
 load = open("/proc/loadavg").read().split()[:3]
 out = [f"Delete benchmark, {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, "
        f"load average {' '.join(load)} at the end", "",
-       "| mode | blobs | wall | per blob | blobs/s | index commits |", "|---|---:|---:|---:|---:|---:|"]
+       "| mode | blobs | wall | per blob | blobs/s | index commits | radosgw+Ceph CPU per blob | bench CPU per blob |",
+       "|---|---:|---:|---:|---:|---:|---:|---:|"]
 for m in ("single", "batch", "store1k", "store"):
     r = rows.get(m)
     if r:
         out.append(f"| {m} | {r['blobs']} | {r['seconds']:.2f} s | {r['ms_per_blob']:.3f} ms "
-                   f"| {r['blobs_per_s']:.0f} | {r['index_commits']} |")
+                   f"| {r['blobs_per_s']:.0f} | {r['index_commits']} | {r['rgw_cpu_ms_per_blob']:.3f} ms "
+                f"| {r['own_cpu_ms_per_blob']:.3f} ms |")
 if "single" in rows and "batch" in rows:
     out += ["", f"batch is {rows['single']['seconds'] / rows['batch']['seconds']:.1f}x faster "
             "than one by one (goal: 10x)"]

@@ -303,6 +303,18 @@ for ROUND in $(seq 0 $((ROUNDS - 1))); do
   done
 done
 
+# time to first byte, unloaded: one curl at a time, TTFB_N requests a side, median
+TTFB_N=${TTFB_N:-30}
+for sc in get1m get16m; do
+  wants $sc || continue
+  for who in blobref direct; do
+    if [ "$who" = blobref ]; then base=http://127.0.0.1:$P_PROXY; else base=$RGW; fi
+    for i in $(seq "$TTFB_N"); do
+      path=$(sed -n "$(( (i - 1) % $(wc -l <"$T/$sc.$who") + 1 ))p" "$T/$sc.$who" | cut -d' ' -f2)
+      curl -s -o /dev/null -w '%{time_starttransfer}\n' "$base$path"
+    done >"$RES/ttfb.$sc.$who"
+  done
+done
 if [ -n "${PIDS[perf]:-}" ]; then
   kill -INT "${PIDS[perf]}" && wait "${PIDS[perf]}" 2>/dev/null || true
   unset 'PIDS[perf]'
@@ -342,6 +354,15 @@ mkdir -p "$(dirname "$OUT")"
       printf '| %s | %s | %s | %s |\n' "$sc" "$who" "$(awk '{ print $1 }' "$RES/$sc.$who.cpu" | median)" \
         "$(awk '{ print $2 }' "$RES/$sc.$who.cpu" | median)"
     done
+  done
+  echo
+  echo "| time to first byte (curl, one at a time, median of $TTFB_N) | blobref ms | radosgw direct ms | difference ms |"
+  echo "|---|---:|---:|---:|"
+  for sc in get1m get16m; do
+    wants $sc || continue
+    b=$(awk '{ print $1 * 1000 }' "$RES/ttfb.$sc.blobref" | median)
+    d=$(awk '{ print $1 * 1000 }' "$RES/ttfb.$sc.direct" | median)
+    printf '| %s | %.2f | %.2f | %+.2f |\n' "$sc" "$b" "$d" "$(awk -v b="$b" -v d="$d" 'BEGIN { print b - d }')"
   done
   echo
   if wants upload; then
