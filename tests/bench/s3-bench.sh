@@ -303,16 +303,19 @@ for ROUND in $(seq 0 $((ROUNDS - 1))); do
   done
 done
 
-# time to first byte, unloaded: one curl at a time, TTFB_N requests a side, median
+# time to first byte, unloaded: one curl at a time, TTFB_N requests a side, the sides taking
+# turns request by request (the machine's other load moves both alike), median
 TTFB_N=${TTFB_N:-30}
 for sc in get1m get16m; do
   wants $sc || continue
-  for who in blobref direct; do
-    if [ "$who" = blobref ]; then base=http://127.0.0.1:$P_PROXY; else base=$RGW; fi
-    for i in $(seq "$TTFB_N"); do
+  : >"$RES/ttfb.$sc.blobref"
+  : >"$RES/ttfb.$sc.direct"
+  for i in $(seq "$TTFB_N"); do
+    for who in blobref direct; do
+      if [ "$who" = blobref ]; then base=http://127.0.0.1:$P_PROXY; else base=$RGW; fi
       path=$(sed -n "$(( (i - 1) % $(wc -l <"$T/$sc.$who") + 1 ))p" "$T/$sc.$who" | cut -d' ' -f2)
-      curl -s -o /dev/null -w '%{time_starttransfer}\n' "$base$path"
-    done >"$RES/ttfb.$sc.$who"
+      curl -s -o /dev/null -w '%{time_starttransfer}\n' "$base$path" >>"$RES/ttfb.$sc.$who"
+    done
   done
 done
 if [ -n "${PIDS[perf]:-}" ]; then
