@@ -55,6 +55,7 @@ struct proxy_job {
   int failed, done;
   char error[256];
   int waiting_handler, waiting_reader; /* the connection is suspended for us */
+  int body_started;                    /* body bytes went to libmicrohttpd already */
   int paused, blocked;                 /* origin paused / literal waiting for room */
   int unpause_queued;
   CURL *easy;
@@ -135,13 +136,17 @@ static void queue_op(struct proxy_engine *e, struct proxy_job *j, int op) {
   curl_multi_wakeup(e->multi);
 }
 
-/* Wakes whoever waits on the job (job lock held). */
+/* Wakes whoever waits on the job (job lock held). The reader is woken for the first bytes at
+ * once (libmicrohttpd sends the answer's headers with the first body block: waiting for
+ * READ_WAKE bytes there would delay the first byte by that much of the origin's transfer), then
+ * only once READ_WAKE bytes wait or the stream is complete. */
 static void wake(struct proxy_job *j) {
   if (j->waiting_handler && (j->failed || (j->collect ? j->done : j->headers_seen))) {
     j->waiting_handler = 0;
     MHD_resume_connection(j->conn);
   } else if (j->waiting_reader &&
-             (j->len >= READ_WAKE || (j->len && j->produced == j->total) || j->failed || j->done)) {
+             (j->len >= READ_WAKE || (j->len && (!j->body_started || j->produced == j->total)) ||
+              j->failed || j->done)) {
     j->waiting_reader = 0;
     MHD_resume_connection(j->conn);
   }
@@ -705,6 +710,7 @@ static ssize_t proxy_read(void *cls, uint64_t pos, char *buf, size_t max) {
     memcpy(buf + first, j->ring, n - first);
     j->head = (j->head + n) % j->cap;
     j->len -= n;
+    j->body_started = 1;
     if ((j->paused || j->blocked) && !j->unpause_queued && ring_room(j) >= j->cap / 2) {
       j->unpause_queued = 1;
       queue_op(j->engine, j, OP_RESUME);

@@ -33,6 +33,11 @@
 #define COPY_PART (1ull << 30)       /* UploadPartCopy size for copies over 5 GiB */
 #define SINGLE_COPY_MAX (5ull << 30) /* S3's limit for one CopyObject */
 #define PRESIGN_CACHE 8192           /* presigned redirect URLs kept per store */
+#define DELETE_BATCH_KEYS 1000       /* keys per DeleteObjects (S3's limit) */
+/* DeleteObjects requests of one br_store_delete_many in flight at once: radosgw and S3 delete a
+ * batch's keys one after another, so a few requests together use the endpoint's parallelism;
+ * each holds one batch's XML (about 100 KiB), so memory stays bounded. */
+#define DELETE_INFLIGHT 4
 /* An upload is backlogged (its client should pause) when it holds this many unsent bytes: two
  * parts, less room for the one more chunk the network may hand over before the pause. */
 #define BACKLOG_SLACK (1u << 20)
@@ -831,76 +836,120 @@ static int s3_remove(br_store *st, const char *key, br_err *err) {
   return delete_object(s3_of(st), key, err);
 }
 
-/* DeleteObjects, 1,000 keys per request (S3's limit), Quiet mode: only failures are listed. A
- * batch whose request fails or whose answer is not a well-formed DeleteResult counts as failed
- * whole (its keys may still be there); the other batches are still sent. */
+/* DeleteObjects of keys[0..count), 1,000 at most (S3's limit), Quiet mode: only failures are
+ * listed. A request that fails or whose answer is not a well-formed DeleteResult counts as failed
+ * whole (every failed[i] set: its keys may still be there). Returns 0 when every key went, -1
+ * with err set otherwise. */
+static int delete_batch(struct s3_store *s3, const char *const *bk, size_t count, uint8_t *bf,
+                        br_err *e) {
+  memset(bf, 0, count);
+  size_t cap = 128;
+  for (size_t i = 0; i < count; i++) cap += strlen(bk[i]) * 5 + 32;
+  char *xml = malloc(cap);
+  if (!xml) {
+    memset(bf, 1, count);
+    return br_fail(e, "out of memory");
+  }
+  size_t used = (size_t)snprintf(xml, cap, "<Delete><Quiet>true</Quiet>");
+  for (size_t i = 0; i < count; i++) {
+    used += (size_t)snprintf(xml + used, cap - used, "<Object><Key>");
+    for (const char *k = bk[i]; *k; k++) {
+      const char *ent = *k == '&' ? "&amp;" : *k == '<' ? "&lt;" : *k == '>' ? "&gt;" : NULL;
+      if (ent)
+        used += (size_t)snprintf(xml + used, cap - used, "%s", ent);
+      else
+        xml[used++] = *k;
+    }
+    used += (size_t)snprintf(xml + used, cap - used, "</Key></Object>");
+  }
+  used += (size_t)snprintf(xml + used, cap - used, "</Delete>");
+  uint8_t d[32], md5[16];
+  char hex[65], md5b64[32];
+  EVP_Digest(xml, used, d, NULL, EVP_sha256(), NULL);
+  EVP_Digest(xml, used, md5, NULL, EVP_md5(), NULL);
+  br_hex_encode(d, hex);
+  EVP_EncodeBlock((unsigned char *)md5b64, md5, 16);
+  s3_request rq = {.method = "POST",
+                   .key = NULL,
+                   .query = "delete=",
+                   .payload_hash = hex,
+                   .body = {.mem = xml, .len = used}};
+  rq.headers[rq.nheaders++] = (br_sigv4_header){"content-md5", md5b64};
+  rq.headers[rq.nheaders++] = (br_sigv4_header){"content-type", "application/xml"};
+  s3_response rs;
+  int rc = s3_perform(&s3->t, &rq, &rs, e);
+  free(xml);
+  if (rc == 0 && rs.status != 200) rc = s3_fail_status(e, &s3->t, "DeleteObjects", &rs);
+  if (rc == 0) {
+    char why[1024];
+    int nf = s3_parse_delete_result(rs.body ? rs.body : "", rs.body ? rs.body_len : 0, bk, count,
+                                    bf, why, sizeof why);
+    if (nf < 0) {
+      rc = br_fail(e, "store %s: DeleteObjects: answer refused: %s", s3->t.name, why);
+      br_warn("%s", e->msg);
+    } else if (nf > 0) {
+      br_fail(e, "store %s: DeleteObjects: %d key(s) failed, first %s", s3->t.name, nf, why);
+      s3_response_free(&rs);
+      return -1;
+    }
+  }
+  if (rc < 0) memset(bf, 1, count);
+  s3_response_free(&rs);
+  return rc;
+}
+
+/* One br_store_delete_many call's batches, taken in order by up to DELETE_INFLIGHT threads. */
+struct delete_run {
+  struct s3_store *s3;
+  const char *const *keys;
+  uint8_t *failed;
+  size_t n, nbatches;
+  atomic_size_t next;
+  pthread_mutex_t lock;
+  size_t first_failed; /* the lowest failed batch (nbatches: none yet), and its error */
+  br_err first_err;
+};
+
+/* Sends batches until none is left; remembers the error of the lowest batch that failed. */
+static void *delete_worker(void *arg) {
+  struct delete_run *dr = arg;
+  for (size_t b; (b = atomic_fetch_add(&dr->next, 1)) < dr->nbatches;) {
+    size_t base = b * DELETE_BATCH_KEYS;
+    size_t count = dr->n - base < DELETE_BATCH_KEYS ? dr->n - base : DELETE_BATCH_KEYS;
+    br_err e;
+    if (delete_batch(dr->s3, dr->keys + base, count, dr->failed + base, &e) < 0) {
+      pthread_mutex_lock(&dr->lock);
+      if (b < dr->first_failed) {
+        dr->first_failed = b;
+        dr->first_err = e;
+      }
+      pthread_mutex_unlock(&dr->lock);
+    }
+  }
+  return NULL;
+}
+
+/* DeleteObjects in batches of 1,000 keys, up to DELETE_INFLIGHT requests at a time (threads of
+ * this call, each with its own connection; one batch needs none). A failed batch does not stop
+ * the others; err names the failure of the lowest batch that had one. */
 static int s3_remove_many(br_store *st, const char *const *keys, size_t n, uint8_t *failed,
                           br_err *err) {
-  struct s3_store *s3 = s3_of(st);
-  int out = 0;
-  br_err one;
-  for (size_t base = 0; base < n; base += 1000) {
-    size_t count = n - base < 1000 ? n - base : 1000;
-    const char *const *bk = keys + base;
-    uint8_t *bf = failed + base;
-    memset(bf, 0, count);
-    size_t cap = 128;
-    for (size_t i = 0; i < count; i++) cap += strlen(bk[i]) * 5 + 32;
-    char *xml = malloc(cap);
-    if (!xml) {
-      memset(bf, 1, n - base);
-      return br_fail(out ? &one : err, "out of memory");
-    }
-    size_t used = (size_t)snprintf(xml, cap, "<Delete><Quiet>true</Quiet>");
-    for (size_t i = 0; i < count; i++) {
-      used += (size_t)snprintf(xml + used, cap - used, "<Object><Key>");
-      for (const char *k = bk[i]; *k; k++) {
-        const char *ent = *k == '&' ? "&amp;" : *k == '<' ? "&lt;" : *k == '>' ? "&gt;" : NULL;
-        if (ent)
-          used += (size_t)snprintf(xml + used, cap - used, "%s", ent);
-        else
-          xml[used++] = *k;
-      }
-      used += (size_t)snprintf(xml + used, cap - used, "</Key></Object>");
-    }
-    used += (size_t)snprintf(xml + used, cap - used, "</Delete>");
-    uint8_t d[32], md5[16];
-    char hex[65], md5b64[32];
-    EVP_Digest(xml, used, d, NULL, EVP_sha256(), NULL);
-    EVP_Digest(xml, used, md5, NULL, EVP_md5(), NULL);
-    br_hex_encode(d, hex);
-    EVP_EncodeBlock((unsigned char *)md5b64, md5, 16);
-    s3_request rq = {.method = "POST",
-                     .key = NULL,
-                     .query = "delete=",
-                     .payload_hash = hex,
-                     .body = {.mem = xml, .len = used}};
-    rq.headers[rq.nheaders++] = (br_sigv4_header){"content-md5", md5b64};
-    rq.headers[rq.nheaders++] = (br_sigv4_header){"content-type", "application/xml"};
-    s3_response rs;
-    br_err *e = out ? &one : err;
-    int rc = s3_perform(&s3->t, &rq, &rs, e);
-    free(xml);
-    if (rc == 0 && rs.status != 200) rc = s3_fail_status(e, &s3->t, "DeleteObjects", &rs);
-    if (rc == 0) {
-      char why[1024];
-      int nf = s3_parse_delete_result(rs.body ? rs.body : "", rs.body ? rs.body_len : 0, bk, count,
-                                      bf, why, sizeof why);
-      if (nf < 0) {
-        rc = br_fail(e, "store %s: DeleteObjects: answer refused: %s", s3->t.name, why);
-        br_warn("%s", e->msg);
-      } else if (nf > 0) {
-        br_fail(e, "store %s: DeleteObjects: %d key(s) failed, first %s", s3->t.name, nf, why);
-        out++;
-      }
-    }
-    if (rc < 0) {
-      memset(bf, 1, count);
-      out++;
-    }
-    s3_response_free(&rs);
-  }
-  return out ? -1 : 0;
+  struct delete_run dr = {.s3 = s3_of(st), .keys = keys, .failed = failed, .n = n};
+  dr.nbatches = (n + DELETE_BATCH_KEYS - 1) / DELETE_BATCH_KEYS;
+  dr.first_failed = dr.nbatches;
+  atomic_init(&dr.next, 0);
+  pthread_mutex_init(&dr.lock, NULL);
+  pthread_t th[DELETE_INFLIGHT - 1];
+  size_t nth = 0;
+  while (nth < DELETE_INFLIGHT - 1 && nth + 1 < dr.nbatches &&
+         pthread_create(&th[nth], NULL, delete_worker, &dr) == 0)
+    nth++;
+  delete_worker(&dr); /* this thread sends too */
+  for (size_t i = 0; i < nth; i++) pthread_join(th[i], NULL);
+  pthread_mutex_destroy(&dr.lock);
+  if (dr.first_failed == dr.nbatches) return 0;
+  if (err) *err = dr.first_err;
+  return -1;
 }
 
 /* ListObjectsV2, 1,000 keys a page, in key order. */

@@ -5,7 +5,8 @@
 # on blobs of its own in a bucket of its own. See tests/bench/delete_bench.c for the steps.
 #
 # usage: tests/bench/delete-bench.sh [LIB]   LIB: libblobref.a (default build/release/libblobref.a)
-# env:   BLOBS=100000  SEED_THREADS=32  QUICK=1 (BLOBS=5000)  MODES="single batch"
+# env:   BLOBS=100000  SEED_THREADS=32  QUICK=1 (BLOBS=5000)  MODES="single batch store1k store"
+#        (store1k, store: br_store_delete_many alone, 1,000 keys a call against all in one call)
 #        OUT=build/bench/deletes.md (raw lines in deletes.jsonl beside it)  KEEP=1
 set -euo pipefail
 
@@ -14,7 +15,7 @@ LIB=${1:-$ROOT/build/release/libblobref.a}
 [ "${QUICK:-0}" = 1 ] && BLOBS=${BLOBS:-5000}
 BLOBS=${BLOBS:-100000}
 SEED_THREADS=${SEED_THREADS:-32}
-MODES=${MODES:-single batch}
+MODES=${MODES:-single batch store1k store}
 OUT=${OUT:-$ROOT/build/bench/deletes.md}
 # make bench-deletes passes the Makefile's flags; run directly, ask make for the same ones (its
 # PKGS list is the one place the libraries are named: a copy here once lacked gnutls, pq, magic)
@@ -77,7 +78,7 @@ access_key = TESTAK
 secret_key = TESTSK
 CONF
   log "$m: seeding $BLOBS blobs ($SEED_THREADS writers), then finishing their deletes (timed)"
-  "$T/delete_bench" "$T/$m/blobref.conf" "$m" "$BLOBS" "$SEED_THREADS" 2>"$T/$m.log" | tee -a "$LINES" >&2 \
+  RGW_PIDS=$(awk '{ print $2 }' "$T/rgw/pids") "$T/delete_bench" "$T/$m/blobref.conf" "$m" "$BLOBS" "$SEED_THREADS" 2>"$T/$m.log" | tee -a "$LINES" >&2 \
     || { tail -20 "$T/$m.log" >&2; die "delete_bench $m failed"; }
 done
 mkdir -p "$(dirname "$OUT")"
@@ -88,15 +89,24 @@ rows = {r["mode"]: r for r in (json.loads(l) for l in open(sys.argv[1]) if l.str
 load = open("/proc/loadavg").read().split()[:3]
 out = [f"Delete benchmark, {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, "
        f"load average {' '.join(load)} at the end", "",
-       "| mode | blobs | wall | per blob | blobs/s | index commits |", "|---|---:|---:|---:|---:|---:|"]
-for m in ("single", "batch"):
+       "| mode | blobs | wall | per blob | blobs/s | index commits | radosgw+Ceph CPU per blob | bench CPU per blob |",
+       "|---|---:|---:|---:|---:|---:|---:|---:|"]
+for m in ("single", "batch", "store1k", "store"):
     r = rows.get(m)
     if r:
         out.append(f"| {m} | {r['blobs']} | {r['seconds']:.2f} s | {r['ms_per_blob']:.3f} ms "
-                   f"| {r['blobs_per_s']:.0f} | {r['index_commits']} |")
+                   f"| {r['blobs_per_s']:.0f} | {r['index_commits']} | {r['rgw_cpu_ms_per_blob']:.3f} ms "
+                f"| {r['own_cpu_ms_per_blob']:.3f} ms |")
 if "single" in rows and "batch" in rows:
     out += ["", f"batch is {rows['single']['seconds'] / rows['batch']['seconds']:.1f}x faster "
             "than one by one (goal: 10x)"]
+if "store1k" in rows and "store" in rows:
+    out += ["", f"br_store_delete_many with all keys in one call (up to 4 DeleteObjects in flight) is "
+            f"{rows['store1k']['seconds'] / rows['store']['seconds']:.1f}x faster than 1,000 keys a "
+            "call (one in flight)"]
+if "single" in rows and "store" in rows:
+    out += ["", f"the store layer alone, 4 in flight, is {rows['single']['seconds'] / rows['store']['seconds']:.1f}x "
+            "faster than reconcile one by one"]
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 PY

@@ -58,7 +58,7 @@ if [ "$DURATION" -gt 600 ] || [ "$ROUNDS" -gt 20 ]; then
 fi
 has() { [[ " $SERVERS " == *" $1 "* ]]; }
 wants() { [[ " $SCENARIOS " == *" $1 "* ]]; }
-for t in wrk nginx docker-registry cc curl sha256sum; do
+for t in wrk nginx cc curl sha256sum $(has registry && echo docker-registry); do
   command -v "$t" >/dev/null || { echo "run.sh: $t not found (make bench installs it)" >&2; exit 2; }
 done
 if has blobref && [ ! -x "$BIN/blobrefd" ]; then
@@ -662,7 +662,7 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 versions="blobrefd from $BIN (built $(date -u -r "$BIN/blobrefd" +%FT%TZ 2>/dev/null || echo '?');"
 versions+=" work tree at $TREE_REV when the run started)"
 versions+=", $(nginx -v 2>&1 | sed 's/^nginx version: //')"
-versions+=", docker-registry $(docker-registry --version 2>/dev/null | awk '{ print $NF }')"
+has registry && versions+=", docker-registry $(docker-registry --version 2>/dev/null | awk '{ print $NF }')"
 versions+=", $( (wrk -v 2>&1 || true) | awk 'NR == 1 { print "wrk", $2 }')" # wrk -v exits 1
 mkdir -p "$(dirname "$OUT")"
 {

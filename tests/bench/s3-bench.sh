@@ -13,6 +13,7 @@
 #        UPLOAD_CONNS=16 UPLOAD_FILES=200 OUT=build/bench/s3-results.md KEEP=1
 #        SCENARIOS="redirect get4k get1m get16m range upload"   a subset for a quicker run
 #        PROXY_CONNS=16   wrk's connections for the proxied 1 MiB and 16 MiB reads (both sides)
+#        PERF_OUT=FILE    `perf record -g` the proxying blobrefd through the timed rounds into FILE
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -273,6 +274,10 @@ upload_run() { # WHO ROUND
   log "upload $1: $(tail -1 "$RES/upload.$1" | cut -d' ' -f1) blobs/s"
 }
 
+if [ -n "${PERF_OUT:-}" ]; then
+  perf record -g -F 499 -p "${PIDS[proxy]}" -o "$PERF_OUT" >"$T/perf.log" 2>&1 &
+  PIDS[perf]=$!
+fi
 for ROUND in $(seq 0 $((ROUNDS - 1))); do
   log "round $((ROUND + 1))/$ROUNDS"
   order=(a b c)
@@ -298,6 +303,26 @@ for ROUND in $(seq 0 $((ROUNDS - 1))); do
   done
 done
 
+# time to first byte, unloaded: one curl at a time, TTFB_N requests a side, the sides taking
+# turns request by request (the machine's other load moves both alike), median
+TTFB_N=${TTFB_N:-30}
+for sc in get1m get16m; do
+  wants $sc || continue
+  : >"$RES/ttfb.$sc.blobref"
+  : >"$RES/ttfb.$sc.direct"
+  for i in $(seq "$TTFB_N"); do
+    for who in blobref direct; do
+      if [ "$who" = blobref ]; then base=http://127.0.0.1:$P_PROXY; else base=$RGW; fi
+      path=$(sed -n "$(( (i - 1) % $(wc -l <"$T/$sc.$who") + 1 ))p" "$T/$sc.$who" | cut -d' ' -f2)
+      curl -s -o /dev/null -w '%{time_starttransfer}\n' "$base$path" >>"$RES/ttfb.$sc.$who"
+    done
+  done
+done
+if [ -n "${PIDS[perf]:-}" ]; then
+  kill -INT "${PIDS[perf]}" && wait "${PIDS[perf]}" 2>/dev/null || true
+  unset 'PIDS[perf]'
+  log "perf profile of the proxying blobrefd: $PERF_OUT"
+fi
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 col() { awk -v c="$3" '{ print $c }' "$RES/$1.$2" | median; }
 ratio() { paste -d' ' "$RES/$1.$2" "$RES/$1.$3" | awk '{ print $1 / $3 }' | median; }
@@ -332,6 +357,15 @@ mkdir -p "$(dirname "$OUT")"
       printf '| %s | %s | %s | %s |\n' "$sc" "$who" "$(awk '{ print $1 }' "$RES/$sc.$who.cpu" | median)" \
         "$(awk '{ print $2 }' "$RES/$sc.$who.cpu" | median)"
     done
+  done
+  echo
+  echo "| time to first byte (curl, one at a time, median of $TTFB_N) | blobref ms | radosgw direct ms | difference ms |"
+  echo "|---|---:|---:|---:|"
+  for sc in get1m get16m; do
+    wants $sc || continue
+    b=$(awk '{ print $1 * 1000 }' "$RES/ttfb.$sc.blobref" | median)
+    d=$(awk '{ print $1 * 1000 }' "$RES/ttfb.$sc.direct" | median)
+    printf '| %s | %.2f | %.2f | %+.2f |\n' "$sc" "$b" "$d" "$(awk -v b="$b" -v d="$d" 'BEGIN { print b - d }')"
   done
   echo
   if wants upload; then

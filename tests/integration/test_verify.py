@@ -33,7 +33,9 @@ class CorruptingOrigin:
     GETs: `fail_next` answer 500, `reset_next` close the connection unanswered, `cut_next` send
     the headers and half the body, then close. While `gate` (a threading.Event) is set to one
     that is clear, GETs wait for it (`waiting` of them now); `head_gate` = [path, skip, event]
-    holds the HEADs of /path after the first `skip` of them the same way."""
+    holds the HEADs of /path after the first `skip` of them the same way. `stall` = [n, event,
+    pause]: GET answers send their headers, pause (seconds, an origin slow to start its body), the
+    body's first n bytes, then wait for the event before the rest."""
 
     def __init__(self, root):
         self.root = str(root)
@@ -45,6 +47,7 @@ class CorruptingOrigin:
         self.gets = 0
         self.gate, self.waiting = None, 0
         self.head_gate = None
+        self.stall = None
         self.lock = threading.Lock()
         origin = self
 
@@ -126,6 +129,14 @@ class CorruptingOrigin:
                     self.close_connection = True
                 if not head:
                     try:
+                        stall = origin.stall
+                        if stall is not None:
+                            self.wfile.flush()
+                            time.sleep(stall[2])
+                            self.wfile.write(bytes(body[:stall[0]]))
+                            self.wfile.flush()
+                            stall[1].wait(60)
+                            body = body[stall[0]:]
                         self.wfile.write(bytes(body))
                     except (BrokenPipeError, ConnectionResetError):
                         self.close_connection = True
