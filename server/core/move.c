@@ -75,7 +75,8 @@ void br_server_move_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], st
     move_fail(mv, BR_MOVE_UNAVAILABLE, "%s: %s", mv->to.store, err.msg);
     goto out;
   }
-  /* The drain thread deletes draining copies under the blob's lock: `to` may be one (a move
+  /* The drain thread decides its deletes of draining copies under the blob's lock (and on LMDB
+   * deletes after releasing it, registered: br_server_delete_busy): `to` may be one (a move
    * back). Checked again under the lock, it cannot go away before it is the primary. */
   if (br_server_lock_blob(srv, digest, 1) < 0) {
     mv->index_rc = BR_INDEX_UNAVAILABLE;
@@ -85,6 +86,11 @@ void br_server_move_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], st
     goto out;
   }
   locked = 1;
+  if (br_server_off_stripe(srv) && br_server_delete_busy(srv, digest)) {
+    /* the drain or reconcile is deleting bytes of the blob outside the stripe: perhaps `to` */
+    move_fail(mv, BR_MOVE_CHANGED, "a copy of the blob is being deleted: retry");
+    goto out;
+  }
   uint64_t size2 = 0;
   rc = br_store_stat(dst, mv->to.key, &size2, &err);
   if (rc != 0 || size2 != size) {
