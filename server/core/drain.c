@@ -42,17 +42,18 @@ static int drain_cb(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_reco
 }
 
 /* Deletes one draining copy's bytes: under the blob's lock, re-read (still draining since the
- * same time?), then delete (on LMDB after the lock is released: see below). Returns 1 when its location is to be dropped from the record. The drop
- * itself is batched afterwards (drain_batch): it is conditional on the location still draining
- * since that time, so a move back onto the same key meanwhile (which needs the bytes there again,
- * checked under the lock) wins, and a crash before it leaves the location for the next pass. */
+ * same time?), then delete (on LMDB after the lock is released: see below). Returns 1 when its
+ * location is to be dropped from the record. The drop itself is batched afterwards (drain_batch):
+ * it is conditional on the location still draining since that time, so a move back onto the same
+ * key meanwhile (which needs the bytes there again, checked under the lock) wins, and a crash
+ * before it leaves the location for the next pass. */
 static int drain_one(br_server *srv, const struct drain_item *it) {
   char hex[BR_HEX_LEN + 1];
   br_hex_encode(it->digest, hex);
   br_err err;
   br_record rec;
   int drop = 0;
-  if (br_server_lock_blob(srv, it->digest, 1) < 0) return 0;        /* the next pass tries again */
+  if (br_server_lock_blob(srv, it->digest, 1) < 0) return 0; /* the next pass tries again */
   int locked = 1;
   int rc = br_index_get_latest(srv->index, it->digest, &rec, &err); /* bytes are deleted on it */
   int still = 0, shared = 0;

@@ -54,7 +54,9 @@ void br_server_move_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], st
   /* `to` is always read back and hashed: a size check alone let a store that flipped bits on
    * the way become the primary */
   uint8_t got[BR_SHA256_LEN];
-  rc = br_store_hash(dst, mv->to.key, got, &size, &err);
+  /* the file's identity before its hash: one renamed into place later is another inode */
+  rc = br_store_identity(dst, mv->to.key, &mv->to.dev, &mv->to.ino, &err);
+  if (rc == 0) rc = br_store_hash(dst, mv->to.key, got, &size, &err);
   if (rc == 0 && size != rec.size) {
     move_fail(mv, BR_MOVE_VERIFY_FAILED, "%s:%s has %" PRIu64 " bytes, the blob %" PRIu64,
               mv->to.store, mv->to.key, size, rec.size);

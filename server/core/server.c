@@ -46,8 +46,7 @@ int br_server_lock_blobs(br_server *srv, const uint8_t (*digests)[BR_SHA256_LEN]
   /* a shared index holds each blob's lock in a database session of its own: not n at once */
   if (strcmp(br_index_kind(srv->index), "lmdb")) return -1;
   uint8_t want[BLOB_LOCKS] = {0};
-  for (size_t i = 0; i < n; i++)
-    want[stripe_of(digests[i])] = 1;
+  for (size_t i = 0; i < n; i++) want[stripe_of(digests[i])] = 1;
   for (int i = 0; i < BLOB_LOCKS; i++) /* in one order: two of these can never deadlock */
     if (want[i]) (lock ? pthread_mutex_lock : pthread_mutex_unlock)(&srv->blob_locks[i]);
   return 0;

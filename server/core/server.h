@@ -51,10 +51,10 @@ struct br_server {
    * busy_lock is taken last, after a stripe when one is held, and never held over a call */
   pthread_mutex_t busy_lock;
   struct blob_busy *busy[BLOB_LOCKS];
-  struct reconcile_runner *reconcile;     /* core/reconcile_runner.c */
-  struct drainer *drain;                  /* core/drain.c: deletes draining copies */
-  struct cdn_purger *purger;              /* core/cdn_purge.c: purges when blobs go */
-  struct job_engine *jobs;                /* core/jobs.c: migrate and import jobs */
+  struct reconcile_runner *reconcile; /* core/reconcile_runner.c */
+  struct drainer *drain;              /* core/drain.c: deletes draining copies */
+  struct cdn_purger *purger;          /* core/cdn_purge.c: purges when blobs go */
+  struct job_engine *jobs;            /* core/jobs.c: migrate and import jobs */
   atomic_uint_fast64_t store_errors[BR_MAX_STORES][STORE_OPS];
   uint64_t started_ms;
 };

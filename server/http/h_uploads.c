@@ -38,7 +38,7 @@ struct upload_item {
 struct upload_batch {
   size_t n;
   atomic_int unlocked; /* commit: a blob's lock could not be had (the database is unavailable) */
-  json_t *answer;            /* negotiation: the answer the finisher built */
+  json_t *answer;      /* negotiation: the answer the finisher built */
   struct upload_part *parts; /* in the same allocation, after items */
   struct upload_item items[];
 };

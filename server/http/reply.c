@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/blobcache.h"
+#include "core/move.h"
 #include "core/suspect.h"
 #include "blobref/range.h"
 #include "http/httpd.h"
@@ -164,8 +165,13 @@ enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
   }
   if (e == E_UNAUTHORIZED) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
-  if (e == E_TRY_AGAIN || e == E_NOT_READY || e == E_SPOOL_FULL)
+  if (req->retry_after_s) {
+    char ra[16];
+    snprintf(ra, sizeof ra, "%u", req->retry_after_s);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+  } else if (e == E_TRY_AGAIN || e == E_NOT_READY || e == E_SPOOL_FULL) {
     MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+  }
   return reply_response(req, status, resp);
 }
 
@@ -689,7 +695,8 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
  * change (mtime or ctime) after the location's bytes were last hashed (verified_at)? Content
  * keys are written only by the server (temp file + rename of hashed bytes; a concurrent upload
  * of the same blob renames identical bytes over it). Stores that cannot tell (changed_ms 0) and
- * locations never verified: no. */
+ * locations never verified: no. Returns 2 when the open file is another inode than the one
+ * verified (a file renamed into place: not served until re-verified, whatever its bytes). */
 static int changed_since_verified(const br_record *rec, br_store *store, const char *key,
                                   const uint8_t digest[BR_SHA256_LEN], const br_store_reader *r) {
   char content_key[BR_MAX_KEY + 81];
@@ -698,8 +705,10 @@ static int changed_since_verified(const br_record *rec, br_store *store, const c
     return 0;
   for (int i = 0; i < rec->nlocations; i++) {
     const br_location *l = &rec->locations[i];
-    if (!strcmp(l->store, br_store_name(store)) && !strcmp(l->key, key))
-      return r->changed_ms && l->verified_at_ms && r->changed_ms > l->verified_at_ms;
+    if (strcmp(l->store, br_store_name(store)) || strcmp(l->key, key)) continue;
+    if ((l->dev || l->ino) && (r->dev || r->ino) && (l->dev != r->dev || l->ino != r->ino))
+      return 2;
+    return r->changed_ms && l->verified_at_ms && r->changed_ms > l->verified_at_ms;
   }
   return 0;
 }
@@ -733,6 +742,113 @@ static int rehash_in_place(br_store_reader *r, const uint8_t digest[BR_SHA256_LE
   uint64_t c = (uint64_t)sb.st_ctim.tv_sec * 1000 + (uint64_t)sb.st_ctim.tv_nsec / 1000000;
   if ((m > c ? m : c) != r->changed_ms || (uint64_t)sb.st_size != r->size) return -1;
   return memcmp(got, digest, BR_SHA256_LEN) ? 0 : 1;
+}
+
+/* ---- changed in-place files over REHASH_MAX: hashed again on the slow pool ---------------- */
+
+/* A background re-hash of one location (the task's slot says which). */
+struct rehash_task {
+  struct bg_task t;
+};
+
+static void rehash_release(br_http *http, int slot, int failed) {
+  pthread_mutex_lock(&http->rehash_lock);
+  if (failed)
+    http->rehash[slot].failed = 1; /* remembered (with its changed_ms) until the file moves */
+  else
+    http->rehash[slot].used = 0;
+  pthread_mutex_unlock(&http->rehash_lock);
+}
+
+static void rehash_drop(br_http *http, struct bg_task *t) { rehash_release(http, t->slot, 0); }
+
+/* Verifies the location as `PUT .../location` onto itself does (br_server_move_blob: hashed, its
+ * identity taken, verified_at moved to when the hash began): served again from then on when its
+ * bytes are the blob's; else counted, logged and listed as suspect, and left at 503. */
+static void rehash_run(br_http *http, struct bg_task *t) {
+  struct rehash_slot s;
+  pthread_mutex_lock(&http->rehash_lock);
+  s = http->rehash[t->slot];
+  pthread_mutex_unlock(&http->rehash_lock);
+  struct br_move mv;
+  memset(&mv, 0, sizeof mv);
+  snprintf(mv.expect.store, sizeof mv.expect.store, "%s", s.store);
+  snprintf(mv.expect.key, sizeof mv.expect.key, "%s", s.key);
+  mv.expect.role = mv.to.role = BR_ROLE_PRIMARY;
+  mv.to = mv.expect;
+  br_server_move_blob(http->srv, s.digest, &mv);
+  char hex[BR_HEX_LEN + 1];
+  br_hex_encode(s.digest, hex);
+  int failed = mv.result == BR_MOVE_VERIFY_FAILED;
+  if (mv.result == BR_MOVE_OK) {
+    br_info(
+        "blob %s: %s:%s changed after it was hashed; hashed again in the background: the "
+        "blob's bytes, served again",
+        hex, s.store, s.key);
+  } else if (failed) {
+    br_error(
+        "blob %s: %s:%s changed after it was hashed and is not the blob's now: not served "
+        "(%s)",
+        hex, s.store, s.key, mv.message);
+    atomic_fetch_add(&http->read_digest_mismatch, 1);
+    br_err err;
+    if (br_suspect_mark(http->srv->cfg->data_dir, s.digest, s.store, s.key, &err) < 0)
+      br_warn("%s", err.msg);
+  } else {
+    br_warn(
+        "blob %s: %s:%s: the background re-hash did not finish (%s): the next read tries "
+        "again",
+        hex, s.store, s.key, mv.message);
+  }
+  rehash_release(http, t->slot, failed);
+}
+
+/* Queues a background re-hash of the open in-place file r at store:key, once per location and
+ * change (a file found wrong is not hashed again until its mtime/ctime move), at most
+ * BR_REHASH_SLOTS at a time. */
+static void rehash_later(struct request *req, br_store *store, const char *key,
+                         const br_store_reader *r) {
+  br_http *http = req->http;
+  int slot = -1, free_slot = -1;
+  pthread_mutex_lock(&http->rehash_lock);
+  for (int i = 0; i < BR_REHASH_SLOTS; i++) {
+    struct rehash_slot *s = &http->rehash[i];
+    if (!s->used) {
+      if (free_slot < 0) free_slot = i;
+      continue;
+    }
+    if (memcmp(s->digest, req->digest, BR_SHA256_LEN) || strcmp(s->store, br_store_name(store)) ||
+        strcmp(s->key, key))
+      continue;
+    if (!s->failed || s->changed_ms == r->changed_ms) { /* queued, running or still wrong */
+      pthread_mutex_unlock(&http->rehash_lock);
+      return;
+    }
+    slot = i; /* wrong before, changed since: once more */
+  }
+  if (slot < 0) slot = free_slot;
+  if (slot < 0) { /* all busy (or remembered wrong): the oldest wrong one is forgotten */
+    for (int i = 0; i < BR_REHASH_SLOTS && slot < 0; i++)
+      if (http->rehash[i].failed) slot = i;
+  }
+  struct rehash_task *t = slot >= 0 ? calloc(1, sizeof *t) : NULL;
+  if (t) {
+    struct rehash_slot *s = &http->rehash[slot];
+    memset(s, 0, sizeof *s);
+    s->used = 1;
+    memcpy(s->digest, req->digest, BR_SHA256_LEN);
+    snprintf(s->store, sizeof s->store, "%s", br_store_name(store));
+    snprintf(s->key, sizeof s->key, "%s", key);
+    s->changed_ms = r->changed_ms;
+    t->t.fn = rehash_run;
+    t->t.drop = rehash_drop;
+    t->t.slot = slot;
+  }
+  pthread_mutex_unlock(&http->rehash_lock);
+  if (t && request_background(http, &t->t) < 0) {
+    rehash_release(http, slot, 0);
+    free(t);
+  }
 }
 
 enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *store,
@@ -833,20 +949,32 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     return reply_error(req, E_STORE_UNAVAILABLE, "the stored size differs from the index");
   }
   int moved = changed_since_verified(rec, store, key, req->digest, &r);
-  int same = moved ? rehash_in_place(&r, req->digest) : 1;
+  int same = moved == 2 ? -1 : moved ? rehash_in_place(&r, req->digest) : 1;
   if (same <= 0) {
     br_error(
         "blob %s: %s:%s changed after its bytes were hashed and %s: not served until "
         "re-verified (PUT /v1/blobs/%s/location onto itself)",
         hex, br_store_name(store), key,
-        same == 0 ? "hashes to another blob now" : "could not be hashed again", hex);
+        moved == 2  ? "is another file now (inode)"
+        : same == 0 ? "hashes to another blob now"
+                    : "could not be hashed again",
+        hex);
     if (same == 0) {
       atomic_fetch_add(&req->http->read_digest_mismatch, 1);
       mark_suspect(req, store, key);
     }
+    int later = moved == 1 && same < 0 && r.size > REHASH_MAX && r.fd >= 0;
+    if (later) {
+      rehash_later(req, store, key, &r);
+      /* about the time to hash it at a few hundred MB/s, a little more */
+      req->retry_after_s = (unsigned)(r.size / (200u << 20)) + 2;
+    }
     br_store_reader_close(&r);
     return reply_error(req, E_STORE_UNAVAILABLE,
-                       "the stored file changed after it was verified: not served as its hash");
+                       later ? "the stored file changed after it was verified: it is being "
+                               "hashed again, retry later"
+                             : "the stored file changed after it was verified: not served as "
+                               "its hash");
   }
   if (status == MHD_HTTP_OK)
     resp = range_response(&r, 0, rec->size);

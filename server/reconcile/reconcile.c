@@ -555,8 +555,7 @@ static size_t delete_blobs(br_reconciler *r, const struct candidate *c, size_t n
     }
     int mark = rc == 0 && recs[i].state_ms == c[i].state_ms &&
                (recs[i].state == BR_STATE_QUARANTINED || recs[i].state == BR_STATE_HELD);
-    int finish =
-        rc == 0 && recs[i].state == BR_STATE_DELETING && recs[i].state_ms == c[i].state_ms;
+    int finish = rc == 0 && recs[i].state == BR_STATE_DELETING && recs[i].state_ms == c[i].state_ms;
     if (!mark && !finish) continue;
     if (env->delete_begin) {
       int b = env->delete_begin(env->ud, c[i].digest);

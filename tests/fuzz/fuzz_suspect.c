@@ -25,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t n;
   br_err err;
   if (br_suspect_load(dir, &list, &n, &err) < 0) abort(); /* a readable file always loads */
-  if (n > size / (BR_HEX_LEN + 4)) abort(); /* a line is at least "<hex> 0 s k\n" */
+  if (n > size / (BR_HEX_LEN + 4)) abort();               /* a line is at least "<hex> 0 s k\n" */
   for (size_t i = 0; i < n; i++) {
     const br_suspect *s = &list[i];
     size_t ls = strlen(s->store), lk = strlen(s->key);
