@@ -101,20 +101,6 @@ struct route {
 
 enum request_phase { PHASE_NEW, PHASE_BODY, PHASE_SUSPENDED, PHASE_RESUMED, PHASE_ANSWERED };
 
-/* At most this many changed in-place files hashed again in the background at once (reply.c),
- * and remembered as wrong. */
-#define BR_REHASH_SLOTS 8
-
-/* A slow-pool job of no request (request_background): fn(http, task) runs on a pool thread and
- * frees nothing; the pool frees the task after it (or, when stopping, without running it, after
- * calling drop). */
-struct bg_task {
-  struct bg_task *next;
-  void (*fn)(br_http *http, struct bg_task *task);
-  void (*drop)(br_http *http, struct bg_task *task);
-  int slot; /* the caller's */
-};
-
 struct request {
   br_http *http;  /* the front that took the request */
   br_server *srv; /* http->srv: the core (config, index, stores) */
@@ -209,8 +195,7 @@ struct br_http {
     int nthreads;
     pthread_cond_t cv;
     struct request *head, *tail;
-    struct bg_task *task_head, *task_tail; /* jobs of no request (request_background) */
-    atomic_int jobs;                       /* queued or running */
+    atomic_int jobs; /* queued or running */
   } finish_pool, slow_pool;
   pthread_mutex_t job_lock;
   int jobs_stopping; /* pool threads exit */
@@ -239,16 +224,7 @@ struct br_http {
   atomic_uint_fast64_t slow_cut[2];   /* connections cut: [0] slow head, [1] slow body */
   atomic_uint_fast64_t bytes_in, bytes_out, uploads_created, uploads_dedup;
   atomic_uint_fast64_t read_digest_mismatch; /* store reads whose bytes were not the blob */
-  /* changed in-place files too large to hash on a read, hashed again on the slow pool
-   * (reply.c): rehash_lock guards the slots; a slot is held from the queueing to the end */
-  pthread_mutex_t rehash_lock;
-  struct rehash_slot {
-    int used;
-    uint8_t digest[BR_SHA256_LEN];
-    char store[BR_MAX_STORE_NAME + 1], key[BR_MAX_KEY + 1];
-    uint64_t changed_ms; /* the file's mtime/ctime when queued (or when found wrong) */
-    int failed;          /* hashed to another blob: not queued again until the file moves */
-  } rehash[BR_REHASH_SLOTS];
+  struct rehasher *rehasher;          /* changed big in-place files hashed again (rehash.c) */
   atomic_uint_fast64_t proxy_retries; /* proxied transfers tried again (proxy.c) */
   atomic_uint_fast64_t direct_rehash_bytes, direct_rehash_ns; /* direct uploads re-hashed */
 };
@@ -262,9 +238,6 @@ void request_fail(struct request *req, enum br_api_error e, const char *fmt, ...
  * then runs again with phase PHASE_RESUMED. Returns -1 (nothing queued) when the front is
  * stopping. */
 int request_finish_async(struct request *req, enum job_kind job);
-/* Queues task (malloc'd; the pool frees it) on the slow pool behind nothing a request waits for:
- * requests' jobs go first. Returns -1 (nothing queued, task not freed) when stopping. */
-int request_background(br_http *http, struct bg_task *task);
 /* The bounded JSON body reader that routes taking JSON use as their body callback. */
 int json_body(struct request *req, const char *data, size_t len);
 /* Names an upload's type from the first bytes gathered (once; a no-op unless sniff_wanted) and

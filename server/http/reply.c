@@ -14,11 +14,11 @@
 #include <unistd.h>
 
 #include "core/blobcache.h"
-#include "core/move.h"
 #include "core/suspect.h"
 #include "blobref/range.h"
 #include "http/httpd.h"
 #include "http/proxy.h"
+#include "http/rehash.h"
 
 static const struct {
   const char *code;
@@ -744,113 +744,6 @@ static int rehash_in_place(br_store_reader *r, const uint8_t digest[BR_SHA256_LE
   return memcmp(got, digest, BR_SHA256_LEN) ? 0 : 1;
 }
 
-/* ---- changed in-place files over REHASH_MAX: hashed again on the slow pool ---------------- */
-
-/* A background re-hash of one location (the task's slot says which). */
-struct rehash_task {
-  struct bg_task t;
-};
-
-static void rehash_release(br_http *http, int slot, int failed) {
-  pthread_mutex_lock(&http->rehash_lock);
-  if (failed)
-    http->rehash[slot].failed = 1; /* remembered (with its changed_ms) until the file moves */
-  else
-    http->rehash[slot].used = 0;
-  pthread_mutex_unlock(&http->rehash_lock);
-}
-
-static void rehash_drop(br_http *http, struct bg_task *t) { rehash_release(http, t->slot, 0); }
-
-/* Verifies the location as `PUT .../location` onto itself does (br_server_move_blob: hashed, its
- * identity taken, verified_at moved to when the hash began): served again from then on when its
- * bytes are the blob's; else counted, logged and listed as suspect, and left at 503. */
-static void rehash_run(br_http *http, struct bg_task *t) {
-  struct rehash_slot s;
-  pthread_mutex_lock(&http->rehash_lock);
-  s = http->rehash[t->slot];
-  pthread_mutex_unlock(&http->rehash_lock);
-  struct br_move mv;
-  memset(&mv, 0, sizeof mv);
-  snprintf(mv.expect.store, sizeof mv.expect.store, "%s", s.store);
-  snprintf(mv.expect.key, sizeof mv.expect.key, "%s", s.key);
-  mv.expect.role = mv.to.role = BR_ROLE_PRIMARY;
-  mv.to = mv.expect;
-  br_server_move_blob(http->srv, s.digest, &mv);
-  char hex[BR_HEX_LEN + 1];
-  br_hex_encode(s.digest, hex);
-  int failed = mv.result == BR_MOVE_VERIFY_FAILED;
-  if (mv.result == BR_MOVE_OK) {
-    br_info(
-        "blob %s: %s:%s changed after it was hashed; hashed again in the background: the "
-        "blob's bytes, served again",
-        hex, s.store, s.key);
-  } else if (failed) {
-    br_error(
-        "blob %s: %s:%s changed after it was hashed and is not the blob's now: not served "
-        "(%s)",
-        hex, s.store, s.key, mv.message);
-    atomic_fetch_add(&http->read_digest_mismatch, 1);
-    br_err err;
-    if (br_suspect_mark(http->srv->cfg->data_dir, s.digest, s.store, s.key, &err) < 0)
-      br_warn("%s", err.msg);
-  } else {
-    br_warn(
-        "blob %s: %s:%s: the background re-hash did not finish (%s): the next read tries "
-        "again",
-        hex, s.store, s.key, mv.message);
-  }
-  rehash_release(http, t->slot, failed);
-}
-
-/* Queues a background re-hash of the open in-place file r at store:key, once per location and
- * change (a file found wrong is not hashed again until its mtime/ctime move), at most
- * BR_REHASH_SLOTS at a time. */
-static void rehash_later(struct request *req, br_store *store, const char *key,
-                         const br_store_reader *r) {
-  br_http *http = req->http;
-  int slot = -1, free_slot = -1;
-  pthread_mutex_lock(&http->rehash_lock);
-  for (int i = 0; i < BR_REHASH_SLOTS; i++) {
-    struct rehash_slot *s = &http->rehash[i];
-    if (!s->used) {
-      if (free_slot < 0) free_slot = i;
-      continue;
-    }
-    if (memcmp(s->digest, req->digest, BR_SHA256_LEN) || strcmp(s->store, br_store_name(store)) ||
-        strcmp(s->key, key))
-      continue;
-    if (!s->failed || s->changed_ms == r->changed_ms) { /* queued, running or still wrong */
-      pthread_mutex_unlock(&http->rehash_lock);
-      return;
-    }
-    slot = i; /* wrong before, changed since: once more */
-  }
-  if (slot < 0) slot = free_slot;
-  if (slot < 0) { /* all busy (or remembered wrong): the oldest wrong one is forgotten */
-    for (int i = 0; i < BR_REHASH_SLOTS && slot < 0; i++)
-      if (http->rehash[i].failed) slot = i;
-  }
-  struct rehash_task *t = slot >= 0 ? calloc(1, sizeof *t) : NULL;
-  if (t) {
-    struct rehash_slot *s = &http->rehash[slot];
-    memset(s, 0, sizeof *s);
-    s->used = 1;
-    memcpy(s->digest, req->digest, BR_SHA256_LEN);
-    snprintf(s->store, sizeof s->store, "%s", br_store_name(store));
-    snprintf(s->key, sizeof s->key, "%s", key);
-    s->changed_ms = r->changed_ms;
-    t->t.fn = rehash_run;
-    t->t.drop = rehash_drop;
-    t->t.slot = slot;
-  }
-  pthread_mutex_unlock(&http->rehash_lock);
-  if (t && request_background(http, &t->t) < 0) {
-    rehash_release(http, slot, 0);
-    free(t);
-  }
-}
-
 enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *store,
                            const char *key) {
   char hex[BR_HEX_LEN + 1], etag[BR_HEX_LEN + 3], repr[80];
@@ -965,7 +858,7 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     }
     int later = moved == 1 && same < 0 && r.size > REHASH_MAX && r.fd >= 0;
     if (later) {
-      rehash_later(req, store, key, &r);
+      rehash_later(req->http, req->digest, store, key, r.changed_ms);
       /* about the time to hash it at a few hundred MB/s, a little more */
       req->retry_after_s = (unsigned)(r.size / (200u << 20)) + 2;
     }

@@ -158,19 +158,7 @@ static void *pool_main(void *arg) {
   br_http *http = pool->http;
   pthread_mutex_lock(&http->job_lock);
   for (;;) {
-    while (!pool->head && !pool->task_head && !http->jobs_stopping)
-      pthread_cond_wait(&pool->cv, &http->job_lock);
-    if (!pool->head && pool->task_head && !http->jobs_stopping) {
-      struct bg_task *t = pool->task_head; /* requests first: nobody waits for these */
-      pool->task_head = t->next;
-      if (!pool->task_head) pool->task_tail = NULL;
-      pthread_mutex_unlock(&http->job_lock);
-      t->fn(http, t);
-      free(t);
-      atomic_fetch_sub(&pool->jobs, 1);
-      pthread_mutex_lock(&http->job_lock);
-      continue;
-    }
+    while (!pool->head && !http->jobs_stopping) pthread_cond_wait(&pool->cv, &http->job_lock);
     if (!pool->head) break;
     struct request *req = pool->head;
     pool->head = req->next_job;
@@ -225,25 +213,6 @@ int request_finish_async(struct request *req, enum job_kind job) {
   return 0;
 }
 
-int request_background(br_http *http, struct bg_task *task) {
-  struct job_pool *pool = &http->slow_pool;
-  pthread_mutex_lock(&http->job_lock);
-  if (http->stopping || http->jobs_stopping) {
-    pthread_mutex_unlock(&http->job_lock);
-    return -1;
-  }
-  task->next = NULL;
-  if (pool->task_tail)
-    pool->task_tail->next = task;
-  else
-    pool->task_head = task;
-  pool->task_tail = task;
-  atomic_fetch_add(&pool->jobs, 1);
-  pthread_cond_signal(&pool->cv);
-  pthread_mutex_unlock(&http->job_lock);
-  return 0;
-}
-
 static int pool_start(br_http *http, struct job_pool *pool, int n, br_err *err) {
   pool->http = http;
   pthread_cond_init(&pool->cv, NULL);
@@ -257,7 +226,6 @@ static int pool_start(br_http *http, struct job_pool *pool, int n, br_err *err) 
 
 int request_finishers_start(br_http *http, br_err *err) {
   pthread_mutex_init(&http->job_lock, NULL);
-  pthread_mutex_init(&http->rehash_lock, NULL);
   if (pool_start(http, &http->finish_pool, FINISHER_THREADS, err) < 0) return -1;
   return pool_start(http, &http->slow_pool, SLOW_THREADS, err);
 }
@@ -343,13 +311,5 @@ void request_finishers_stop(br_http *http) {
     free(pools[p]->threads);
     pools[p]->threads = NULL;
     pools[p]->nthreads = 0;
-    while (pools[p]->task_head) { /* queued, never run: the next read queues them again */
-      struct bg_task *t = pools[p]->task_head;
-      pools[p]->task_head = t->next;
-      t->drop(http, t);
-      free(t);
-      atomic_fetch_sub(&pools[p]->jobs, 1);
-    }
-    pools[p]->task_tail = NULL;
   }
 }
