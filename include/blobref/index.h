@@ -31,6 +31,9 @@ typedef struct br_location {
   char key[BR_MAX_KEY + 1];
   enum br_role role;
   uint64_t verified_at_ms; /* when its bytes were last checked against the hash (0 = never) */
+  /* the file's identity (fs: st_dev, st_ino) when it was verified: a read that opens another
+   * inode there (a file renamed into place) does not serve it. Both 0: unknown, not compared */
+  uint64_t dev, ino;
 } br_location;
 
 typedef struct br_record {

@@ -28,6 +28,15 @@ typedef struct br_reconcile_env {
   /* The same for n blobs at once (deletes go in batches). Returns 0 when it locked (unlocked)
    * them all, -1 when it cannot take them together (then the blobs go one by one). Optional. */
   int (*lock_blobs)(void *ud, const uint8_t (*digests)[BR_SHA256_LEN], size_t n, int lock);
+  /* Optional (both or neither): the store deletes run outside the locks. delete_begin is called
+   * under the blob's lock once it is to go (marked deleting): 0 registers the delete (bytes may
+   * go: an upload of the same hash from then on writes elsewhere), 1 says an upload of it is
+   * committing (the blob is left alone: the upload makes it live; a later run finishes it), -1
+   * on an error (left alone too). delete_end follows once its bytes are deleted or failed; the
+   * lock is then taken again to remove the record, only if it is still marked as it was. When
+   * NULL, the locks are held throughout. */
+  int (*delete_begin)(void *ud, const uint8_t digest[BR_SHA256_LEN]);
+  void (*delete_end)(void *ud, const uint8_t digest[BR_SHA256_LEN]);
   /* Told about each blob that was quarantined, held or deleted (caches, CDN purges). */
   void (*on_gone)(void *ud, const uint8_t digest[BR_SHA256_LEN]);
   void *ud;

@@ -19,6 +19,7 @@ typedef struct br_store_reader {
   uint64_t size;
   br_source *source;   /* always set: random access to the object's bytes */
   uint64_t changed_ms; /* fs: the later of the file's mtime and ctime (ms); 0 when unknown */
+  uint64_t dev, ino;   /* fs: the open file's st_dev and st_ino; 0 when unknown */
 } br_store_reader;
 
 /* The message of an fs store that refuses a key because a component of its path is a symbolic
@@ -48,6 +49,10 @@ size_t br_store_default_key(const br_store *st, const uint8_t digest[BR_SHA256_L
 
 /* The blob whose default key (above) key is in st: 0 and its digest, or -1 when key is none's. */
 int br_store_default_key_digest(const br_store *st, const char *key, uint8_t digest[BR_SHA256_LEN]);
+
+/* The identity of the object at key (fs: the file's st_dev and st_ino), for a location verified
+ * now: 0 with *dev, *ino (both 0 when the store has none), 1 if absent, -1 with err. */
+int br_store_identity(br_store *st, const char *key, uint64_t *dev, uint64_t *ino, br_err *err);
 
 /* --- writing: stream bytes in, then commit under a key only once durable ------------------- */
 

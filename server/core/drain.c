@@ -42,17 +42,19 @@ static int drain_cb(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_reco
 }
 
 /* Deletes one draining copy's bytes: under the blob's lock, re-read (still draining since the
- * same time?), delete. Returns 1 when its location is to be dropped from the record. The drop
- * itself is batched afterwards (drain_batch): it is conditional on the location still draining
- * since that time, so a move back onto the same key meanwhile (which needs the bytes there again,
- * checked under the lock) wins, and a crash before it leaves the location for the next pass. */
+ * same time?), then delete (on LMDB after the lock is released: see below). Returns 1 when its
+ * location is to be dropped from the record. The drop itself is batched afterwards (drain_batch):
+ * it is conditional on the location still draining since that time, so a move back onto the same
+ * key meanwhile (which needs the bytes there again, checked under the lock) wins, and a crash
+ * before it leaves the location for the next pass. */
 static int drain_one(br_server *srv, const struct drain_item *it) {
   char hex[BR_HEX_LEN + 1];
   br_hex_encode(it->digest, hex);
   br_err err;
   br_record rec;
   int drop = 0;
-  if (br_server_lock_blob(srv, it->digest, 1) < 0) return 0;        /* the next pass tries again */
+  if (br_server_lock_blob(srv, it->digest, 1) < 0) return 0; /* the next pass tries again */
+  int locked = 1;
   int rc = br_index_get_latest(srv->index, it->digest, &rec, &err); /* bytes are deleted on it */
   int still = 0, shared = 0;
   for (int i = 0; rc == 0 && i < rec.nlocations; i++) {
@@ -78,15 +80,28 @@ static int drain_one(br_server *srv, const struct drain_item *it) {
     if (strcmp(br_store_kind(st), "http") == 0) {
       br_info("blob %s: draining copy %s:%s is in a read-only store: only forgotten", hex,
               it->loc.store, it->loc.key);
-    } else if (br_store_delete(st, it->loc.key, &err) < 0) {
-      br_warn("blob %s: deleting draining copy %s:%s: %s (retried later)", hex, it->loc.store,
-              it->loc.key, err.msg);
-      goto out;
+    } else {
+      /* on LMDB the delete runs outside the stripe, registered: an upload of the blob from now
+       * on writes under a fresh key, a move refuses to make this key its primary; an upload
+       * already committing (perhaps to this key) makes the drain leave it for the next pass */
+      int off = br_server_off_stripe(srv);
+      if (off && br_server_delete_begin(srv, it->digest) != 0) goto out;
+      if (off) {
+        br_server_lock_blob(srv, it->digest, 0);
+        locked = 0;
+      }
+      int rc2 = br_store_delete(st, it->loc.key, &err);
+      if (off) br_server_delete_end(srv, it->digest);
+      if (rc2 < 0) {
+        br_warn("blob %s: deleting draining copy %s:%s: %s (retried later)", hex, it->loc.store,
+                it->loc.key, err.msg);
+        goto out;
+      }
     }
   }
   drop = 1;
 out:
-  br_server_lock_blob(srv, it->digest, 0);
+  if (locked) br_server_lock_blob(srv, it->digest, 0);
   return drop;
 }
 

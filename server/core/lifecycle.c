@@ -124,6 +124,7 @@ void br_server_close(br_server *srv) {
 int br_server_start(br_server *srv, br_err *err) {
   srv->started_ms = br_now_ms();
   for (int i = 0; i < BLOB_LOCKS; i++) pthread_mutex_init(&srv->blob_locks[i], NULL);
+  pthread_mutex_init(&srv->busy_lock, NULL);
   char pdir[4200];
   snprintf(pdir, sizeof pdir, "%s/purge", srv->cfg->data_dir);
   srv->purger = cdn_purger_open(srv->cfg, srv->index, pdir, err);

@@ -54,7 +54,9 @@ void br_server_move_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], st
   /* `to` is always read back and hashed: a size check alone let a store that flipped bits on
    * the way become the primary */
   uint8_t got[BR_SHA256_LEN];
-  rc = br_store_hash(dst, mv->to.key, got, &size, &err);
+  /* the file's identity before its hash: one renamed into place later is another inode */
+  rc = br_store_identity(dst, mv->to.key, &mv->to.dev, &mv->to.ino, &err);
+  if (rc == 0) rc = br_store_hash(dst, mv->to.key, got, &size, &err);
   if (rc == 0 && size != rec.size) {
     move_fail(mv, BR_MOVE_VERIFY_FAILED, "%s:%s has %" PRIu64 " bytes, the blob %" PRIu64,
               mv->to.store, mv->to.key, size, rec.size);
@@ -75,7 +77,8 @@ void br_server_move_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], st
     move_fail(mv, BR_MOVE_UNAVAILABLE, "%s: %s", mv->to.store, err.msg);
     goto out;
   }
-  /* The drain thread deletes draining copies under the blob's lock: `to` may be one (a move
+  /* The drain thread decides its deletes of draining copies under the blob's lock (and on LMDB
+   * deletes after releasing it, registered: br_server_delete_busy): `to` may be one (a move
    * back). Checked again under the lock, it cannot go away before it is the primary. */
   if (br_server_lock_blob(srv, digest, 1) < 0) {
     mv->index_rc = BR_INDEX_UNAVAILABLE;
@@ -85,6 +88,11 @@ void br_server_move_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], st
     goto out;
   }
   locked = 1;
+  if (br_server_off_stripe(srv) && br_server_delete_busy(srv, digest)) {
+    /* the drain or reconcile is deleting bytes of the blob outside the stripe: perhaps `to` */
+    move_fail(mv, BR_MOVE_CHANGED, "a copy of the blob is being deleted: retry");
+    goto out;
+  }
   uint64_t size2 = 0;
   rc = br_store_stat(dst, mv->to.key, &size2, &err);
   if (rc != 0 || size2 != size) {

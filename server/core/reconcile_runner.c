@@ -40,6 +40,14 @@ static int lock_blobs(void *ud, const uint8_t (*digests)[BR_SHA256_LEN], size_t 
   return br_server_lock_blobs(ud, digests, n, lock);
 }
 
+static int delete_begin(void *ud, const uint8_t digest[BR_SHA256_LEN]) {
+  return br_server_delete_begin(ud, digest);
+}
+
+static void delete_end(void *ud, const uint8_t digest[BR_SHA256_LEN]) {
+  br_server_delete_end(ud, digest);
+}
+
 static json_int_t blobs_field(json_t *rep, const char *name) {
   return json_integer_value(json_object_get(json_object_get(rep, "blobs"), name));
 }
@@ -154,6 +162,10 @@ int reconcile_runner_start(br_server *srv, br_err *err) {
                           .lock_blobs = lock_blobs,
                           .on_gone = on_gone,
                           .ud = srv};
+  if (br_server_off_stripe(srv)) { /* on a shared index the deletes hold the locks throughout */
+    env.delete_begin = delete_begin;
+    env.delete_end = delete_end;
+  }
   rr->rec = br_reconciler_open(&env, err);
   if (!rr->rec) {
     free(rr);

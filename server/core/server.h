@@ -47,10 +47,14 @@ struct br_server {
   pthread_t health_thread;
   int health_running;
   pthread_mutex_t blob_locks[BLOB_LOCKS]; /* uploads, moves, admin changes vs deletes, by hash */
-  struct reconcile_runner *reconcile;     /* core/reconcile_runner.c */
-  struct drainer *drain;                  /* core/drain.c: deletes draining copies */
-  struct cdn_purger *purger;              /* core/cdn_purge.c: purges when blobs go */
-  struct job_engine *jobs;                /* core/jobs.c: migrate and import jobs */
+  /* the slow store calls that run outside the stripes, by exact hash (br_server_commit_begin);
+   * busy_lock is taken last, after a stripe when one is held, and never held over a call */
+  pthread_mutex_t busy_lock;
+  struct blob_busy *busy[BLOB_LOCKS];
+  struct reconcile_runner *reconcile; /* core/reconcile_runner.c */
+  struct drainer *drain;              /* core/drain.c: deletes draining copies */
+  struct cdn_purger *purger;          /* core/cdn_purge.c: purges when blobs go */
+  struct job_engine *jobs;            /* core/jobs.c: migrate and import jobs */
   atomic_uint_fast64_t store_errors[BR_MAX_STORES][STORE_OPS];
   uint64_t started_ms;
 };
@@ -99,6 +103,31 @@ int br_server_lock_blob(br_server *srv, const uint8_t digest[BR_SHA256_LEN], int
  * is shared and each blob's lock is a database session of its own. */
 int br_server_lock_blobs(br_server *srv, const uint8_t (*digests)[BR_SHA256_LEN], size_t n,
                          int lock);
+/* Slow store calls outside the stripe (LMDB only: br_server_off_stripe). The stripe is held
+ * only for index decisions; the store calls around them (an upload's commit of its bytes,
+ * CompleteMultipartUpload and the copy from a staging key; the deletes of reconcile and the
+ * drain) run without it, registered here by exact hash so that the two kinds on one blob see
+ * each other:
+ *  - an upload calls br_server_commit_begin before it commits its bytes and _end after its index
+ *    decision; a 1 tells it a delete of the blob's bytes is in flight: it writes under a fresh
+ *    key of its own (br_store_fresh_key), which no delete in flight can name;
+ *  - a delete calls br_server_delete_begin under the stripe, after its decision and before it
+ *    releases the stripe to delete bytes, and _end once they are gone; a 1 says an upload of the
+ *    blob is committing (its bytes may be at the key): the delete leaves the blob alone for now.
+ * Either the upload registered first (the delete skips the blob, which the upload makes live) or
+ * the delete did (the upload's bytes go elsewhere), because both check and register under
+ * busy_lock. Both return -1 when out of memory (nothing registered). */
+int br_server_off_stripe(const br_server *srv);
+int br_server_commit_begin(br_server *srv, const uint8_t digest[BR_SHA256_LEN]);
+void br_server_commit_end(br_server *srv, const uint8_t digest[BR_SHA256_LEN]);
+int br_server_delete_begin(br_server *srv, const uint8_t digest[BR_SHA256_LEN]);
+void br_server_delete_end(br_server *srv, const uint8_t digest[BR_SHA256_LEN]);
+/* A key of digest in st that nothing else names: its default key and a unique suffix. Returns
+ * its length, or 0 when it does not fit in outlen. */
+size_t br_server_fresh_key(const br_store *st, const uint8_t digest[BR_SHA256_LEN], char *out,
+                           size_t outlen);
+/* 1 when a delete of the blob's bytes is in flight (a move must not make them its primary). */
+int br_server_delete_busy(br_server *srv, const uint8_t digest[BR_SHA256_LEN]);
 /* A blob stopped being servable (quarantined, held, deleted, moved): forget its cached bytes and
  * queue its purge at the CDNs. Call it without holding the blob's stripe. */
 void br_server_blob_gone(br_server *srv, const uint8_t digest[BR_SHA256_LEN]);

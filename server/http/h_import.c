@@ -63,7 +63,10 @@ static void import_run(struct request *req) {
     } else {
       unsigned char head[BR_SNIFF_BYTES];
       size_t head_len = 0;
-      rc = br_store_hash_head(st, l->key, got, &size, head, sizeof head, &head_len, &err);
+      /* the file's identity before its hash: one renamed into place later is another inode */
+      rc = br_store_identity(st, l->key, &l->dev, &l->ino, &err);
+      if (rc == 0)
+        rc = br_store_hash_head(st, l->key, got, &size, head, sizeof head, &head_len, &err);
       if (rc == 0 && it->sniff) /* the key's extension, else the first bytes */
         br_sniff_name_or_bytes(l->key, head, head_len, it->rec.content_type,
                                sizeof it->rec.content_type);

@@ -38,7 +38,7 @@ struct upload_item {
 struct upload_batch {
   size_t n;
   atomic_int unlocked; /* commit: a blob's lock could not be had (the database is unavailable) */
-  json_t *answer;            /* negotiation: the answer the finisher built */
+  json_t *answer;      /* negotiation: the answer the finisher built */
   struct upload_part *parts; /* in the same allocation, after items */
   struct upload_item items[];
 };
@@ -300,10 +300,20 @@ enum MHD_Result uploads_post(struct request *req) {
   return MHD_YES;
 }
 
-/* Checks one directly uploaded object and records it, under the blob's lock (as a PUT through
- * blobrefd does: reconcile's final delete of the same hash runs wholly before or after). */
+/* Takes (lock = 1) or releases the blob's stripe for commit_one when `off` (the store calls run
+ * outside it, registered with br_server_commit_begin); else commit_one runs wholly under it. */
+static int commit_lock(struct request *req, const struct upload_item *it, int off, int lock) {
+  return off ? br_server_lock_blob(req->srv, it->digest, lock) : 0;
+}
+
+/* Checks one directly uploaded object and records it, as a PUT through blobrefd does: on LMDB
+ * the store calls (CompleteMultipartUpload, HEAD, the re-hash) run outside the blob's stripe,
+ * registered as a commit (see finish_upload: a delete of the same hash either saw it and left
+ * the blob alone, or was in flight before, and then the commit is refused: the client's object
+ * is at the content key, which that delete names); the index decisions take the stripe. On a
+ * shared index the caller holds the stripe throughout (off = 0). */
 static void commit_one(struct request *req, br_store *st, const struct upload_batch *b,
-                       struct upload_item *it) {
+                       struct upload_item *it, int off) {
   br_server *srv = req->srv;
   char hex[BR_HEX_LEN + 1], key[BR_MAX_KEY + 1];
   br_hex_encode(it->digest, hex);
@@ -372,8 +382,15 @@ static void commit_one(struct request *req, br_store *st, const struct upload_ba
     snprintf(it->message, sizeof it->message, "%s:%s is not blob %s (%" PRIu64 " bytes%s): deleted",
              br_store_name(st), key, hex, size, has_sha ? " or another checksum" : "");
     uint8_t owner[BR_SHA256_LEN];
-    rc = br_index_key_owner(srv->index, br_store_name(st), key, owner, &err);
-    if (rc == 1 && br_store_delete(st, key, &err) < 0) rc = -1;
+    /* under the stripe: a PUT of the blob must not commit its bytes there in between */
+    if (commit_lock(req, it, off, 1) < 0) {
+      rc = -1;
+      snprintf(err.msg, sizeof err.msg, "the blob's lock cannot be had");
+    } else {
+      rc = br_index_key_owner(srv->index, br_store_name(st), key, owner, &err);
+      if (rc == 1 && br_store_delete(st, key, &err) < 0) rc = -1;
+      commit_lock(req, it, off, 0);
+    }
     if (rc != 1) {
       snprintf(it->message, sizeof it->message, "%s:%s is not blob %s: left in place (%s)",
                br_store_name(st), key, hex, rc < 0 ? err.msg : "a record owns the key");
@@ -385,7 +402,12 @@ static void commit_one(struct request *req, br_store *st, const struct upload_ba
   br_record add;
   br_record_init(&add, it->size, it->content_type, br_store_name(st), key, now, now);
   int created = 0;
+  if (commit_lock(req, it, off, 1) < 0) {
+    snprintf(err.msg, sizeof err.msg, "the blob's lock cannot be had");
+    goto fail;
+  }
   rc = br_index_record_upload(srv->index, it->digest, &add, &created, NULL, &err);
+  commit_lock(req, it, off, 0);
   if (rc < 0) goto fail;
   it->status = created ? "created" : "present";
   atomic_fetch_add(created ? &req->http->uploads_created : &req->http->uploads_dedup, 1);
@@ -410,15 +432,29 @@ static void *commit_worker(void *arg) {
   for (;;) {
     size_t i = atomic_fetch_add(&cp->next, 1);
     if (i >= cp->b->n) return NULL;
-    if (br_server_lock_blob(cp->req->srv, cp->b->items[i].digest, 1) < 0) {
+    struct upload_item *it = &cp->b->items[i];
+    br_server *srv = cp->req->srv;
+    if (br_server_off_stripe(srv)) {
+      int busy = br_server_commit_begin(srv, it->digest);
+      if (busy == 0) commit_one(cp->req, st, cp->b, it, 1);
+      if (busy >= 0) br_server_commit_end(srv, it->digest);
+      if (busy != 0) {
+        it->status = "error";
+        snprintf(it->message, sizeof it->message, "%s",
+                 busy > 0 ? "the blob is being deleted (its object may be going): retry the upload"
+                          : "out of memory");
+      }
+      continue;
+    }
+    if (br_server_lock_blob(srv, it->digest, 1) < 0) {
       atomic_store(&cp->b->unlocked, 1);
-      cp->b->items[i].status = "error";
-      snprintf(cp->b->items[i].message, sizeof cp->b->items[i].message,
+      it->status = "error";
+      snprintf(it->message, sizeof it->message,
                "the blob's lock cannot be had: the index database is unavailable");
       continue;
     }
-    commit_one(cp->req, st, cp->b, &cp->b->items[i]);
-    br_server_lock_blob(cp->req->srv, cp->b->items[i].digest, 0);
+    commit_one(cp->req, st, cp->b, it, 0);
+    br_server_lock_blob(srv, it->digest, 0);
   }
 }
 

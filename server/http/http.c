@@ -14,6 +14,7 @@
 #include "http/handlers.h"
 #include "http/ops.h"
 #include "http/proxy.h"
+#include "http/rehash.h"
 #include "http/tls.h"
 
 /* After an error in the middle of a body, at most this much more is read (so that the client can
@@ -503,6 +504,7 @@ int br_http_start(br_http *http, br_server *srv, br_err *err) {
   if (proxy_engine_start(http, err) < 0) return -1;
   if (request_finishers_start(http, err) < 0) return -1;
   if (request_spool_start(http, err) < 0) return -1;
+  if (rehash_start(http, err) < 0) return -1;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   unsigned threads = cfg->threads ? (unsigned)cfg->threads : (unsigned)(cores > 0 ? cores : 1);
   http->daemon = start_daemon(http, cfg->listen, *cfg->tls_cert != '\0', threads, err);
@@ -557,6 +559,7 @@ void br_http_stop(br_http *http) {
     if (http->daemon_plain) MHD_stop_daemon(http->daemon_plain);
     http->daemon_plain = NULL;
   }
+  rehash_stop(http);
   request_finishers_stop(http);
   request_spool_stop(http); /* when the daemon never started */
   proxy_engine_stop(http);  /* when the daemon never started */

@@ -137,6 +137,7 @@ struct request {
   /* an error to answer on the final call: found before a body-less request's end (keeps
    * keep-alive) or in the middle of a body (the rest is dropped) */
   int has_pending;
+  unsigned retry_after_s; /* non-zero: the error answer's Retry-After */
   enum br_api_error pending;
   char pending_message[160];
   uint64_t dropped; /* body bytes read and thrown away after the error */
@@ -224,7 +225,8 @@ struct br_http {
   atomic_uint_fast64_t slow_cut[2];   /* connections cut: [0] slow head, [1] slow body */
   atomic_uint_fast64_t bytes_in, bytes_out, uploads_created, uploads_dedup;
   atomic_uint_fast64_t read_digest_mismatch; /* store reads whose bytes were not the blob */
-  atomic_uint_fast64_t proxy_retries;        /* proxied transfers tried again (proxy.c) */
+  struct rehasher *rehasher;          /* changed big in-place files hashed again (rehash.c) */
+  atomic_uint_fast64_t proxy_retries; /* proxied transfers tried again (proxy.c) */
   atomic_uint_fast64_t direct_rehash_bytes, direct_rehash_ns; /* direct uploads re-hashed */
 };
 

@@ -18,6 +18,7 @@
 #include "blobref/range.h"
 #include "http/httpd.h"
 #include "http/proxy.h"
+#include "http/rehash.h"
 
 static const struct {
   const char *code;
@@ -165,8 +166,13 @@ enum MHD_Result reply_error(struct request *req, enum br_api_error e, const char
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
   }
   if (e == E_UNAUTHORIZED) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
-  if (e == E_TRY_AGAIN || e == E_NOT_READY || e == E_SPOOL_FULL)
+  if (req->retry_after_s) {
+    char ra[16];
+    snprintf(ra, sizeof ra, "%u", req->retry_after_s);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+  } else if (e == E_TRY_AGAIN || e == E_NOT_READY || e == E_SPOOL_FULL) {
     MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+  }
   return reply_response(req, status, resp);
 }
 
@@ -690,7 +696,8 @@ static enum MHD_Result reply_proxied(struct request *req, const br_record *rec, 
  * change (mtime or ctime) after the location's bytes were last hashed (verified_at)? Content
  * keys are written only by the server (temp file + rename of hashed bytes; a concurrent upload
  * of the same blob renames identical bytes over it). Stores that cannot tell (changed_ms 0) and
- * locations never verified: no. */
+ * locations never verified: no. Returns 2 when the open file is another inode than the one
+ * verified (a file renamed into place: not served until re-verified, whatever its bytes). */
 static int changed_since_verified(const br_record *rec, br_store *store, const char *key,
                                   const uint8_t digest[BR_SHA256_LEN], const br_store_reader *r) {
   char content_key[BR_MAX_KEY + 81];
@@ -699,8 +706,10 @@ static int changed_since_verified(const br_record *rec, br_store *store, const c
     return 0;
   for (int i = 0; i < rec->nlocations; i++) {
     const br_location *l = &rec->locations[i];
-    if (!strcmp(l->store, br_store_name(store)) && !strcmp(l->key, key))
-      return r->changed_ms && l->verified_at_ms && r->changed_ms > l->verified_at_ms;
+    if (strcmp(l->store, br_store_name(store)) || strcmp(l->key, key)) continue;
+    if ((l->dev || l->ino) && (r->dev || r->ino) && (l->dev != r->dev || l->ino != r->ino))
+      return 2;
+    return r->changed_ms && l->verified_at_ms && r->changed_ms > l->verified_at_ms;
   }
   return 0;
 }
@@ -834,20 +843,32 @@ enum MHD_Result reply_blob(struct request *req, const br_record *rec, br_store *
     return reply_error(req, E_STORE_UNAVAILABLE, "the stored size differs from the index");
   }
   int moved = changed_since_verified(rec, store, key, req->digest, &r);
-  int same = moved ? rehash_in_place(&r, req->digest) : 1;
+  int same = moved == 2 ? -1 : moved ? rehash_in_place(&r, req->digest) : 1;
   if (same <= 0) {
     br_error(
         "blob %s: %s:%s changed after its bytes were hashed and %s: not served until "
         "re-verified (PUT /v1/blobs/%s/location onto itself)",
         hex, br_store_name(store), key,
-        same == 0 ? "hashes to another blob now" : "could not be hashed again", hex);
+        moved == 2  ? "is another file now (inode)"
+        : same == 0 ? "hashes to another blob now"
+                    : "could not be hashed again",
+        hex);
     if (same == 0) {
       atomic_fetch_add(&req->http->read_digest_mismatch, 1);
       mark_suspect(req, store, key);
     }
+    int later = moved == 1 && same < 0 && r.size > REHASH_MAX && r.fd >= 0;
+    if (later) {
+      rehash_later(req->http, req->digest, store, key, r.changed_ms);
+      /* about the time to hash it at a few hundred MB/s, a little more */
+      req->retry_after_s = (unsigned)(r.size / (200u << 20)) + 2;
+    }
     br_store_reader_close(&r);
     return reply_error(req, E_STORE_UNAVAILABLE,
-                       "the stored file changed after it was verified: not served as its hash");
+                       later ? "the stored file changed after it was verified: it is being "
+                               "hashed again, retry later"
+                             : "the stored file changed after it was verified: not served as "
+                               "its hash");
   }
   if (status == MHD_HTTP_OK)
     resp = range_response(&r, 0, rec->size);

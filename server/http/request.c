@@ -61,8 +61,6 @@ void request_free_upload(struct request *req) {
   req->sha = NULL;
 }
 
-static void finish_upload_locked(struct request *req);
-
 void request_sniff_finish(struct request *req) {
   if (!req->sniff_wanted) return;
   req->sniff_wanted = 0;
@@ -74,49 +72,40 @@ void request_sniff_finish(struct request *req) {
   req->sniff_buf = NULL;
 }
 
-/* The bytes and the record of an upload, under the blob's lock: reconcile's final delete of the
- * same hash runs either wholly before (the upload then writes anew) or wholly after (and finds
- * the blob live again). */
-static void finish_upload(struct request *req) {
-  request_sniff_finish(req); /* a body shorter than BR_SNIFF_BYTES: not detected yet */
-  if (br_server_lock_blob(req->srv, req->digest, 1) < 0) {
-    req->finish_rc = -1; /* the writer is aborted with the request: nothing recorded */
-    req->finish_error = E_INDEX_UNAVAILABLE;
-    snprintf(req->finish_message, sizeof req->finish_message,
-             "the blob's lock cannot be had: the index database is unavailable");
-    return;
-  }
-  finish_upload_locked(req);
-  br_server_lock_blob(req->srv, req->digest, 0);
-}
-
-static void finish_upload_locked(struct request *req) {
+/* Commits the upload's bytes under its key (the default one, or a fresh one when fresh: a
+ * delete of the blob's bytes is in flight). 0 with key, or -1 with finish_error set. */
+static int commit_bytes(struct request *req, int fresh, char *key, size_t keylen) {
   br_server *srv = req->srv;
   br_err err;
-  char key[BR_MAX_KEY + 1];
   br_store_writer *w = req->writer;
   req->writer = NULL;
-  req->finish_rc = -1;
-  if (!br_store_default_key(req->store, req->digest, key, sizeof key)) {
+  size_t made = fresh ? br_server_fresh_key(req->store, req->digest, key, keylen)
+                      : br_store_default_key(req->store, req->digest, key, keylen);
+  if (!made) {
     br_store_write_abort(w);
     req->finish_error = E_INTERNAL;
     snprintf(req->finish_message, sizeof req->finish_message, "object key too long");
-    return;
+    return -1;
   }
   uint64_t t0 = br_mono_ns();
   int committed = br_store_write_commit(w, key, &err);
-  uint64_t t1 = br_mono_ns();
-  atomic_fetch_add(&req->http->upload_step_ns[STEP_STORE_COMMIT], t1 - t0);
+  atomic_fetch_add(&req->http->upload_step_ns[STEP_STORE_COMMIT], br_mono_ns() - t0);
   if (committed < 0) {
     br_server_store_error(srv, req->store, STORE_OP_WRITE);
     req->finish_error = store_error_code(errno);
     snprintf(req->finish_message, sizeof req->finish_message, "%s", err.msg);
-    return;
+    return -1;
   }
-  uint64_t now = br_now_ms();
+  return 0;
+}
+
+/* The index decision of an upload whose bytes are at key: called under the blob's stripe. */
+static void record_upload(struct request *req, const char *key) {
+  br_err err;
+  uint64_t t1 = br_mono_ns(), now = br_now_ms();
   br_record rec;
   br_record_init(&rec, req->received, req->content_type, br_store_name(req->store), key, now, now);
-  int rc = br_index_record_upload(srv->index, req->digest, &rec, &req->created, NULL, &err);
+  int rc = br_index_record_upload(req->srv->index, req->digest, &rec, &req->created, NULL, &err);
   atomic_fetch_add(&req->http->upload_step_ns[STEP_INDEX_COMMIT], br_mono_ns() - t1);
   if (rc < 0) {
     req->finish_error = index_error(rc);
@@ -124,6 +113,43 @@ static void finish_upload_locked(struct request *req) {
     return;
   }
   req->finish_rc = 0;
+}
+
+/* The bytes and the record of an upload. On LMDB the bytes are committed (fsync and rename, or
+ * S3's PutObject / CompleteMultipartUpload and copy) outside the blob's stripe, registered with
+ * br_server_commit_begin, and only the index decision takes the stripe. How it meets a delete of
+ * the same hash (reconcile's or the drain's, two-phase: marked `deleting` under the stripe, bytes
+ * deleted outside it, the record removed under it if still marked since then):
+ *  - the upload registered first: the delete sees it and leaves the blob for a later run; the
+ *    upload's bytes are at the key and its record makes (or keeps) the blob live;
+ *  - the delete registered first, bytes still going or gone: the upload writes under a fresh key
+ *    no delete names; under the stripe its record replaces a `deleting` one (the delete's removal,
+ *    conditional on its mark, then changes nothing) or is created anew after the removal;
+ *  - the delete ended before the upload registered: its bytes are gone before ours are written.
+ * In no order does the record end live on bytes a delete removes. On a shared index (another
+ * node's delete is not seen here) the commit runs under the stripe, as the delete does. */
+static void finish_upload(struct request *req) {
+  request_sniff_finish(req); /* a body shorter than BR_SNIFF_BYTES: not detected yet */
+  br_server *srv = req->srv;
+  char key[BR_MAX_KEY + 1];
+  req->finish_rc = -1;
+  int off = br_server_off_stripe(srv), fresh = 0;
+  if (off && (fresh = br_server_commit_begin(srv, req->digest)) < 0) {
+    req->finish_error = E_INTERNAL; /* the writer is aborted with the request */
+    snprintf(req->finish_message, sizeof req->finish_message, "out of memory");
+    return;
+  }
+  if (off && commit_bytes(req, fresh, key, sizeof key) < 0) goto out;
+  if (br_server_lock_blob(srv, req->digest, 1) < 0) {
+    req->finish_error = E_INDEX_UNAVAILABLE; /* the writer is aborted with the request */
+    snprintf(req->finish_message, sizeof req->finish_message,
+             "the blob's lock cannot be had: the index database is unavailable");
+    goto out;
+  }
+  if (off || commit_bytes(req, 0, key, sizeof key) == 0) record_upload(req, key);
+  br_server_lock_blob(srv, req->digest, 0);
+out:
+  if (off) br_server_commit_end(srv, req->digest);
 }
 
 /* One thread of a pool (finish_pool or slow_pool): runs its queue's jobs until stopping. */

@@ -663,6 +663,8 @@ static int apply_location(br_index *idx, struct op *op) {
   }
   if (same_place(primary, &c->to)) {
     primary->verified_at_ms = c->to.verified_at_ms;
+    primary->dev = c->to.dev; /* the file as it was verified now */
+    primary->ino = c->to.ino;
     c->outcome = BR_LOC_APPLIED;
     return put_record(idx, op, rec);
   }

@@ -1,4 +1,5 @@
-/* The record's stored form (format version 1): the encoding both index backends keep, pure. */
+/* The record's stored form (format versions 1 and 2): the encoding both index backends keep,
+ * pure. */
 #include <stdio.h>
 #include <string.h>
 
@@ -7,9 +8,14 @@
 /* ---- record encoding (version 1) ------------------------------------------------------------
  * u8 version=1, u8 state, u64 size, u64 created_ms, u64 last_upload_ms, u64 state_ms,
  * str reason, str content_type, u8 nlocations, then per location:
- * u8 role, u64 verified_at_ms, str store, str key.   (str = u16 length + bytes, little-endian) */
+ * u8 role, u64 verified_at_ms, str store, str key.   (str = u16 length + bytes, little-endian)
+ * Version 2 is the same with u64 dev, u64 ino after each location's key (an in-place file's
+ * identity). A record is written as version 1 when no location has an identity, so the records
+ * of older servers and those without in-place files keep their bytes; a version 2 record where
+ * none has one is not canonical and refused (one encoding per record). */
 
 #define RECORD_VERSION 1
+#define RECORD_VERSION_IDENTITY 2
 
 struct wbuf {
   uint8_t *p;
@@ -51,7 +57,10 @@ size_t br_record_encode(const br_record *rec, uint8_t *buf, size_t cap) {
   if (rec->state != BR_STATE_LIVE && rec->state != BR_STATE_QUARANTINED &&
       rec->state != BR_STATE_HELD && rec->state != BR_STATE_DELETING)
     return 0;
-  put_u8(&b, RECORD_VERSION);
+  int ident = 0;
+  for (int i = 0; i < rec->nlocations; i++)
+    ident |= rec->locations[i].dev != 0 || rec->locations[i].ino != 0;
+  put_u8(&b, ident ? RECORD_VERSION_IDENTITY : RECORD_VERSION);
   put_u8(&b, (uint8_t)rec->state);
   put_u64(&b, rec->size);
   put_u64(&b, rec->created_ms);
@@ -67,6 +76,10 @@ size_t br_record_encode(const br_record *rec, uint8_t *buf, size_t cap) {
     put_u64(&b, l->verified_at_ms);
     put_str(&b, l->store, BR_MAX_STORE_NAME);
     put_str(&b, l->key, BR_MAX_KEY);
+    if (ident) {
+      put_u64(&b, l->dev);
+      put_u64(&b, l->ino);
+    }
   }
   return b.overflow ? 0 : b.len;
 }
@@ -121,8 +134,9 @@ int br_record_decode(const uint8_t *buf, size_t len, br_record *rec, br_err *err
    * are not cleared: a memset of the whole record was a noticeable part of every read */
   memset(rec, 0, offsetof(br_record, locations));
   uint8_t version = get_u8(&b);
-  if (b.bad || version != RECORD_VERSION)
+  if (b.bad || (version != RECORD_VERSION && version != RECORD_VERSION_IDENTITY))
     return br_fail(err, "index record: unknown format version %u", version);
+  int ident = version == RECORD_VERSION_IDENTITY, any_ident = 0;
   uint8_t state = get_u8(&b);
   rec->size = get_u64(&b);
   rec->created_ms = get_u64(&b);
@@ -141,8 +155,12 @@ int br_record_decode(const uint8_t *buf, size_t len, br_record *rec, br_err *err
     l->verified_at_ms = get_u64(&b);
     get_str(&b, l->store, BR_MAX_STORE_NAME);
     get_str(&b, l->key, BR_MAX_KEY);
+    l->dev = ident ? get_u64(&b) : 0;
+    l->ino = ident ? get_u64(&b) : 0;
+    any_ident |= l->dev != 0 || l->ino != 0;
   }
   rec->nlocations = n;
+  if (ident && !any_ident) b.bad = 1; /* version 1 encodes it: not canonical */
   if (b.bad || b.off != len) return br_fail(err, "index record: malformed (%zu bytes)", len);
   return 0;
 }

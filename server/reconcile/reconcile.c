@@ -507,15 +507,36 @@ static void delete_keys(struct doomed *dk, size_t nk, const struct candidate *c,
   free(failed);
 }
 
+/* Takes the locks of c[0..n) (digests: their hashes): one blob's, or all at once. 0, or -1 when
+ * they cannot be had (nothing held). */
+static int lock_all(const br_reconcile_env *env, const struct candidate *c, uint8_t (*digests)[D],
+                    size_t n) {
+  if (n == 1) return env->lock_blob(env->ud, c->digest, 1) < 0 ? -1 : 0;
+  return !env->lock_blobs || env->lock_blobs(env->ud, (const uint8_t(*)[D])digests, n, 1) ? -1 : 0;
+}
+
+static void unlock_all(const br_reconcile_env *env, const struct candidate *c,
+                       uint8_t (*digests)[D], size_t n) {
+  if (n == 1)
+    env->lock_blob(env->ud, c->digest, 0);
+  else
+    env->lock_blobs(env->ud, (const uint8_t(*)[D])digests, n, 0);
+}
+
 /* Deletes the blobs c[0..n) for good, in steps that survive a crash: each record is marked
  * deleting first (from then on it is never restored nor served), then the bytes of every
  * location go (location_to_delete, delete_keys), then the record. A crash, a failed delete or a
  * failed index write in between leaves it deleting, and br_reconcile_finish_deletes takes it from
  * there. c->state_ms is the state time the decision saw (the deleting mark's time for a delete
- * being finished); a record changed since is left alone. Holds the blobs' locks throughout, so
- * that an upload of the same hash either finished before (and the record is live again: nothing
- * deleted) or starts after (and writes anew). When the locks cannot be taken together (a shared
- * index locks each blob in the database), the blobs go one by one.
+ * being finished); a record changed since is left alone. The locks are held for the index
+ * decisions only when env->delete_begin is set: the marks (each delete registered under them),
+ * then, released, the store deletes (a batched DeleteObjects may take seconds), then, taken
+ * again, the removals, each only if the record is still marked as it was (an upload that came in
+ * meanwhile replaced it and wrote its bytes under a key of its own). Without delete_begin the
+ * locks are held throughout, so that an upload of the same hash either finished before (and the
+ * record is live again: nothing deleted) or starts after (and writes anew). When the locks
+ * cannot be taken together (a shared index locks each blob in the database), the blobs go one by
+ * one.
  * out[i]: 1 deleted, 0 skipped, -1 on an error (record kept). Returns how many were deleted. */
 static size_t delete_blobs(br_reconciler *r, const struct candidate *c, size_t n, int *out,
                            json_t *errors) {
@@ -526,22 +547,22 @@ static size_t delete_blobs(br_reconciler *r, const struct candidate *c, size_t n
   br_change *chs = malloc(n * sizeof *chs);
   size_t *at = malloc(n * sizeof *at);
   struct doomed *dk = malloc(n * BR_MAX_LOCATIONS * sizeof *dk);
+  uint8_t *registered = calloc(n, 1); /* delete_begin said 0: delete_end is owed */
   int locked = 0;
   size_t done = 0;
-  if (!digests || !recs || !chs || !at || !dk) {
+  if (!digests || !recs || !chs || !at || !dk || !registered) {
     add_error(errors, "out of memory");
     for (size_t i = 0; i < n; i++) out[i] = -1;
     goto out;
   }
   for (size_t i = 0; i < n; i++) memcpy(digests[i], c[i].digest, D);
   if (env->lock_blob && n == 1) {
-    if (env->lock_blob(env->ud, c->digest, 1) < 0) {
+    if (lock_all(env, c, digests, n) < 0) {
       add_error(errors, "index: the blob's lock cannot be had (the database is unavailable)");
       out[0] = -1;
       goto out;
     }
-  } else if (env->lock_blob &&
-             (!env->lock_blobs || env->lock_blobs(env->ud, (const uint8_t(*)[D])digests, n, 1))) {
+  } else if (env->lock_blob && lock_all(env, c, digests, n) < 0) {
     for (size_t i = 0; i < n; i++) done += delete_blobs(r, &c[i], 1, &out[i], errors);
     goto out;
   }
@@ -556,20 +577,34 @@ static size_t delete_blobs(br_reconciler *r, const struct candidate *c, size_t n
     if (rc < 0) {
       add_error(errors, "index: %s", err.msg);
       out[i] = -1;
-    } else if (rc == 0 && recs[i].state_ms == c[i].state_ms &&
-               (recs[i].state == BR_STATE_QUARANTINED || recs[i].state == BR_STATE_HELD)) {
-      if (now <= recs[i].state_ms) now = recs[i].state_ms + 1; /* the mark's time tells it apart */
-      br_change *ch = &chs[nm];
-      memset(ch, 0, sizeof *ch);
-      ch->kind = BR_CHANGE_MARK_DELETE;
-      ch->cutoff_ms = UINT64_MAX;
-      ch->expect_state_ms = c[i].state_ms;
-      ch->reason = "being deleted for good";
-      memcpy(ch->digest, c[i].digest, D);
-      at[nm++] = i;
-    } else if (rc == 0 && recs[i].state == BR_STATE_DELETING && recs[i].state_ms == c[i].state_ms) {
-      out[i] = 1;
+      continue;
     }
+    int mark = rc == 0 && recs[i].state_ms == c[i].state_ms &&
+               (recs[i].state == BR_STATE_QUARANTINED || recs[i].state == BR_STATE_HELD);
+    int finish = rc == 0 && recs[i].state == BR_STATE_DELETING && recs[i].state_ms == c[i].state_ms;
+    if (!mark && !finish) continue;
+    if (env->delete_begin) {
+      int b = env->delete_begin(env->ud, c[i].digest);
+      if (b != 0) { /* an upload of it is committing (or no memory): not this time */
+        if (b < 0) add_error(errors, "out of memory");
+        out[i] = b < 0 ? -1 : 0;
+        continue;
+      }
+      registered[i] = 1;
+    }
+    if (finish) {
+      out[i] = 1;
+      continue;
+    }
+    if (now <= recs[i].state_ms) now = recs[i].state_ms + 1; /* the mark's time tells it apart */
+    br_change *ch = &chs[nm];
+    memset(ch, 0, sizeof *ch);
+    ch->kind = BR_CHANGE_MARK_DELETE;
+    ch->cutoff_ms = UINT64_MAX;
+    ch->expect_state_ms = c[i].state_ms;
+    ch->reason = "being deleted for good";
+    memcpy(ch->digest, c[i].digest, D);
+    at[nm++] = i;
   }
   if (nm && br_index_apply_changes(env->index, chs, nm, now, &err) < 0) {
     add_error(errors, "index: %s", err.msg);
@@ -594,7 +629,24 @@ static size_t delete_blobs(br_reconciler *r, const struct candidate *c, size_t n
     }
     if (out[i] != 1) nk = first; /* none of its bytes go before all can be checked */
   }
+  if (env->delete_begin && locked) { /* the store calls without the locks (see above) */
+    unlock_all(env, c, digests, n);
+    locked = 0;
+  }
   delete_keys(dk, nk, c, out, errors);
+  if (env->delete_begin) {
+    for (size_t i = 0; i < n; i++)
+      if (registered[i]) env->delete_end(env->ud, c[i].digest);
+    if (!env->lock_blob) {
+      /* nothing to take again */
+    } else if (lock_all(env, c, digests, n) == 0) {
+      locked = 1;
+    } else {
+      add_error(errors, "index: the blobs' locks cannot be had (they stay marked deleting)");
+      for (size_t i = 0; i < n; i++)
+        if (out[i] == 1) out[i] = -1;
+    }
+  }
   /* the records, and their CDN purges */
   size_t nr = 0;
   for (size_t i = 0; i < n; i++) {
@@ -613,10 +665,7 @@ static size_t delete_blobs(br_reconciler *r, const struct candidate *c, size_t n
   } else {
     for (size_t j = 0; j < nr; j++) out[at[j]] = chs[j].applied ? 1 : 0;
   }
-  if (locked && n == 1)
-    env->lock_blob(env->ud, c->digest, 0);
-  else if (locked)
-    env->lock_blobs(env->ud, (const uint8_t(*)[D])digests, n, 0);
+  if (locked) unlock_all(env, c, digests, n);
   for (size_t i = 0; i < n; i++)
     if (out[i] == 1) {
       done++;
@@ -628,6 +677,7 @@ out:
   free(chs);
   free(at);
   free(dk);
+  free(registered);
   return done;
 }
 

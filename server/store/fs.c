@@ -550,6 +550,8 @@ static int fs_open_read(br_store *st, const char *key, br_store_reader *out, br_
   uint64_t mtime_ms = (uint64_t)sb.st_mtim.tv_sec * 1000 + (uint64_t)sb.st_mtim.tv_nsec / 1000000;
   uint64_t ctime_ms = (uint64_t)sb.st_ctim.tv_sec * 1000 + (uint64_t)sb.st_ctim.tv_nsec / 1000000;
   out->changed_ms = mtime_ms > ctime_ms ? mtime_ms : ctime_ms;
+  out->dev = (uint64_t)sb.st_dev;
+  out->ino = (uint64_t)sb.st_ino;
   out->source = br_source_from_fd(fd, out->size, key, err);
   if (!out->source) {
     close(fd);

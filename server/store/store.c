@@ -131,6 +131,18 @@ int br_store_reader_take_fd(br_store_reader *r) {
   return fd;
 }
 
+int br_store_identity(br_store *st, const char *key, uint64_t *dev, uint64_t *ino, br_err *err) {
+  *dev = *ino = 0;
+  if (strcmp(br_store_kind(st), "fs")) return 0; /* no inodes: nothing to open */
+  br_store_reader r;
+  int rc = br_store_open_read(st, key, &r, err);
+  if (rc != 0) return rc;
+  *dev = r.dev;
+  *ino = r.ino;
+  br_store_reader_close(&r);
+  return 0;
+}
+
 int br_store_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   if (br_store_key_valid(key) < 0) return br_fail(err, "invalid object key '%s'", key);
   return st->ops->stat(st, key, size, err);

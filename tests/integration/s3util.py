@@ -106,11 +106,17 @@ class Forwarder:
     """A TCP forwarder to radosgw (SigV4 signs the Host header as sent, so a plain byte pipe in
     between changes nothing). `down` counts the bytes radosgw sends back; `rate`, when set, holds
     the bytes towards radosgw to at most that many per second per connection (a slow uplink) and
-    may be changed (None: unthrottled) while it runs."""
+    may be changed (None: unthrottled) while it runs. `stall(pred)` holds every request whose
+    first packet (request line and headers) pred accepts until `release()` (each counted in
+    `stalled`)."""
 
     def __init__(self, target_port, rate=None, count=()):
         self.rate = rate
         self.down = 0
+        self.stall_pred = None
+        self.stalled = 0
+        self.go = threading.Event()
+        self.go.set()
         # how often each of the byte strings in count went towards radosgw (e.g. b"POST /b?delete")
         self.hits = {pat: 0 for pat in count}
         self.lock = threading.Lock()
@@ -139,6 +145,10 @@ class Forwarder:
                 d = src.recv(65536)
                 if not d:
                     break
+                if upward and self.stall_pred and self.stall_pred(d):
+                    with self.lock:
+                        self.stalled += 1
+                    self.go.wait(60)  # bounded: a test that forgets to release still ends
                 if upward and self.hits:
                     seen = tail + d  # tail is shorter than any pattern: nothing counted twice
                     with self.lock:
@@ -161,5 +171,15 @@ class Forwarder:
                 except OSError:
                     pass
 
+    def stall(self, pred):
+        """From now on holds each request whose first packet pred(bytes) accepts."""
+        self.stall_pred = pred
+        self.go.clear()
+
+    def release(self):
+        self.go.set()
+        self.stall_pred = None
+
     def close(self):
+        self.release()
         self.lsock.close()

@@ -49,9 +49,85 @@ static int records_equal(const br_record *a, const br_record *b) {
     if (strcmp(a->locations[i].store, b->locations[i].store) ||
         strcmp(a->locations[i].key, b->locations[i].key) ||
         a->locations[i].role != b->locations[i].role ||
-        a->locations[i].verified_at_ms != b->locations[i].verified_at_ms)
+        a->locations[i].verified_at_ms != b->locations[i].verified_at_ms ||
+        a->locations[i].dev != b->locations[i].dev || a->locations[i].ino != b->locations[i].ino)
       return 0;
   return 1;
+}
+
+/* A record as a server before inode identities wrote it (format version 1), byte for byte:
+ * live, 5 bytes, created 1, uploaded 2, state 3, no reason, "text/plain", one primary location
+ * fs:k verified at 4. */
+static const uint8_t OLD_RECORD[] = {
+    1, 0, /* version, state */
+    5, 0, 0,   0,   0,   0,   0,   0,   1,   0,   0,   0,   0,   0,
+    0, 0, /* size, created_ms */
+    2, 0, 0,   0,   0,   0,   0,   0,   3,   0,   0,   0,   0,   0,
+    0, 0,                                                             /* last_upload_ms, state_ms */
+    0, 0, 10,  0,   't', 'e', 'x', 't', '/', 'p', 'l', 'a', 'i', 'n', /* reason, content_type */
+    1, 0, 4,   0,   0,   0,   0,   0,   0,   0, /* 1 location: role, verified_at */
+    2, 0, 'f', 's', 1,   0,   'k'};             /* store, key */
+
+/* The codec across format versions: old records decode (no identity) and re-encode to the same
+ * bytes; a record with an in-place file's identity is version 2 (16 bytes more a location) and
+ * round-trips; a version 2 record without any identity, or cut short, is refused. */
+static void test_encoding_identity(void) {
+  uint8_t buf[BR_RECORD_MAX_ENCODED];
+  br_record back;
+  br_err err;
+  CHECK(br_record_decode(OLD_RECORD, sizeof OLD_RECORD, &back, &err) == 0, "old: %s", err.msg);
+  CHECK(back.size == 5 && back.created_ms == 1 && back.last_upload_ms == 2 && back.state_ms == 3 &&
+            !strcmp(back.content_type, "text/plain") && back.nlocations == 1 &&
+            !strcmp(back.locations[0].store, "fs") && !strcmp(back.locations[0].key, "k") &&
+            back.locations[0].verified_at_ms == 4 && back.locations[0].dev == 0 &&
+            back.locations[0].ino == 0,
+        "old record fields");
+  size_t len = br_record_encode(&back, buf, sizeof buf);
+  CHECK(len == sizeof OLD_RECORD && !memcmp(buf, OLD_RECORD, len), "old record re-encoded");
+  struct {
+    const char *name;
+    int nloc, with; /* locations; which one has an identity (-1: none) */
+    uint64_t dev, ino;
+    uint8_t version;
+  } cases[] = {
+      {"no locations", 0, -1, 0, 0, 1},
+      {"three, none identified", 3, -1, 0, 0, 1},
+      {"one identified", 1, 0, 64769, 1234567, 2},
+      {"third of eight identified", 8, 2, 2049, 99, 2},
+      {"inode only", 2, 1, 0, 7, 2},
+      {"device only", 2, 0, 3, 0, 2},
+      {"largest values", 1, 0, UINT64_MAX, UINT64_MAX, 2},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    br_record r = sample(cases[c].nloc), plain = r;
+    if (cases[c].with >= 0) {
+      r.locations[cases[c].with].dev = cases[c].dev;
+      r.locations[cases[c].with].ino = cases[c].ino;
+    }
+    len = br_record_encode(&r, buf, sizeof buf);
+    size_t plain_len = br_record_encode(&plain, (uint8_t[BR_RECORD_MAX_ENCODED]){0}, sizeof buf);
+    CHECK(len && buf[0] == cases[c].version, "%s: version %u", cases[c].name, buf[0]);
+    CHECK(len == plain_len + (cases[c].version == 2 ? 16u * (unsigned)cases[c].nloc : 0),
+          "%s: %zu bytes, %zu without identity", cases[c].name, len, plain_len);
+    CHECK(br_record_decode(buf, len, &back, &err) == 0 && records_equal(&r, &back),
+          "%s: round trip (%s)", cases[c].name, err.msg);
+    for (size_t cut = 0; cut < len; cut++)
+      if (br_record_decode(buf, cut, &back, &err) == 0) {
+        CHECK(0, "%s: cut to %zu of %zu accepted", cases[c].name, cut, len);
+        break;
+      }
+    if (cases[c].version == 2) {
+      /* the last location's ino is the last 8 bytes: zeroed, no location has an identity */
+      br_record z = sample(cases[c].nloc);
+      z.locations[cases[c].nloc - 1].ino = 1;
+      len = br_record_encode(&z, buf, sizeof buf);
+      memset(buf + len - 8, 0, 8);
+      CHECK(len && br_record_decode(buf, len, &back, &err) < 0,
+            "%s: version 2 without identity accepted", cases[c].name);
+    }
+  }
+  buf[0] = 3; /* unknown version */
+  CHECK(br_record_decode(buf, len, &back, &err) < 0, "version 3 accepted");
 }
 
 static void test_encoding(void) {
@@ -77,8 +153,8 @@ static void test_encoding(void) {
   br_record r = sample(1), back;
   size_t len = br_record_encode(&r, buf, sizeof buf);
   br_err err;
-  buf[0] = 2; /* unknown version */
-  CHECK(br_record_decode(buf, len, &back, &err) < 0, "version 2 accepted");
+  buf[0] = 2; /* version 2 has 16 bytes more a location */
+  CHECK(br_record_decode(buf, len, &back, &err) < 0, "version 1 bytes as version 2 accepted");
   buf[0] = 1;
   buf[1] = 7; /* unknown state */
   CHECK(br_record_decode(buf, len, &back, &err) < 0, "state 7 accepted");
@@ -1186,6 +1262,7 @@ static void test_counts_kept_and_repaired(void) {
 
 int main(void) {
   test_encoding();
+  test_encoding_identity();
   test_lmdb();
   test_changes();
   test_list();
