@@ -54,9 +54,9 @@ def test_refs_column_and_reconcile(tmp_path):
     srv = start(tmp_path, conf)
     api = Api(srv)
     try:
-        t0 = time.monotonic()
         U = upload(api, data, "U", 2)  # never in the table
         t, A, B, C, D, E = build(tmp_path, api, data)
+        t0 = time.monotonic()  # after the last upload, however long they took under load
 
         res = refs(t.root, "--column", "image_sha256")
         assert res.returncode == 0, res.stderr
@@ -94,8 +94,8 @@ def test_format_is_detected_without_the_key(tmp_path):
     srv = start(tmp_path, conf)
     api = Api(srv)
     try:
-        t0 = time.monotonic()
         t, A, B, C, D, E = build(tmp_path, api, data)
+        t0 = time.monotonic()  # after the last upload
         res = refs("-c", srv.data_dir / "blobref.conf", "images")
         assert res.returncode == 0, res.stderr
         assert res.stdout.split() == sorted(B + C + D + E)
@@ -137,8 +137,8 @@ def test_delta_table_in_s3(rgw, tmp_path):
     api = Api(srv)
     try:
         data = {}
-        t0 = time.monotonic()
         A, B, C, U = (upload(api, data, tag, 2) for tag in "ABCU")
+        t0 = time.monotonic()  # after the last upload
         t.write_data({"a.parquet": A, "part=x%20y/b.parquet": B, "c.parquet": C})
         t.commit(add=["a.parquet"])
         t.commit(add=["part=x%20y/b.parquet"], remove=["a.parquet"])

@@ -116,8 +116,8 @@ def test_reconcile_with_orc_data_files(tmp_path):
                 data[out[-1]] = bb
             return out
 
-        t0 = time.monotonic()
         A, B, D = up("A", 6), up("B", 3), up("D", 4)
+        t0 = time.monotonic()  # after the last upload, however long they took under load
         t.write_orc({"a.orc": A}, codec=ZLIB, stripe_rows=4)
         t.write_data({"b.parquet": B})
         t.append("a.orc", "b.parquet")

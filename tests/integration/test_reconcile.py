@@ -106,13 +106,13 @@ def test_quarantine_restore_purge_lifecycle(tmp_path):
     api = Api(srv)
     try:
         data = {}
-        t0 = time.monotonic()
         A = upload(api, data, "A", 4)
         B = upload(api, data, "B", 3)
         X = upload(api, data, "X", 3)
         E = upload(api, data, "E", 2)
         C = upload(api, data, "C", 3)
         D = upload(api, data, "D", 4)
+        t0 = time.monotonic()  # after the last upload, however long they took under load
         N = sha(b"referenced but never uploaded")
         t.write_data({"f1.parquet": A + [N], "f2.parquet": B, "fx.parquet": X, "f4.parquet": E,
                       "f3.parquet": C})
@@ -405,13 +405,13 @@ def test_forms_and_tables_sharing_blobs(tmp_path):
     api = Api(srv)
     try:
         data = {}
-        t0 = time.monotonic()
         A = upload(api, data, "A", 4)
         B = upload(api, data, "B", 4)
         C = upload(api, data, "C", 4)
         S = upload(api, data, "S", 2)
         O = upload(api, data, "O", 2)
         U = upload(api, data, "U", 3)
+        t0 = time.monotonic()  # after the last upload
         th.write_data({"h1.parquet": A, "h2.parquet": S})
         th.append("h1.parquet")
         th.append("h2.parquet")
