@@ -1,5 +1,5 @@
 /* The core's lifetime: opens index and stores, and starts and stops the background services
- * (purge queue, store health, reconcile runner, drain) in one order. */
+ * (purge queue, store health, reconcile runner, drain, jobs, direct-upload sweep) in one order. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>

@@ -431,7 +431,7 @@ static void commit_one(struct request *req, br_store *st, const struct upload_ba
     /* the backend does not check the bytes against the signed checksum (or left no checksum to
      * compare): read the object and hash it before it can ever be served */
     uint64_t t0 = br_mono_ns(), got_size = 0;
-    rc = br_store_hash(st, key, sha, &got_size, &err);
+    rc = br_store_hash_expect(st, key, size, sha, &got_size, &err);
     atomic_fetch_add(&req->http->direct_rehash_ns, br_mono_ns() - t0);
     if (rc == 0) atomic_fetch_add(&req->http->direct_rehash_bytes, got_size);
     if (rc > 0) {
@@ -558,7 +558,8 @@ struct abort_job {
 };
 
 /* The slow pool's part of an abort: AbortMultipartUpload under the blob's content key (an
- * upload already aborted or completed is no error), then the plan is forgotten. */
+ * upload already aborted or completed, or a store without multipart plans, is no error), then
+ * the plan is forgotten. */
 static void abort_run(struct request *req) {
   struct abort_job *j = req->job_data;
   br_store *st = req->srv->upload_store;
@@ -607,10 +608,6 @@ enum MHD_Result uploads_abort(struct request *req) {
     br_info("DELETE /v1/uploads refused: no sha256");
     return reply_error(req, E_BAD_HASH,
                        "?sha256= names the blob of the upload: 64 lowercase hex digits");
-  }
-  if (br_store_direct_mode(req->srv->upload_store) == BR_DIRECT_NONE) {
-    free(j);
-    return reply_error(req, E_NOT_FOUND, "the upload store takes no direct uploads");
   }
   memcpy(j->upload_id, id, idlen + 1);
   req->job_data = j;
