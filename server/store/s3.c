@@ -790,7 +790,7 @@ static int s3_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
 /* A streamed whole-object GET hashed as it arrives (s3_hash). */
 struct hash_sink {
   EVP_MD_CTX *ctx;
-  uint64_t n;
+  uint64_t n, max; /* bytes hashed; more than max (the expected size) stops the transfer */
 };
 
 static void hash_sink_reset(void *ud) {
@@ -802,12 +802,14 @@ static void hash_sink_reset(void *ud) {
 static int hash_sink_take(void *ud, const char *data, size_t n) {
   struct hash_sink *h = ud;
   h->n += n;
+  if (h->n > h->max) return 0; /* not the blob: no need to read a larger object to its end */
   return EVP_DigestUpdate(h->ctx, data, n) == 1;
 }
 
 /* The SHA-256 and size of key from one GET streamed through the digest (curl's buffer only:
- * memory bounded whatever the size; a retry starts the digest over). expect (a HEAD when 0)
- * sets the time budget only; a body shorter than its Content-Length is a transfer error.
+ * memory bounded whatever the size; a retry starts the digest over). expect (a HEAD when 0) sets
+ * the time budget, and an object longer than it is read no further: 0 with a *size over expect
+ * (out is then not its digest). A body shorter than its Content-Length is a transfer error.
  * Returns 0, 1 if absent, -1 with err. */
 static int s3_hash(br_store *st, const char *key, uint64_t expect, uint8_t out[BR_SHA256_LEN],
                    uint64_t *size, br_err *err) {
@@ -816,7 +818,7 @@ static int s3_hash(br_store *st, const char *key, uint64_t expect, uint8_t out[B
     int hrc = head_object(s3, key, &expect, err);
     if (hrc) return hrc;
   }
-  struct hash_sink h = {.ctx = EVP_MD_CTX_new()};
+  struct hash_sink h = {.ctx = EVP_MD_CTX_new(), .max = expect};
   if (!h.ctx) return br_fail(err, "out of memory");
   s3_request rq = {.method = "GET",
                    .key = key,
@@ -827,7 +829,9 @@ static int s3_hash(br_store *st, const char *key, uint64_t expect, uint8_t out[B
                    .sink_len = expect};
   s3_response rs;
   int rc = s3_perform(&s3->t, &rq, &rs, err);
-  if (rc == 0) {
+  if (rc < 0 && rs.sink_stopped && h.n > h.max) {
+    rc = 0; /* longer than expected: the caller sees the size */
+  } else if (rc == 0) {
     if (rs.status == 404)
       rc = 1;
     else if (rs.status != 200)

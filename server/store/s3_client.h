@@ -105,6 +105,7 @@ typedef struct s3_response {
   char checksum_sha256[64]; /* x-amz-checksum-sha256 of the answer (HEAD with checksum mode) */
   char code[64];            /* S3's error code from the XML error body, e.g. "NoSuchKey" */
   char message[256];        /* and its message */
+  int sink_stopped;         /* the request's sink refused bytes: the transfer ended there */
 } s3_response;
 
 /* Sends req, retrying transport errors, 500/502/503/504 and SlowDown with exponential backoff

@@ -259,19 +259,28 @@ def test_enforcing_store_is_trusted_and_checked_by_head(rgw, direct):
 
 
 def test_rehash_is_one_streamed_get(rgw, direct):
-    """The commit's re-hash of a 3 MiB object reads it with one GET without a Range (it was a
-    HEAD and a ranged GET per MiB), after the commit's own HEAD."""
+    """The commit's re-hash of a 3 MiB object on a store that does not check the bytes is one
+    GET without a Range and nothing else (it was a HEAD, then a HEAD and a ranged GET per MiB).
+    The proxy here keeps no checksum for an object it did not see PUT with one, so blobrefd's
+    probe found the store enforcing but the commit still re-hashes: checked with mode on."""
     proxy = ChecksumProxy(rgw.endpoint)
     try:
-        srv, b = direct(endpoint=proxy.endpoint)
+        srv, b = direct(endpoint=proxy.endpoint, direct_uploads="on")
         data = os.urandom(3 * MiB + 5)
         assert negotiate(srv, [item(data)])[0]["status"] == "upload"
         rgw.client().put_object(Bucket=b, Key=content_key(sha(data)), Body=data)  # no checksum
         path = f"/{b}/{content_key(sha(data))}"
         proxy.log.clear()
         assert commit(srv, [item(data)])[0]["status"] == "created"
-        assert [(m, r) for m, p, r in proxy.log if p == path] == [("HEAD", None), ("GET", None)]
+        assert [(m, r) for m, p, r in proxy.log if p == path] == [("GET", None)]
         assert metric(srv, "blobref_direct_rehash_bytes_total") == len(data)
+        # an object longer than the blob is read no further than the blob's size, then deleted
+        small = os.urandom(1000)
+        rgw.client().put_object(Bucket=b, Key=content_key(sha(small)), Body=data)
+        res = commit(srv, [item(small)])[0]
+        assert res["status"] == "mismatch" and "deleted" in res["message"], res
+        read = metric(srv, "blobref_direct_rehash_bytes_total") - len(data)
+        assert read < 1 * MiB, read  # the first buffers, not the object's 3 MiB
         assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).content == data
     finally:
         proxy.close()

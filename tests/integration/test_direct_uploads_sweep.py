@@ -84,7 +84,7 @@ def test_sweep_never_deletes_an_object_a_record_owns(rgw, direct):
 
 def test_expired_multipart_plan_is_aborted(rgw, direct):
     # URLs that live long enough for an 11 MiB negotiation and a part PUT under ASan and load
-    srv, b = direct(server="direct_upload_grace = 8s\n", presign_ttl="8s", part_size="5MiB",
+    srv, b = direct(server="direct_upload_grace = 6s\n", presign_ttl="6s", part_size="5MiB",
                     spool_max="16MiB")
     s3 = rgw.client()
     data = os.urandom(11 * MiB)
@@ -146,7 +146,7 @@ def test_negotiation_whose_client_went_away_leaks_nothing(rgw, direct):
     data = os.urandom(11 * MiB)
     ps = 5 * MiB
     parts = [sha(data[i:i + ps]) for i in range(0, len(data), ps)]
-    n = 50  # 50 CreateMultipartUpload round trips: the answer comes long after the close
+    n = 20  # 20 CreateMultipartUpload round trips: the answer comes after the close
     blobs = [dict(item(data), part_size=ps, part_sha256=parts)] * n
     body = json.dumps({"blobs": blobs}).encode()
     host, port = srv.url.split("//")[1].split(":")
