@@ -130,6 +130,7 @@ typedef struct br_config {
   char *tls_priorities;    /* GnuTLS priority string of HTTPS handshakes (checked at load) */
   char *listen_plain;      /* an extra plain-HTTP listener ("" = none) */
   uint64_t drain_grace_ms; /* a moved blob's old copy is deleted after this long */
+  uint64_t direct_upload_grace_ms; /* a direct-upload plan never committed is swept after this */
   /* [reconcile] */
   uint64_t reconcile_interval_ms;
   uint64_t grace_ms;

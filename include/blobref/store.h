@@ -92,6 +92,10 @@ int br_store_reader_take_fd(br_store_reader *r);
 /* Reads key whole: its SHA-256 in out and its size. Returns 0, 1 if absent, -1 with err. */
 int br_store_hash(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uint64_t *size,
                   br_err *err);
+/* br_store_hash of an object whose size the caller already has (a HEAD spared: an S3 store
+ * streams one GET through the digest). */
+int br_store_hash_expect(br_store *st, const char *key, uint64_t expect, uint8_t out[BR_SHA256_LEN],
+                         uint64_t *size, br_err *err);
 /* br_store_hash that also copies the first min(size, head_cap) bytes into head (*head_len). */
 int br_store_hash_head(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uint64_t *size,
                        void *head, size_t head_cap, size_t *head_len, br_err *err);

@@ -85,6 +85,9 @@ static const struct key_spec server_keys[] = {
     {"listen_plain", KEY_STRING, SRV(listen_plain), "", 0, 0, 0, 0},
     /* 0 would delete the old copy under the redirects and readers still using it */
     {"drain_grace", KEY_DURATION, SRV(drain_grace_ms), "24h", 1000, UINT64_MAX / 2, 0, MINUTE_MS},
+    /* what an unfinished direct upload left is deleted after this long (at least presign_ttl) */
+    {"direct_upload_grace", KEY_DURATION, SRV(direct_upload_grace_ms), "24h", 1000, UINT64_MAX / 2,
+     0, MINUTE_MS},
 };
 /* interval: 0 = on demand only; under a second it would never stop reading the tables. grace
  * and retention: 0 would switch off invariants 6 (a pipeline may upload before it commits) and 4
@@ -779,6 +782,12 @@ int br_config_finish(br_config *cfg, br_err *err) {
   if (!*cfg->upload_store) br_config_set_string(&cfg->upload_store, cfg->stores[0].name);
   if (!br_config_store(cfg, cfg->upload_store))
     return br_fail(err, "%s: [server] upload_store: no [store %s]", where, cfg->upload_store);
+  const br_store_config *us = br_config_store(cfg, cfg->upload_store);
+  if (strcmp(us->direct_uploads, "off") && us->presign_ttl_ms > cfg->direct_upload_grace_ms)
+    return br_fail(err,
+                   "%s: [store %s] presign_ttl is longer than [server] direct_upload_grace: an "
+                   "upload could land after its plan was swept",
+                   where, us->name);
   if (!strcmp(br_config_store(cfg, cfg->upload_store)->kind, "http"))
     return br_fail(err, "%s: [server] upload_store: [store %s] is a read-only http origin", where,
                    cfg->upload_store);

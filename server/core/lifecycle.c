@@ -1,5 +1,5 @@
 /* The core's lifetime: opens index and stores, and starts and stops the background services
- * (purge queue, store health, reconcile runner, drain) in one order. */
+ * (purge queue, store health, reconcile runner, drain, jobs, direct-upload sweep) in one order. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -9,6 +9,7 @@
 
 #include "core/blobcache.h"
 #include "core/cdn_purge.h"
+#include "core/direct_plans.h"
 #include "core/drain.h"
 #include "core/jobs.h"
 #include "core/reconcile_runner.h"
@@ -133,11 +134,13 @@ int br_server_start(br_server *srv, br_err *err) {
   if (reconcile_runner_start(srv, err) < 0) return -1;
   if (drain_start(srv, err) < 0) return -1;
   if (jobs_start(srv, err) < 0) return -1;
+  if (direct_plans_start(srv, err) < 0) return -1;
   return 0;
 }
 
 void br_server_stop(br_server *srv) {
-  jobs_stop(srv); /* first: jobs move blobs, which drain and queue purges */
+  direct_plans_stop(srv); /* after the HTTP front: no negotiation or commit is running */
+  jobs_stop(srv);         /* first: jobs move blobs, which drain and queue purges */
   drain_stop(srv);
   reconcile_runner_stop(srv); /* a run in progress completes first */
   br_server_health_stop(srv);

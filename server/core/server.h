@@ -55,6 +55,7 @@ struct br_server {
   struct drainer *drain;              /* core/drain.c: deletes draining copies */
   struct cdn_purger *purger;          /* core/cdn_purge.c: purges when blobs go */
   struct job_engine *jobs;            /* core/jobs.c: migrate and import jobs */
+  struct direct_plans *plans;         /* core/direct_plans.c: direct-upload plans, sweep */
   atomic_uint_fast64_t store_errors[BR_MAX_STORES][STORE_OPS];
   uint64_t started_ms;
 };

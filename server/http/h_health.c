@@ -9,6 +9,7 @@
 
 #include "blobref/version.h"
 #include "core/cdn_purge.h"
+#include "core/direct_plans.h"
 #include "core/reconcile_runner.h"
 #include "http/handlers.h"
 #include "http/ops.h"
@@ -294,6 +295,16 @@ enum MHD_Result metrics_get(struct request *req) {
   for (int i = 0; i < srv->nstores; i++)
     appendf(&t, "blobref_store_direct_uploads{store=\"%s\"} %d\n", br_store_name(srv->stores[i]),
             (int)br_store_direct_mode(srv->stores[i]));
+  appendf(&t,
+          "# HELP blobref_direct_plans_pending Direct-upload plans handed out and neither "
+          "committed, aborted nor swept yet (DATA_DIR/direct-plans.log).\n"
+          "# TYPE blobref_direct_plans_pending gauge\nblobref_direct_plans_pending %" PRIu64
+          "\n"
+          "# HELP blobref_direct_plans_swept_total Objects and multipart uploads of expired "
+          "plans removed by the sweep.\n"
+          "# TYPE blobref_direct_plans_swept_total counter\nblobref_direct_plans_swept_total "
+          "%" PRIu64 "\n",
+          direct_plans_pending(srv), direct_plans_swept(srv));
   appendf(&t,
           "# HELP blobref_spool_bytes Upload bytes spooled for S3 and not yet sent.\n"
           "# TYPE blobref_spool_bytes gauge\nblobref_spool_bytes %" PRIu64 "\n",

@@ -1,4 +1,5 @@
-/* POST /v1/uploads (which blobs to send and where: presigned PUTs straight to the store) and
+/* POST /v1/uploads (which blobs to send and where: presigned PUTs straight to the store),
+ * DELETE /v1/uploads/{upload_id} (a client gives up a multipart plan) and
  * POST /v1/uploads/commit (verify what landed, then record it): uploads that skip blobrefd. */
 #include <inttypes.h>
 #include <pthread.h>
@@ -7,12 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/direct_plans.h"
 #include "core/server.h"
 #include "http/handlers.h"
 
 #define UPLOADS_MAX 10000 /* blobs per negotiation or commit */
 #define HASHES_MAX 20000  /* part hashes (negotiation) or part ETags (commit) per request */
-#define UPLOAD_ID_MAX 511
+#define UPLOAD_ID_MAX DIRECT_UPLOAD_ID_MAX
 #define ETAG_MAX 127
 
 /* One part of a multipart blob: its SHA-256 (negotiation) or the ETag the store gave it (commit).
@@ -30,7 +32,9 @@ struct upload_item {
   char content_type[BR_MAX_CONTENT_TYPE + 1];
   uint64_t part_size;                /* 0: not said */
   size_t part0, nparts;              /* this blob's parts in the batch's parts */
-  char upload_id[UPLOAD_ID_MAX + 1]; /* commit of a multipart upload, else "" */
+  char upload_id[UPLOAD_ID_MAX + 1]; /* commit of a multipart upload (negotiation: the one
+                                        created), else "" */
+  int planned;                       /* negotiation: an upload or multipart plan was handed out */
   const char *status; /* commit: "created" | "present" | "missing" | "mismatch" | "error" */
   char message[BR_MAX_KEY + BR_MAX_STORE_NAME + 2 * sizeof(br_err)];
 };
@@ -189,9 +193,8 @@ static json_t *headers_json(const br_direct_put *put) {
  * at (status part_hashes: negotiate again with part_sha256); with them, a multipart upload
  * created under the content key and a presigned UploadPart per part, each signing its part's
  * x-amz-content-sha256. NULL on a store error (err). */
-static json_t *multipart_action(br_store *st, const struct upload_batch *b,
-                                const struct upload_item *it, const char *key, const char *hex,
-                                br_err *err) {
+static json_t *multipart_action(br_store *st, const struct upload_batch *b, struct upload_item *it,
+                                const char *key, const char *hex, br_err *err) {
   if (!it->nparts) {
     uint64_t ps = br_store_direct_max(st),
              fit = (it->size + BR_DIRECT_MAX_PARTS - 1) / BR_DIRECT_MAX_PARTS;
@@ -199,10 +202,12 @@ static json_t *multipart_action(br_store *st, const struct upload_batch *b,
     return json_pack("{s:s,s:s,s:I}", "sha256", hex, "status", "part_hashes", "part_size",
                      (json_int_t)ps);
   }
-  char upload_id[UPLOAD_ID_MAX + 1];
-  int rc = br_store_multipart_begin(st, key, it->content_type, upload_id, sizeof upload_id, err);
+  char *upload_id = it->upload_id;
+  int rc =
+      br_store_multipart_begin(st, key, it->content_type, upload_id, sizeof it->upload_id, err);
   if (rc < 0) return NULL;
   if (rc > 0) return json_pack("{s:s,s:s}", "sha256", hex, "status", "via_server");
+  it->planned = 1; /* journaled with the others of the batch, or aborted */
   json_t *parts = json_array();
   br_direct_put put;
   for (size_t k = 0; k < it->nparts; k++) {
@@ -211,6 +216,8 @@ static json_t *multipart_action(br_store *st, const struct upload_batch *b,
       json_decref(parts);
       br_err aerr;
       br_store_multipart_abort(st, key, upload_id, &aerr);
+      it->planned = 0;
+      it->upload_id[0] = '\0';
       return NULL;
     }
     json_array_append_new(
@@ -227,8 +234,8 @@ static json_t *multipart_action(br_store *st, const struct upload_batch *b,
 /* The negotiation answer for one blob not in the index: a presigned PUT when the upload store
  * takes direct uploads and the blob fits in one part, a multipart plan when it does not, else
  * via_server. NULL on a store error. */
-static json_t *upload_action(br_store *st, const struct upload_batch *b,
-                             const struct upload_item *it, const char *hex, br_err *err) {
+static json_t *upload_action(br_store *st, const struct upload_batch *b, struct upload_item *it,
+                             const char *hex, br_err *err) {
   char key[BR_MAX_KEY + 1];
   br_direct_put put;
   if (br_store_direct_mode(st) == BR_DIRECT_NONE ||
@@ -238,11 +245,55 @@ static json_t *upload_action(br_store *st, const struct upload_batch *b,
   int rc = br_store_presign_put(st, key, it->digest, &put, err);
   if (rc < 0) return NULL;
   if (rc > 0) return json_pack("{s:s,s:s}", "sha256", hex, "status", "via_server");
+  it->planned = 1;
   json_t *headers = headers_json(&put);
   char expires[40];
   br_format_time_ms(put.expires_ms, expires, sizeof expires);
   return json_pack("{s:s,s:s,s:s,s:s,s:o,s:s}", "sha256", hex, "status", "upload", "method", "PUT",
                    "url", put.url, "headers", headers, "expires_at", expires);
+}
+
+/* Journals the plans of items[0..n) (DATA_DIR/direct-plans.log, fsync'd) before any is answered,
+ * so that the sweep removes what an unfinished one leaves. When they cannot be journaled, the
+ * multipart uploads are aborted and: the journal is full, each becomes via_server in out (0);
+ * else -1 with err (the caller answers 500). */
+static int journal_plans(br_server *srv, br_store *st, struct upload_batch *b, size_t n,
+                         json_t *out, br_err *err) {
+  size_t np = 0;
+  for (size_t i = 0; i < n; i++) np += b->items[i].planned;
+  if (!np) return 0;
+  struct direct_plan *plans = calloc(np, sizeof *plans);
+  char(*keys)[BR_MAX_KEY + 1] = calloc(np, sizeof *keys);
+  int rc = plans && keys ? 0 : br_fail(err, "out of memory");
+  size_t k = 0;
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    struct upload_item *it = &b->items[i];
+    if (!it->planned) continue;
+    br_store_default_key(st, it->digest, keys[k], sizeof keys[k]);
+    memcpy(plans[k].digest, it->digest, BR_SHA256_LEN);
+    plans[k].store = br_store_name(st);
+    plans[k].key = keys[k];
+    plans[k].upload_id = it->upload_id;
+    k++;
+  }
+  if (rc == 0) rc = direct_plans_add(srv, plans, np, err);
+  for (size_t i = 0, j = 0; rc != 0 && i < n; i++) {
+    struct upload_item *it = &b->items[i];
+    if (!it->planned) continue;
+    br_err aerr;
+    if (it->upload_id[0] && keys && br_store_multipart_abort(st, keys[j], it->upload_id, &aerr) < 0)
+      br_warn("POST /v1/uploads: %s", aerr.msg);
+    j++;
+    if (rc > 0) {
+      char hex[BR_HEX_LEN + 1];
+      br_hex_encode(it->digest, hex);
+      json_array_set_new(out, i, json_pack("{s:s,s:s}", "sha256", hex, "status", "via_server"));
+    }
+  }
+  if (rc > 0) br_warn("POST /v1/uploads: the plan journal is full: %zu blob(s) via_server", np);
+  free(plans);
+  free(keys);
+  return rc < 0 ? -1 : 0;
 }
 
 /* The finisher's part of a negotiation (multipart plans create uploads in the store). */
@@ -263,15 +314,32 @@ static void negotiate_run(struct request *req) {
                     ? json_pack("{s:s,s:s}", "sha256", hex, "status", "present")
                     : upload_action(st, b, it, hex, &err);
     if (!o) {
-      /* the plans made so far are left to the store's lifecycle rule */
+      /* the plans made so far are journaled: the sweep removes them after the grace */
       br_warn("POST /v1/uploads: %s", err.msg);
+      br_err jerr;
+      if (journal_plans(req->srv, st, b, i, out, &jerr) < 0)
+        br_warn("POST /v1/uploads: %s", jerr.msg);
       json_decref(out);
       out = json_string(err.msg);
       break;
     }
     json_array_append_new(out, o);
   }
+  br_err jerr;
+  if (json_is_array(out) && journal_plans(req->srv, st, b, b->n, out, &jerr) < 0) {
+    br_warn("POST /v1/uploads: %s", jerr.msg);
+    json_decref(out);
+    out = json_string(jerr.msg);
+  }
   b->answer = out;
+}
+
+/* Frees a negotiation's batch with the answer its finisher built: a request torn down between
+ * the two (the client went away) never reaches the resumed call that takes the answer. */
+static void batch_free(void *p) {
+  struct upload_batch *b = p;
+  if (b) json_decref(b->answer);
+  free(b);
 }
 
 enum MHD_Result uploads_post(struct request *req) {
@@ -294,6 +362,7 @@ enum MHD_Result uploads_post(struct request *req) {
     return reply_error(req, e, "%s", msg);
   }
   req->job_data = b;
+  req->job_free = batch_free;
   req->job_fn = negotiate_run;
   if (request_finish_async(req, JOB_SLOW) < 0)
     return reply_error(req, E_NOT_READY, "the server is stopping");
@@ -339,9 +408,14 @@ static void commit_one(struct request *req, br_store *st, const struct upload_ba
   if (it->upload_id[0]) {
     /* a multipart upload: complete it under the content key; its object is then checked as a
      * single PUT's is (re-hashed: a composite checksum is not the blob's) */
-    const char *etags[BR_DIRECT_MAX_PARTS];
+    const char **etags = malloc(it->nparts * sizeof *etags); /* up to 10,000: not on the stack */
+    if (!etags) {
+      snprintf(err.msg, sizeof err.msg, "out of memory");
+      goto fail;
+    }
     for (size_t k = 0; k < it->nparts; k++) etags[k] = b->parts[it->part0 + k].etag;
     rc = br_store_multipart_complete(st, key, it->upload_id, etags, it->nparts, &err);
+    free(etags);
     if (rc > 0) {
       br_err aerr;
       br_store_multipart_abort(st, key, it->upload_id, &aerr);
@@ -352,10 +426,14 @@ static void commit_one(struct request *req, br_store *st, const struct upload_ba
     }
     if (rc < 0) goto fail;
   }
-  uint64_t size = 0;
+  uint64_t size = it->size;
   uint8_t sha[BR_SHA256_LEN];
   int has_sha = 0;
-  rc = br_store_head_checksum(st, key, &size, sha, &has_sha, &err);
+  /* a store that does not check the bytes is read whole below anyway: its GET says whether the
+   * object is there and how long it is, so no HEAD first (one request per blob, not two) */
+  rc = br_store_direct_mode(st) == BR_DIRECT_REHASH
+           ? 0
+           : br_store_head_checksum(st, key, &size, sha, &has_sha, &err);
   if (rc > 0) {
     it->status = "missing";
     snprintf(it->message, sizeof it->message, "no object at %s:%s", br_store_name(st), key);
@@ -367,14 +445,16 @@ static void commit_one(struct request *req, br_store *st, const struct upload_ba
     /* the backend does not check the bytes against the signed checksum (or left no checksum to
      * compare): read the object and hash it before it can ever be served */
     uint64_t t0 = br_mono_ns(), got_size = 0;
-    rc = br_store_hash(st, key, sha, &got_size, &err);
+    rc = br_store_hash_expect(st, key, size, sha, &got_size, &err);
     atomic_fetch_add(&req->http->direct_rehash_ns, br_mono_ns() - t0);
     if (rc == 0) atomic_fetch_add(&req->http->direct_rehash_bytes, got_size);
     if (rc > 0) {
       it->status = "missing";
+      snprintf(it->message, sizeof it->message, "no object at %s:%s", br_store_name(st), key);
       return;
     }
     if (rc < 0) goto fail;
+    size = got_size; /* over it->size: read no further than that */
     bad = got_size != it->size || memcmp(sha, it->digest, BR_SHA256_LEN);
   }
   if (bad) {
@@ -426,6 +506,15 @@ struct commit_pass {
   atomic_size_t next;
 };
 
+/* The plan of an item is over unless the client may still PUT and commit again (missing, error);
+ * a multipart upload is over once completed or aborted. */
+static void forget_plan(br_server *srv, const struct upload_item *it) {
+  if (strcmp(it->status, "error") && strcmp(it->status, "missing"))
+    direct_plans_forget(srv, it->digest, "");
+  if (strcmp(it->status, "error") && it->upload_id[0])
+    direct_plans_forget(srv, it->digest, it->upload_id);
+}
+
 static void *commit_worker(void *arg) {
   struct commit_pass *cp = arg;
   br_store *st = cp->req->srv->upload_store;
@@ -444,6 +533,7 @@ static void *commit_worker(void *arg) {
                  busy > 0 ? "the blob is being deleted (its object may be going): retry the upload"
                           : "out of memory");
       }
+      forget_plan(srv, it);
       continue;
     }
     if (br_server_lock_blob(srv, it->digest, 1) < 0) {
@@ -454,6 +544,7 @@ static void *commit_worker(void *arg) {
       continue;
     }
     commit_one(cp->req, st, cp->b, it, 0);
+    forget_plan(srv, it);
     br_server_lock_blob(srv, it->digest, 0);
   }
 }
@@ -501,6 +592,73 @@ enum MHD_Result uploads_commit_post(struct request *req) {
   }
   req->job_data = b;
   req->job_fn = commit_run;
+  if (request_finish_async(req, JOB_SLOW) < 0)
+    return reply_error(req, E_NOT_READY, "the server is stopping");
+  return MHD_YES;
+}
+
+/* DELETE /v1/uploads/{upload_id}?sha256=HEX: a client gives up a multipart plan. */
+struct abort_job {
+  uint8_t digest[BR_SHA256_LEN];
+  char upload_id[UPLOAD_ID_MAX + 1];
+  char error[sizeof(br_err)]; /* "" when aborted */
+};
+
+/* The slow pool's part of an abort: AbortMultipartUpload under the blob's content key (an
+ * upload already aborted or completed, or a store without multipart plans, is no error), then
+ * the plan is forgotten. */
+static void abort_run(struct request *req) {
+  struct abort_job *j = req->job_data;
+  br_store *st = req->srv->upload_store;
+  char key[BR_MAX_KEY + 1];
+  br_err err;
+  req->finish_rc = 0;
+  if (!br_store_default_key(st, j->digest, key, sizeof key)) {
+    snprintf(j->error, sizeof j->error, "object key too long");
+  } else if (br_store_multipart_abort(st, key, j->upload_id, &err) < 0) {
+    snprintf(j->error, sizeof j->error, "%s", err.msg);
+  } else {
+    direct_plans_forget(req->srv, j->digest, j->upload_id);
+    br_info("DELETE /v1/uploads: multipart upload of %s aborted by the client", key);
+  }
+}
+
+enum MHD_Result uploads_abort(struct request *req) {
+  if (req->phase == PHASE_RESUMED) {
+    struct abort_job *j = req->job_data;
+    char hex[BR_HEX_LEN + 1];
+    br_hex_encode(j->digest, hex);
+    if (j->error[0]) {
+      br_warn("DELETE /v1/uploads: %s", j->error);
+      return reply_error(req, E_STORE_ERROR, "%s", j->error);
+    }
+    return reply_json(
+        req, MHD_HTTP_OK,
+        json_pack("{s:s,s:s,s:b}", "upload_id", j->upload_id, "sha256", hex, "aborted", 1));
+  }
+  const char *slash = strrchr(req->path, '/');
+  const char *id = slash ? slash + 1 : "";
+  const char *hex = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "sha256");
+  size_t idlen = strlen(id);
+  int printable = idlen > 0 && idlen <= UPLOAD_ID_MAX;
+  for (size_t i = 0; printable && i < idlen; i++)
+    printable = (unsigned char)id[i] > ' ' && id[i] != 0x7f;
+  if (!printable) {
+    br_info("DELETE /v1/uploads refused: a bad upload id");
+    return reply_error(req, E_BAD_REQUEST, "an upload id is 1 to %d printable characters",
+                       UPLOAD_ID_MAX);
+  }
+  struct abort_job *j = calloc(1, sizeof *j);
+  if (!j) return reply_error(req, E_INTERNAL, "out of memory");
+  if (!hex || br_blob_id_parse(hex, strlen(hex), j->digest) < 0) {
+    free(j);
+    br_info("DELETE /v1/uploads refused: no sha256");
+    return reply_error(req, E_BAD_HASH,
+                       "?sha256= names the blob of the upload: 64 lowercase hex digits");
+  }
+  memcpy(j->upload_id, id, idlen + 1);
+  req->job_data = j;
+  req->job_fn = abort_run;
   if (request_finish_async(req, JOB_SLOW) < 0)
     return reply_error(req, E_NOT_READY, "the server is stopping");
   return MHD_YES;

@@ -32,6 +32,7 @@ int lookup_parse(const char *body, size_t len, uint64_t max_hashes, uint8_t **di
 /* h_uploads.c: POST /v1/uploads (presigned direct uploads) and POST /v1/uploads/commit. */
 enum MHD_Result uploads_post(struct request *req);
 enum MHD_Result uploads_commit_post(struct request *req);
+enum MHD_Result uploads_abort(struct request *req);
 /* h_admin.c: DELETE /v1/blobs/{hash} (quarantine) and POST /v1/blobs/{hash}/restore. */
 enum MHD_Result blob_hold(struct request *req);
 enum MHD_Result blob_release(struct request *req);

@@ -386,7 +386,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   proxy_request_done(req);
   free(req->body);
   free(req->sniff_buf);
-  free(req->job_data);
+  if (req->job_free)
+    req->job_free(req->job_data);
+  else
+    free(req->job_data);
   free(req);
   *con_cls = NULL;
 }

@@ -152,7 +152,8 @@ struct request {
   /* JOB_SLOW: job_fn on the slow pool (reads of stores: move checks, imports, commits, refs) */
   enum job_kind { JOB_UPLOAD, JOB_TOUCH, JOB_CALL, JOB_SLOW } job;
   void (*job_fn)(struct request *req); /* JOB_CALL, JOB_SLOW: run on a pool thread */
-  void *job_data;                      /* owned by the route; freed (free()) on completion */
+  void *job_data;                      /* owned by the route; freed on completion: */
+  void (*job_free)(void *job_data);    /* by this when set, else by free() */
   struct request *next_job;            /* finisher queue link */
   struct request *next_spool;          /* paused-upload list link (request_wait_spool) */
   int spool_paused;                    /* on that list (under http->spool_lock) */
@@ -172,7 +173,7 @@ struct request {
   struct conn_track *track; /* the connection's slow-client record */
 };
 
-#define BR_MAX_ROUTES 32 /* per-route counters; a check in routes.c keeps the table within it */
+#define BR_MAX_ROUTES 40 /* per-route counters; a check in routes.c keeps the table within it */
 
 /* The HTTP front's state: its daemons, the finisher threads and their queue, and the request
  * counters. Owned by blobrefd between br_http_start and br_http_stop; srv outlives it. */

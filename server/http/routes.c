@@ -25,6 +25,7 @@ const struct route br_routes[] = {
     {"POST", "/v1/lookup", BR_SCOPE_READ, NULL, json_body, lookup_finish},
     {"POST", "/v1/uploads", BR_SCOPE_WRITE, NULL, json_body, uploads_post},
     {"POST", "/v1/uploads/commit", BR_SCOPE_WRITE, NULL, json_body, uploads_commit_post},
+    {"DELETE", "/v1/uploads/{upload_id}", BR_SCOPE_WRITE, NULL, NULL, uploads_abort},
     {"GET", "/v1/reconcile/runs/{id}/blobs", BR_SCOPE_READ, NULL, NULL, reconcile_run_blobs_get},
     {"POST", "/v1/leases", BR_SCOPE_WRITE, NULL, json_body, leases_post},
     {"GET", "/v1/leases", BR_SCOPE_WRITE, NULL, NULL, leases_get},

@@ -23,8 +23,7 @@ struct store_ops {
   int (*list)(br_store *st, const char *prefix, br_store_list_fn fn, void *ud, br_err *err);
   /* optional */
   int (*fetch_url)(br_store *st, const char *key, char *out, size_t outlen, br_err *err);
-  int (*remove_many)(br_store *st, const char *const *keys, size_t n, uint8_t *failed,
-                     br_err *err);
+  int (*remove_many)(br_store *st, const char *const *keys, size_t n, uint8_t *failed, br_err *err);
   int (*check)(br_store *st, br_err *err);
   int (*unavailable)(br_store *st);
   /* server-side copy from src (same kind); returns 1 when it cannot (other endpoint) */
@@ -43,6 +42,10 @@ struct store_ops {
   int (*multipart_abort)(br_store *st, const char *key, const char *upload_id, br_err *err);
   int (*head_checksum)(br_store *st, const char *key, uint64_t *size, uint8_t sha[BR_SHA256_LEN],
                        int *has_sha, br_err *err);
+  /* optional: the SHA-256 and size of key in one pass (br_store_hash; expect: its size when
+   * known, else 0); else open_read + pread */
+  int (*hash)(br_store *st, const char *key, uint64_t expect, uint8_t out[BR_SHA256_LEN],
+              uint64_t *size, br_err *err);
 };
 
 struct br_store {

@@ -792,6 +792,68 @@ static int s3_stat(br_store *st, const char *key, uint64_t *size, br_err *err) {
   return head_object(s3_of(st), key, size, err);
 }
 
+/* A streamed whole-object GET hashed as it arrives (s3_hash). */
+struct hash_sink {
+  EVP_MD_CTX *ctx;
+  uint64_t n, max; /* bytes hashed; more than max (the expected size) stops the transfer */
+};
+
+static void hash_sink_reset(void *ud) {
+  struct hash_sink *h = ud;
+  EVP_DigestInit_ex(h->ctx, EVP_sha256(), NULL);
+  h->n = 0;
+}
+
+static int hash_sink_take(void *ud, const char *data, size_t n) {
+  struct hash_sink *h = ud;
+  h->n += n;
+  if (h->n > h->max) return 0; /* not the blob: no need to read a larger object to its end */
+  return EVP_DigestUpdate(h->ctx, data, n) == 1;
+}
+
+/* The SHA-256 and size of key from one GET streamed through the digest (curl's buffer only:
+ * memory bounded whatever the size; a retry starts the digest over). expect (a HEAD when 0) sets
+ * the time budget, and an object longer than it is read no further: 0 with a *size over expect
+ * (out is then not its digest). A body shorter than its Content-Length is a transfer error.
+ * Returns 0, 1 if absent, -1 with err. */
+static int s3_hash(br_store *st, const char *key, uint64_t expect, uint8_t out[BR_SHA256_LEN],
+                   uint64_t *size, br_err *err) {
+  struct s3_store *s3 = s3_of(st);
+  if (!expect) {
+    int hrc = head_object(s3, key, &expect, err);
+    if (hrc) return hrc;
+  }
+  struct hash_sink h = {.ctx = EVP_MD_CTX_new(), .max = expect};
+  if (!h.ctx) return br_fail(err, "out of memory");
+  s3_request rq = {.method = "GET",
+                   .key = key,
+                   .query = "",
+                   .sink = hash_sink_take,
+                   .sink_reset = hash_sink_reset,
+                   .sink_ud = &h,
+                   .sink_len = expect};
+  s3_response rs;
+  int rc = s3_perform(&s3->t, &rq, &rs, err);
+  if (rc < 0 && rs.sink_stopped && h.n > h.max) {
+    rc = 0; /* longer than expected: the caller sees the size */
+  } else if (rc == 0) {
+    if (rs.status == 404)
+      rc = 1;
+    else if (rs.status != 200)
+      rc = s3_fail_status(err, &s3->t, "GetObject", &rs);
+    else if (rs.content_length != UINT64_MAX && rs.content_length != h.n)
+      rc = br_fail(err, "store %s: %s: %" PRIu64 " of %" PRIu64 " bytes came back", s3->t.name, key,
+                   h.n, rs.content_length);
+  }
+  if (rc == 0) {
+    EVP_DigestFinal_ex(h.ctx, out, NULL);
+    *size = h.n;
+  }
+  s3_response_free(&rs);
+  EVP_MD_CTX_free(h.ctx);
+  return rc;
+}
+
 /* The signed query parameter that makes S3 answer a presigned GET as a download. */
 #define ATTACHMENT_QUERY "response-content-disposition=attachment"
 
@@ -1392,4 +1454,5 @@ const struct store_ops br_store_s3_ops = {
     .multipart_complete = s3_multipart_complete,
     .multipart_abort = s3_multipart_abort,
     .head_checksum = s3_head_checksum,
+    .hash = s3_hash,
 };

@@ -361,6 +361,7 @@ struct transfer {
   size_t kept_cap; /* capacity of resp->body */
   int overflow;
   int read_error;
+  int sink_stopped; /* the sink refused bytes */
 };
 
 static size_t on_body_read(char *buf, size_t size, size_t nmemb, void *ud) {
@@ -406,6 +407,14 @@ static size_t on_body_write(char *data, size_t size, size_t nmemb, void *ud) {
   struct transfer *x = ud;
   size_t n = size * nmemb;
   s3_response *r = x->resp;
+  if (r->status >= 200 && r->status < 300 && x->req->sink) {
+    if (!x->req->sink(x->req->sink_ud, data, n)) {
+      x->sink_stopped = r->sink_stopped = 1;
+      return 0; /* aborts the transfer */
+    }
+    r->body_len += n;
+    return n;
+  }
   if (r->status >= 200 && r->status < 300 && x->req->into) {
     if (r->body_len + n > x->req->into_cap) {
       x->overflow = 1;
@@ -484,9 +493,9 @@ static long request_budget_ms(const s3_target *t, const s3_request *req) {
   if (!strcmp(req->method, "POST")) return t->timeout_ms;
   for (size_t i = 0; i < req->nheaders; i++)
     if (!strcasecmp(req->headers[i].name, "x-amz-copy-source")) return t->timeout_ms;
-  uint64_t bytes = req->body.len + req->into_cap;
+  uint64_t bytes = req->body.len + req->into_cap + req->sink_len;
   if (req->has_range) bytes += req->range_last - req->range_first + 1;
-  if (!strcmp(req->method, "GET") && !req->has_range && !req->into) bytes += 4u << 20;
+  if (!strcmp(req->method, "GET") && !req->has_range && !req->into && !req->sink) bytes += 4u << 20;
   uint64_t budget = (uint64_t)t->stall_ms + bytes * 1000 / (256 * 1024);
   return budget < (uint64_t)t->timeout_ms ? (long)budget : t->timeout_ms;
 }
@@ -538,6 +547,7 @@ static int attempt_once(s3_target *t, s3_request *req, s3_response *resp, br_err
   if (!list) return br_fail(err, "out of memory");
 
   struct transfer x = {.req = req, .resp = resp};
+  if (req->sink_reset) req->sink_reset(req->sink_ud);
   resp->status = 0;
   resp->body_len = 0;
   curl_easy_setopt(h, CURLOPT_URL, url);
@@ -552,6 +562,8 @@ static int attempt_once(s3_target *t, s3_request *req, s3_response *resp, br_err
   curl_easy_setopt(h, CURLOPT_HEADERDATA, &x);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body_write);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &x);
+  /* a streamed read takes its body in 256 KiB calls (16 KiB otherwise: 16x the calls per GiB) */
+  curl_easy_setopt(h, CURLOPT_BUFFERSIZE, req->sink ? 256L * 1024 : (long)CURL_MAX_WRITE_SIZE);
   if (!strcmp(req->method, "HEAD")) {
     curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
   } else if (!strcmp(req->method, "PUT") || !strcmp(req->method, "POST")) {
@@ -570,6 +582,7 @@ static int attempt_once(s3_target *t, s3_request *req, s3_response *resp, br_err
       return br_fail(err, "store %s: the answer is longer than expected", t->name);
     return br_fail(err, "store %s: the answer is too long", t->name);
   }
+  if (x.sink_stopped) return br_fail(err, "store %s: the answer's bytes were refused", t->name);
   if (x.read_error)
     return br_fail(err, "store %s: reading the upload body: %s", t->name, strerror(x.read_error));
   if (rc != CURLE_OK) {
@@ -602,7 +615,8 @@ int s3_perform(s3_target *t, s3_request *req, s3_response *resp, br_err *err) {
     if (a) backoff(a - 1);
     rc = attempt_once(t, req, resp, err);
     if (rc == 0 && !retryable_status(resp)) return 0;
-    if (rc < 0 && s3_target_down(t)) return -1; /* unreachable: fail fast */
+    if (rc < 0 && s3_target_down(t)) return -1;  /* unreachable: fail fast */
+    if (rc < 0 && resp->sink_stopped) return -1; /* the caller's sink said stop: final */
   }
   return rc;
 }

@@ -84,6 +84,13 @@ typedef struct s3_request {
    * body is an error), else kept in the response up to 4 MiB */
   char *into;
   size_t into_cap;
+  /* or, when sink is set, handed to sink as it arrives (a streamed read of any size in bounded
+   * memory): sink returns 0 to stop the transfer (an error); sink_reset is called before each
+   * attempt (a retry starts over); sink_len is the expected length, for the time budget */
+  int (*sink)(void *ud, const char *data, size_t n);
+  void (*sink_reset)(void *ud);
+  void *sink_ud;
+  uint64_t sink_len;
   int no_retry;    /* one attempt only (health probes) */
   long timeout_ms; /* whole-request limit for this request (0: the target's timeout) */
 } s3_request;
@@ -98,6 +105,7 @@ typedef struct s3_response {
   char checksum_sha256[64]; /* x-amz-checksum-sha256 of the answer (HEAD with checksum mode) */
   char code[64];            /* S3's error code from the XML error body, e.g. "NoSuchKey" */
   char message[256];        /* and its message */
+  int sink_stopped;         /* the request's sink refused bytes: the transfer ended there */
 } s3_response;
 
 /* Sends req, retrying transport errors, 500/502/503/504 and SlowDown with exponential backoff

@@ -285,6 +285,13 @@ int br_store_copy_blob(br_store *src, const char *src_key, br_store *dst, const 
 
 int br_store_hash(br_store *st, const char *key, uint8_t out[BR_SHA256_LEN], uint64_t *size,
                   br_err *err) {
+  if (st->ops->hash) return st->ops->hash(st, key, 0, out, size, err);
+  return br_store_hash_head(st, key, out, size, NULL, 0, NULL, err);
+}
+
+int br_store_hash_expect(br_store *st, const char *key, uint64_t expect, uint8_t out[BR_SHA256_LEN],
+                         uint64_t *size, br_err *err) {
+  if (st->ops->hash) return st->ops->hash(st, key, expect, out, size, err);
   return br_store_hash_head(st, key, out, size, NULL, 0, NULL, err);
 }
 

@@ -39,6 +39,7 @@ ROUTES = [
     ("POST", "/v1/lookup", "read"),
     ("POST", "/v1/uploads", "write"),
     ("POST", "/v1/uploads/commit", "write"),
+    ("DELETE", "/v1/uploads/{upload_id}", "write"),
     ("GET", "/v1/reconcile/runs/{id}/blobs", "read"),
     ("POST", "/v1/leases", "write"),
     ("GET", "/v1/leases", "write"),
@@ -95,6 +96,9 @@ def send(srv, method, pattern, caller, known):
     if pattern == "/v1/lookup":
         return requests.post(f"{srv.url}/v1/lookup", json={"hashes": [known, "0" * 64]},
                              headers=h, timeout=TIMEOUT)
+    if pattern == "/v1/uploads/{upload_id}":  # an abort: no such upload is no error
+        return requests.delete(f"{srv.url}/v1/uploads/2~none?sha256={known}", headers=h,
+                               timeout=TIMEOUT)
     if pattern.startswith("/v1/uploads"):  # the known blob: present either way
         return requests.post(srv.url + pattern, json={"blobs": [{"sha256": known, "size": 500}]},
                              headers=h, timeout=TIMEOUT)

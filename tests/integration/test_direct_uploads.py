@@ -171,6 +171,7 @@ class ChecksumProxy:
         proxy = self
         self.checksums = {}
         self.refused = 0
+        self.log = []  # (method, path, Range) of each request relayed
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -182,6 +183,7 @@ class ChecksumProxy:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else b""
                 path = self.path.split("?")[0]
+                proxy.log.append((self.command, path, self.headers.get("Range")))
                 want = self.headers.get("x-amz-checksum-sha256")
                 if self.command == "PUT" and want and want != base64.b64encode(
                         hashlib.sha256(body).digest()).decode():
@@ -252,6 +254,34 @@ def test_enforcing_store_is_trusted_and_checked_by_head(rgw, direct):
         assert commit(srv, [item(other)])[0]["status"] == "mismatch"
         assert metric(srv, "blobref_direct_rehash_bytes_total") == 100
         assert head_size(s3, b, content_key(sha(other))) is None
+    finally:
+        proxy.close()
+
+
+def test_rehash_is_one_streamed_get(rgw, direct):
+    """The commit's re-hash of a 3 MiB object on a store that does not check the bytes is one
+    GET without a Range and nothing else (it was a HEAD, then a HEAD and a ranged GET per MiB).
+    The proxy here keeps no checksum for an object it did not see PUT with one, so blobrefd's
+    probe found the store enforcing but the commit still re-hashes: checked with mode on."""
+    proxy = ChecksumProxy(rgw.endpoint)
+    try:
+        srv, b = direct(endpoint=proxy.endpoint, direct_uploads="on")
+        data = os.urandom(3 * MiB + 5)
+        assert negotiate(srv, [item(data)])[0]["status"] == "upload"
+        rgw.client().put_object(Bucket=b, Key=content_key(sha(data)), Body=data)  # no checksum
+        path = f"/{b}/{content_key(sha(data))}"
+        proxy.log.clear()
+        assert commit(srv, [item(data)])[0]["status"] == "created"
+        assert [(m, r) for m, p, r in proxy.log if p == path] == [("GET", None)]
+        assert metric(srv, "blobref_direct_rehash_bytes_total") == len(data)
+        # an object longer than the blob is read no further than the blob's size, then deleted
+        small = os.urandom(1000)
+        rgw.client().put_object(Bucket=b, Key=content_key(sha(small)), Body=data)
+        res = commit(srv, [item(small)])[0]
+        assert res["status"] == "mismatch" and "deleted" in res["message"], res
+        read = metric(srv, "blobref_direct_rehash_bytes_total") - len(data)
+        assert read < 1 * MiB, read  # the first buffers, not the object's 3 MiB
+        assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).content == data
     finally:
         proxy.close()
 
@@ -462,7 +492,7 @@ def test_cli_put_direct_falls_back_to_the_server(server, tmp_path):
                         timeout=TIMEOUT).content == b"via blobrefd"
 
 
-def test_multipart_end_to_end_and_bad_parts(rgw, direct):
+def test_multipart_end_to_end_and_part_hash_bound(rgw, direct):
     srv, b = direct(part_size="5MiB", spool_max="16MiB")
     data = os.urandom(11 * MiB)  # three parts at the smallest part size
     ps = 5 * MiB
@@ -479,6 +509,10 @@ def test_multipart_end_to_end_and_bad_parts(rgw, direct):
         assert r.status_code == 200, r.text
         etags.append(r.headers["ETag"])
     assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).status_code == 404
+    # an upload id the store does not know: radosgw 16 answers CompleteMultipartUpload with a
+    # 500 (not S3's 404 NoSuchUpload), so the commit says error (try again), not missing
+    res = commit(srv, [dict(item(data), upload_id="2~no-such-upload", parts=etags)])[0]
+    assert res["status"] == "error" and "CompleteMultipartUpload" in res["message"], res
     res = commit(srv, [dict(item(data), upload_id=a["upload_id"], parts=etags)])[0]
     assert res["status"] == "created", res
     r = requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT)

@@ -650,10 +650,27 @@ class Client:
         self._count(sent=len(data))
         return ans.headers["ETag"], len(data)
 
+    def abort_upload(self, sha256, upload_id):
+        """Gives up a multipart plan: `DELETE /v1/uploads/{upload_id}?sha256=` aborts the
+        store's upload (its parts are freed) and blobrefd forgets the plan."""
+        q = urllib.parse.quote(upload_id, safe="")
+        return self._json("DELETE", f"/v1/uploads/{q}?sha256={sha256}")
+
     def _put_multipart(self, it, act, parts):
         """Waits for the parts of a multipart plan; the commit item names upload_id and ETags.
+        When a part fails the plan is aborted (`abort_upload`) before the error is raised.
         (Runs on the pool after its parts were queued, so it never waits on its own slot.)"""
-        done = [f.result() for f in parts]
+        try:
+            done = [f.result() for f in parts]
+        except BaseException:
+            for f in parts:
+                f.cancel()
+            concurrent.futures.wait(parts)
+            try:
+                self.abort_upload(it["sha256"], act["upload_id"])
+            except (BlobrefError, OSError):
+                pass  # the server's sweep aborts it after direct_upload_grace
+            raise
         return ("direct", dict(it, upload_id=act["upload_id"], parts=[e for e, _ in done]),
                 sum(n for _, n in done))
 
