@@ -62,7 +62,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD_ROOT)/fuzz/bin/%)
 
 # Keep the objects of unit and fuzz binaries (make would delete them as intermediates).
 .SECONDARY:
-.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile print-bench-flags bench-deletes bench-tables bench-direct bench-cluster test-failover clean format install
+.PHONY: all deps run test unit unit-bins fuzz-bins fuzz bench bench-reconcile bench-scale print-bench-flags bench-deletes bench-tables bench-direct bench-cluster test-failover clean format install
 all: $(BIN)/blobrefd $(BIN)/blobref
 
 deps:
@@ -182,6 +182,22 @@ bench-reconcile:
 	@tools/install-deps.sh test
 	@$(MAKE) --no-print-directory all
 	BENCH_CFLAGS="$(PKG_CFLAGS)" BENCH_LDLIBS="$(LDLIBS)" tests/bench/reconcile-bench.sh $(LIB)
+
+# How cost grows with the index (not in `make test`; about 15 minutes at the default SIZES on an
+# idle box, mostly the 10M load): an LMDB index bulk-loaded through the writer's batch API to each
+# of SIZES="1000000 10000000" (100000000 where the disk allows: about 500 bytes a blob), then at
+# each size HEAD/redirect cold and warm, batch lookup, new uploads, export, --fsck and a
+# --rebuild-index estimate (tests/bench/scale_bench.py; it drops the page cache, so run as root).
+bench-scale:
+	@$(MAKE) --no-print-directory all
+	@mkdir -p $(BUILD_ROOT)/bench
+	$(CC) -O2 -g -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Wall -Wextra -Werror -Wshadow \
+	  -Wno-unused-parameter -Iinclude $(PKG_CFLAGS) -o $(BUILD_ROOT)/bench/scale_load \
+	  tests/bench/scale_load.c $(LIB) $(LDLIBS)
+	$(CC) -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow \
+	  -o $(BUILD_ROOT)/bench/upload_load tests/bench/upload_load.c -lcrypto -lpthread
+	/usr/bin/python3 tests/bench/scale_bench.py bin $(BUILD_ROOT)/bench/scale_load \
+	  $(BUILD_ROOT)/bench/upload_load
 
 # Reconcile's final deletes of 100k quarantined blobs on radosgw, one by one against batched
 # (DeleteObjects, 1,000 keys a request); BLOBS=N to change the count, QUICK=1 for 5,000.
