@@ -61,6 +61,7 @@ struct br_index {
   pthread_t writer;
   struct op **batch;                 /* the writer's scratch: batch_max operations */
   uint8_t (*changed)[BR_SHA256_LEN]; /* the writer's scratch: the digests a batch announces */
+  const br_location **places;        /* the writer's scratch: the places a batch may take */
   atomic_uint_fast64_t commits, ops_applied;
   br_counts *pending; /* the writer's: the counters' change in its transaction (NULL: none kept) */
   struct rcache
@@ -761,6 +762,24 @@ static int flush_counts(br_index *idx) {
   return idx->pending->n ? idx->ops->counts_add(idx->be, idx->pending) : 0;
 }
 
+/* Before the operations run (a backend with prefetch): the rows that the batch's reads of records
+ * and an upload's new place will lock, read together, in the order the operations take them.
+ * 0 or a code that spoils the transaction. */
+static int prefetch(br_index *idx, struct op **ops, size_t n) {
+  if (!idx->ops->prefetch) return 0;
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    struct op *op = ops[i];
+    if (op->apply != apply_upload && op->apply != apply_change && op->apply != apply_touch &&
+        op->apply != apply_location)
+      continue;
+    memcpy(idx->changed[m], op->digest, BR_SHA256_LEN);
+    idx->places[m++] = op->apply == apply_upload ? br_record_primary(op->rec) : NULL;
+  }
+  if (!m) return 0;
+  return idx->ops->prefetch(idx->be, (const uint8_t(*)[BR_SHA256_LEN])idx->changed, idx->places, m);
+}
+
 /* Runs ops[0..n) in one transaction. An operation's apply returning -1 failed alone (nothing of
  * it was written); any other non-zero code spoils the transaction, which is then aborted, never
  * used again. The backend may ask for the batch to run again (LMDB: a full map after stale readers
@@ -771,6 +790,7 @@ static void run_batch(br_index *idx, struct op **ops, size_t n) {
   int spoiled = 0;
   for (int attempt = 0;; attempt++) {
     spoiled = idx->ops->begin(idx->be);
+    if (!spoiled) spoiled = prefetch(idx, ops, n);
     if (idx->pending) br_counts_clear(idx->pending);
     for (size_t i = 0; i < n && !spoiled; i++) {
       ops[i]->rc = 0;
@@ -1190,7 +1210,8 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
   if (!opt->read_only) {
     idx->batch = calloc(idx->batch_max, sizeof *idx->batch);
     idx->changed = calloc(idx->batch_max, sizeof *idx->changed);
-    if (!idx->batch || !idx->changed) {
+    idx->places = calloc(idx->batch_max, sizeof *idx->places);
+    if (!idx->batch || !idx->changed || !idx->places) {
       br_fail(err, "index: out of memory");
       goto fail;
     }
@@ -1228,6 +1249,7 @@ fail:
   free(idx->rcache);
   free(idx->batch);
   free(idx->changed);
+  free(idx->places);
   if (idx->be) idx->ops->close(idx->be);
   pthread_mutex_destroy(&idx->lock);
   pthread_cond_destroy(&idx->work_cv);
@@ -1248,6 +1270,7 @@ void br_index_close(br_index *idx) {
   idx->ops->close(idx->be);
   free(idx->batch);
   free(idx->changed);
+  free(idx->places);
   free(idx->pending);
   if (idx->rcache)
     for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_destroy(&idx->rcache->locks[i]);
