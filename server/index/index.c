@@ -160,9 +160,13 @@ static int get_record(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_rec
 struct many_state {
   br_index_many_fn fn;
   void *ud;
-  size_t base, n;
+  const uint8_t *digests; /* the digests asked of the backend */
+  const size_t *map;      /* their places in the caller's array */
+  size_t n;
+  struct rcache *rc; /* fills it (NULL: none), unless a commit came after epoch */
+  uint64_t epoch;
   br_err *err;
-  int rc;
+  int rc_out;
 };
 
 static int many_entry(void *arg, const uint8_t *key, size_t i, const void *val, size_t vlen) {
@@ -170,12 +174,40 @@ static int many_entry(void *arg, const uint8_t *key, size_t i, const void *val, 
   (void)key;
   br_record rec;
   if (i >= st->n)
-    st->rc = br_fail(st->err, "index: batch get: row %zu of %zu", i, st->n);
+    st->rc_out = br_fail(st->err, "index: batch get: row %zu of %zu", i, st->n);
   else if (br_record_decode(val, vlen, &rec, st->err) < 0)
-    st->rc = -1;
-  else if (st->fn(st->ud, st->base + i, &rec))
-    st->rc = -1;
-  return st->rc;
+    st->rc_out = -1;
+  else if (st->fn(st->ud, st->map[i], &rec))
+    st->rc_out = -1;
+  if (!st->rc_out && st->rc)
+    rcache_fill(st->rc, st->digests + i * BR_SHA256_LEN, val, vlen, st->epoch);
+  return st->rc_out;
+}
+
+/* One chunk of at most BR_INDEX_GET_MANY digests (base: the first's place): the records in the
+ * record cache from there (kept exact as for br_index_get), the others in one backend call,
+ * which fills the cache. miss and map are scratch for BR_INDEX_GET_MANY entries. */
+static int many_chunk(br_index *idx, const uint8_t *digests, size_t base, size_t n,
+                      br_index_many_fn fn, void *ud, uint8_t *miss, size_t *map, br_err *err) {
+  struct rcache *rc = rcache_usable(idx);
+  struct many_state st = {.fn = fn, .ud = ud, .digests = miss, .map = map, .rc = rc, .err = err};
+  if (rc) st.epoch = atomic_load(&rc->epoch); /* before the backend's snapshot */
+  for (size_t i = 0; i < n; i++) {
+    const uint8_t *d = digests + (base + i) * BR_SHA256_LEN;
+    uint8_t buf[RCACHE_MAX_BYTES];
+    size_t len = rc ? rcache_get(rc, d, buf) : 0;
+    if (len) {
+      br_record rec;
+      if (br_record_decode(buf, len, &rec, err) < 0) return -1;
+      if (fn(ud, base + i, &rec)) return -1;
+      continue;
+    }
+    memcpy(miss + st.n * BR_SHA256_LEN, d, BR_SHA256_LEN);
+    map[st.n++] = base + i;
+  }
+  if (!st.n) return 0;
+  int out = idx->ops->get_many(idx->be, miss, st.n, many_entry, &st, err);
+  return out ? out : st.rc_out;
 }
 
 int br_index_get_many(br_index *idx, const uint8_t *digests, size_t n, br_index_many_fn fn,
@@ -189,14 +221,16 @@ int br_index_get_many(br_index *idx, const uint8_t *digests, size_t n, br_index_
     }
     return 0;
   }
-  for (size_t base = 0; base < n; base += BR_INDEX_GET_MANY) {
+  uint8_t *miss = malloc(BR_INDEX_GET_MANY * BR_SHA256_LEN);
+  size_t *map = malloc(BR_INDEX_GET_MANY * sizeof *map);
+  int rc = miss && map ? 0 : br_fail(err, "index: out of memory");
+  for (size_t base = 0; !rc && base < n; base += BR_INDEX_GET_MANY) {
     size_t m = n - base < BR_INDEX_GET_MANY ? n - base : BR_INDEX_GET_MANY;
-    struct many_state st = {.fn = fn, .ud = ud, .base = base, .n = m, .err = err};
-    int rc = idx->ops->get_many(idx->be, digests + base * BR_SHA256_LEN, m, many_entry, &st, err);
-    if (rc) return rc;
-    if (st.rc) return st.rc;
+    rc = many_chunk(idx, digests, base, m, fn, ud, miss, map, err);
   }
-  return 0;
+  free(miss);
+  free(map);
+  return rc;
 }
 
 int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err) {
