@@ -386,6 +386,7 @@ typedef struct br_index_stats {
    * by the read replica, and those absent there and asked of the primary */
   uint64_t notifies, flushes, listens;
   uint64_t replica_reads, replica_retries;
+  uint64_t round_trips; /* PostgreSQL: the writer's waits for the database (0 on LMDB) */
 } br_index_stats;
 void br_index_get_stats(br_index *idx, br_index_stats *out);
 

@@ -362,8 +362,13 @@ enum MHD_Result metrics_get(struct request *req) {
           "# TYPE blobref_index_replica_reads_total counter\n"
           "blobref_index_replica_reads_total{result=\"found\"} %" PRIu64
           "\n"
-          "blobref_index_replica_reads_total{result=\"retried_on_primary\"} %" PRIu64 "\n",
-          is.notifies, is.flushes, is.replica_reads, is.replica_retries);
+          "blobref_index_replica_reads_total{result=\"retried_on_primary\"} %" PRIu64
+          "\n"
+          "# HELP blobref_index_writer_round_trips_total Times the index writer waited for "
+          "PostgreSQL (a batch: its reads together, then its writes and commit; 0 on LMDB).\n"
+          "# TYPE blobref_index_writer_round_trips_total counter\n"
+          "blobref_index_writer_round_trips_total %" PRIu64 "\n",
+          is.notifies, is.flushes, is.replica_reads, is.replica_retries, is.round_trips);
   appendf(&t,
           "# HELP blobref_index_map_nearly_full 1 when 80%% or more of the index's map is in use "
           "(raise index_map_size before uploads fail with index_full).\n"

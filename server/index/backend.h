@@ -59,6 +59,12 @@ typedef struct idx_ops {
   /* Tells the other nodes, in the writer's transaction, that the records of digests[0..n)
    * changed (NULL on LMDB: nobody else has a cache). 0 or a code that spoils the transaction. */
   int (*announce)(idx_backend *be, const uint8_t (*digests)[BR_SHA256_LEN], size_t n);
+  /* Optional (a backend whose reads cost a round trip): after begin, reads ahead and locks, in
+   * this order, the record of each digests[i] and, when places[i] is not NULL, the owner of that
+   * place, so that the rec_get and owner_get that follow are answered without waiting. 0 or a
+   * code that spoils the transaction. */
+  int (*prefetch)(idx_backend *be, const uint8_t (*digests)[BR_SHA256_LEN],
+                  const br_location *const *places, size_t n);
   int (*rec_get)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void **val,
                  size_t *len);
   int (*rec_put)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const void *val, size_t len);

@@ -61,6 +61,7 @@ struct br_index {
   pthread_t writer;
   struct op **batch;                 /* the writer's scratch: batch_max operations */
   uint8_t (*changed)[BR_SHA256_LEN]; /* the writer's scratch: the digests a batch announces */
+  const br_location **places;        /* the writer's scratch: the places a batch may take */
   atomic_uint_fast64_t commits, ops_applied;
   br_counts *pending; /* the writer's: the counters' change in its transaction (NULL: none kept) */
   struct rcache
@@ -159,9 +160,13 @@ static int get_record(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_rec
 struct many_state {
   br_index_many_fn fn;
   void *ud;
-  size_t base, n;
+  const uint8_t *digests; /* the digests asked of the backend */
+  const size_t *map;      /* their places in the caller's array */
+  size_t n;
+  struct rcache *rc; /* fills it (NULL: none), unless a commit came after epoch */
+  uint64_t epoch;
   br_err *err;
-  int rc;
+  int rc_out;
 };
 
 static int many_entry(void *arg, const uint8_t *key, size_t i, const void *val, size_t vlen) {
@@ -169,12 +174,40 @@ static int many_entry(void *arg, const uint8_t *key, size_t i, const void *val, 
   (void)key;
   br_record rec;
   if (i >= st->n)
-    st->rc = br_fail(st->err, "index: batch get: row %zu of %zu", i, st->n);
+    st->rc_out = br_fail(st->err, "index: batch get: row %zu of %zu", i, st->n);
   else if (br_record_decode(val, vlen, &rec, st->err) < 0)
-    st->rc = -1;
-  else if (st->fn(st->ud, st->base + i, &rec))
-    st->rc = -1;
-  return st->rc;
+    st->rc_out = -1;
+  else if (st->fn(st->ud, st->map[i], &rec))
+    st->rc_out = -1;
+  if (!st->rc_out && st->rc)
+    rcache_fill(st->rc, st->digests + i * BR_SHA256_LEN, val, vlen, st->epoch);
+  return st->rc_out;
+}
+
+/* One chunk of at most BR_INDEX_GET_MANY digests (base: the first's place): the records in the
+ * record cache from there (kept exact as for br_index_get), the others in one backend call,
+ * which fills the cache. miss and map are scratch for BR_INDEX_GET_MANY entries. */
+static int many_chunk(br_index *idx, const uint8_t *digests, size_t base, size_t n,
+                      br_index_many_fn fn, void *ud, uint8_t *miss, size_t *map, br_err *err) {
+  struct rcache *rc = rcache_usable(idx);
+  struct many_state st = {.fn = fn, .ud = ud, .digests = miss, .map = map, .rc = rc, .err = err};
+  if (rc) st.epoch = atomic_load(&rc->epoch); /* before the backend's snapshot */
+  for (size_t i = 0; i < n; i++) {
+    const uint8_t *d = digests + (base + i) * BR_SHA256_LEN;
+    uint8_t buf[RCACHE_MAX_BYTES];
+    size_t len = rc ? rcache_get(rc, d, buf) : 0;
+    if (len) {
+      br_record rec;
+      if (br_record_decode(buf, len, &rec, err) < 0) return -1;
+      if (fn(ud, base + i, &rec)) return -1;
+      continue;
+    }
+    memcpy(miss + st.n * BR_SHA256_LEN, d, BR_SHA256_LEN);
+    map[st.n++] = base + i;
+  }
+  if (!st.n) return 0;
+  int out = idx->ops->get_many(idx->be, miss, st.n, many_entry, &st, err);
+  return out ? out : st.rc_out;
 }
 
 int br_index_get_many(br_index *idx, const uint8_t *digests, size_t n, br_index_many_fn fn,
@@ -188,14 +221,16 @@ int br_index_get_many(br_index *idx, const uint8_t *digests, size_t n, br_index_
     }
     return 0;
   }
-  for (size_t base = 0; base < n; base += BR_INDEX_GET_MANY) {
+  uint8_t *miss = malloc(BR_INDEX_GET_MANY * BR_SHA256_LEN);
+  size_t *map = malloc(BR_INDEX_GET_MANY * sizeof *map);
+  int rc = miss && map ? 0 : br_fail(err, "index: out of memory");
+  for (size_t base = 0; !rc && base < n; base += BR_INDEX_GET_MANY) {
     size_t m = n - base < BR_INDEX_GET_MANY ? n - base : BR_INDEX_GET_MANY;
-    struct many_state st = {.fn = fn, .ud = ud, .base = base, .n = m, .err = err};
-    int rc = idx->ops->get_many(idx->be, digests + base * BR_SHA256_LEN, m, many_entry, &st, err);
-    if (rc) return rc;
-    if (st.rc) return st.rc;
+    rc = many_chunk(idx, digests, base, m, fn, ud, miss, map, err);
   }
-  return 0;
+  free(miss);
+  free(map);
+  return rc;
 }
 
 int br_index_get(br_index *idx, const uint8_t digest[BR_SHA256_LEN], br_record *rec, br_err *err) {
@@ -763,6 +798,24 @@ static int flush_counts(br_index *idx) {
   return idx->pending->n ? idx->ops->counts_add(idx->be, idx->pending) : 0;
 }
 
+/* Before the operations run (a backend with prefetch): the rows that the batch's reads of records
+ * and an upload's new place will lock, read together, in the order the operations take them.
+ * 0 or a code that spoils the transaction. */
+static int prefetch(br_index *idx, struct op **ops, size_t n) {
+  if (!idx->ops->prefetch) return 0;
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    struct op *op = ops[i];
+    if (op->apply != apply_upload && op->apply != apply_change && op->apply != apply_touch &&
+        op->apply != apply_location)
+      continue;
+    memcpy(idx->changed[m], op->digest, BR_SHA256_LEN);
+    idx->places[m++] = op->apply == apply_upload ? br_record_primary(op->rec) : NULL;
+  }
+  if (!m) return 0;
+  return idx->ops->prefetch(idx->be, (const uint8_t(*)[BR_SHA256_LEN])idx->changed, idx->places, m);
+}
+
 /* Runs ops[0..n) in one transaction. An operation's apply returning -1 failed alone (nothing of
  * it was written); any other non-zero code spoils the transaction, which is then aborted, never
  * used again. The backend may ask for the batch to run again (LMDB: a full map after stale readers
@@ -773,6 +826,7 @@ static void run_batch(br_index *idx, struct op **ops, size_t n) {
   int spoiled = 0;
   for (int attempt = 0;; attempt++) {
     spoiled = idx->ops->begin(idx->be);
+    if (!spoiled) spoiled = prefetch(idx, ops, n);
     if (idx->pending) br_counts_clear(idx->pending);
     for (size_t i = 0; i < n && !spoiled; i++) {
       ops[i]->rc = 0;
@@ -1215,7 +1269,8 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
   if (!opt->read_only) {
     idx->batch = calloc(idx->batch_max, sizeof *idx->batch);
     idx->changed = calloc(idx->batch_max, sizeof *idx->changed);
-    if (!idx->batch || !idx->changed) {
+    idx->places = calloc(idx->batch_max, sizeof *idx->places);
+    if (!idx->batch || !idx->changed || !idx->places) {
       br_fail(err, "index: out of memory");
       goto fail;
     }
@@ -1253,6 +1308,7 @@ fail:
   free(idx->rcache);
   free(idx->batch);
   free(idx->changed);
+  free(idx->places);
   if (idx->be) idx->ops->close(idx->be);
   pthread_mutex_destroy(&idx->lock);
   pthread_cond_destroy(&idx->work_cv);
@@ -1273,6 +1329,7 @@ void br_index_close(br_index *idx) {
   idx->ops->close(idx->be);
   free(idx->batch);
   free(idx->changed);
+  free(idx->places);
   free(idx->pending);
   if (idx->rcache)
     for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_destroy(&idx->rcache->locks[i]);

@@ -18,6 +18,20 @@
 #define SCAN_PAGE 1000                   /* rows per query of a scan */
 #define RECONNECT_MS 200                 /* the writer tries to reconnect at most this often */
 #define MAX_CONFLICT_RETRIES 8           /* a batch run again after conflicts with other nodes */
+#define PIPE_MAX 256                     /* the writer's statements sent and not read, at most */
+
+#define OWNER_KEY_MAX (BR_MAX_STORE_NAME + BR_MAX_KEY + 2) /* store '\0' key */
+
+/* A statement of the writer's pipeline whose result is not read yet: the status it must have,
+ * check (non-empty: it must touch a row, else a conflict with this message), and memo (>= 0:
+ * its answer is the memo's (memo, key)). */
+struct pending {
+  ExecStatusType want;
+  int memo;
+  size_t klen;
+  char check[128];
+  char key[OWNER_KEY_MAX];
+};
 
 /* A held blob lock: the connection that holds it. */
 struct held_lock {
@@ -34,9 +48,13 @@ struct idx_backend {
   char count_node[24];     /* this process's rows of blobref_counts (random at open) */
   /* the writer's (writer thread only) */
   PGconn *wconn;
-  PGresult *wres;                   /* holds the value rec_get / purge_get returned */
-  uint8_t (*absent)[BR_SHA256_LEN]; /* digests seen absent in this transaction: inserted */
-  size_t nabsent, absent_cap;
+  PGresult *wres;       /* holds the value purge_get returned */
+  struct pending *pend; /* PIPE_MAX: the statements sent whose results are not read yet */
+  size_t npend;
+  int prc;           /* the first failure in this transaction's pipeline (0: none) */
+  struct memo *memo; /* the rows this transaction has locked or written */
+  size_t nmemo, memo_cap;
+  atomic_uint_fast64_t round_trips; /* the writer's waits for the database */
   uint64_t last_connect_ms;
   char werr[512];
   int wconflict;
@@ -455,6 +473,7 @@ static uint64_t count_rows(idx_backend *be, const char *table) {
 }
 
 static void pg_stats(idx_backend *be, br_index_stats *out) {
+  out->round_trips = atomic_load(&be->round_trips);
   out->entries = count_rows(be, "blobref_blobs");
   out->purges_pending = count_rows(be, "blobref_purges");
 }
@@ -474,7 +493,90 @@ static int pg_ready(idx_backend *be) {
 }
 
 /* ---- the writer -------------------------------------------------------------------------------
+ * A batch is one transaction on the writer's connection in libpq pipeline mode: the statements
+ * whose answer the decision code does not wait for (BEGIN, inserts, updates, the counters, the
+ * notifications) are sent without waiting, and their results are read (and checked) when the
+ * next read needs its answer, or at the commit's one sync. Rows read under a lock (FOR UPDATE)
+ * or written by the transaction are remembered (the memo), so that a second read of a row is
+ * answered without a round trip; prefetch reads a batch's rows in one round trip. */
+
+/* ---- the memo: the transaction's rows, as it has locked or written them ---------------------
  */
+
+enum { MEMO_RECORD, MEMO_OWNER };
+
+struct memo {
+  int kind;
+  size_t klen, len;
+  char *key; /* the digest, or store '\0' key */
+  void *val; /* NULL: absent */
+};
+
+static void memo_clear(idx_backend *be) {
+  for (size_t i = 0; i < be->nmemo; i++) {
+    free(be->memo[i].key);
+    free(be->memo[i].val);
+  }
+  be->nmemo = 0;
+}
+
+/* The entry of (kind, key), or NULL. The latest entries first: a batch's operations come one
+ * after another. */
+static struct memo *memo_find(idx_backend *be, int kind, const void *key, size_t klen) {
+  for (size_t i = be->nmemo; i-- > 0;) {
+    struct memo *m = &be->memo[i];
+    if (m->kind == kind && m->klen == klen && !memcmp(m->key, key, klen)) return m;
+  }
+  return NULL;
+}
+
+/* Remembers (kind, key) as holding val (NULL: absent). The entry, or NULL (out of memory, the
+ * transaction spoiled). A value returned earlier for the key stays valid until the next writer
+ * primitive. */
+static struct memo *memo_set(idx_backend *be, int kind, const void *key, size_t klen,
+                             const void *val, size_t len) {
+  void *copy = NULL;
+  if (val && !(copy = malloc(len ? len : 1))) goto oom;
+  if (val) memcpy(copy, val, len);
+  struct memo *m = memo_find(be, kind, key, klen);
+  if (!m) {
+    if (be->nmemo == be->memo_cap) {
+      size_t cap = be->memo_cap ? be->memo_cap * 2 : 64;
+      struct memo *grown = realloc(be->memo, cap * sizeof *grown);
+      if (!grown) goto oom;
+      be->memo = grown, be->memo_cap = cap;
+    }
+    char *k = malloc(klen);
+    if (!k) goto oom;
+    memcpy(k, key, klen);
+    m = &be->memo[be->nmemo++];
+    *m = (struct memo){.kind = kind, .klen = klen, .key = k};
+  }
+  free(m->val);
+  m->val = copy, m->len = len;
+  return m;
+oom:
+  free(copy);
+  snprintf(be->werr, sizeof be->werr, "out of memory");
+  be->prc = IDX_PG_FAILED;
+  return NULL;
+}
+
+/* Takes a locking read's result into the memo (its first column the value, no row absent). */
+static struct memo *memo_take(idx_backend *be, int kind, const void *key, size_t klen,
+                              PGresult *r) {
+  int present = PQntuples(r) > 0;
+  struct memo *m = memo_set(be, kind, key, klen, present ? PQgetvalue(r, 0, 0) : NULL,
+                            present ? (size_t)PQgetlength(r, 0, 0) : 0);
+  PQclear(r);
+  return m;
+}
+
+/* An owner's memo key: store '\0' key, in out (OWNER_KEY_MAX bytes); its length, 0 if too long. */
+static size_t owner_key(const br_location *loc, char *out, size_t cap) {
+  int n = snprintf(out, cap, "%s%c%s", loc->store, 0, loc->key);
+  return n < 0 || (size_t)n >= cap ? 0 : (size_t)n;
+}
 
 /* Remembers a failed statement (err kept for `fail`); IDX_PG_CONFLICT for another node's
  * transaction in the way, IDX_PG_FAILED otherwise. */
@@ -487,15 +589,103 @@ static int writer_fail(idx_backend *be, PGresult *r) {
   return conflict ? IDX_PG_CONFLICT : IDX_PG_FAILED;
 }
 
-/* Runs one of the writer's statements (binary parameters and results). The result, or NULL and
- * *rc set. */
+/* The connection is unusable or out of step with the pipeline: closed (begin reconnects), the
+ * transaction spoiled. */
+static int writer_lost(idx_backend *be) {
+  if (be->wconn) pq_message(be->wconn, NULL, be->werr, sizeof be->werr);
+  if (!be->werr[0]) snprintf(be->werr, sizeof be->werr, "connection lost");
+  PQfinish(be->wconn);
+  be->wconn = NULL;
+  be->npend = 0;
+  be->prc = IDX_PG_FAILED;
+  return IDX_PG_FAILED;
+}
+
+/* Reads the results of the statements sent and not yet read (asking the server to send them,
+ * unless a sync just did), checking each; the first failure is kept in be->prc (the statements
+ * after it were skipped by the server). last (optional) receives the result of the last
+ * statement when all went well. Returns be->prc. */
+static int wread(idx_backend *be, PGresult **last, int synced) {
+  if (!be->npend) return be->prc;
+  if (!synced) {
+    if (!be->wconn || !PQsendFlushRequest(be->wconn) || PQflush(be->wconn) != 0)
+      return writer_lost(be);
+    atomic_fetch_add_explicit(&be->round_trips, 1, memory_order_relaxed);
+  }
+  size_t n = be->npend;
+  be->npend = 0;
+  for (size_t i = 0; i < n; i++) {
+    PGresult *r = PQgetResult(be->wconn);
+    if (!r) return writer_lost(be);
+    const struct pending *p = &be->pend[i];
+    if (!be->prc && PQresultStatus(r) != p->want) {
+      be->prc = writer_fail(be, r);
+    } else if (!be->prc && p->check[0] && atoi(PQcmdTuples(r)) == 0) {
+      snprintf(be->werr, sizeof be->werr, "%s", p->check);
+      be->prc = IDX_PG_CONFLICT;
+    }
+    if (!be->prc && p->memo >= 0) {
+      memo_take(be, p->memo, p->key, p->klen, r); /* clears r; out of memory sets be->prc */
+    } else if (last && i == n - 1 && !be->prc) {
+      *last = r;
+    } else {
+      PQclear(r);
+    }
+    PGresult *end = PQgetResult(be->wconn); /* each statement's results end with NULL */
+    if (end) {
+      PQclear(end);
+      if (last && *last) PQclear(*last), *last = NULL;
+      return writer_lost(be);
+    }
+  }
+  return be->prc;
+}
+
+static int wdrain(idx_backend *be, PGresult **last) { return wread(be, last, 0); }
+
+/* Sends one statement of the transaction without waiting (binary parameters and results); its
+ * result must have status want and, with check (a message, else ""), touch a row: none means
+ * another node's transaction changed it first (a conflict). 0, or the code that spoiled the
+ * transaction (nothing is sent after a failure: the server would skip it). */
+static int wsend(idx_backend *be, const char *sql, int n, const char *const *vals, const int *lens,
+                 const int *fmts, ExecStatusType want, const char *check) {
+  if (be->prc) return be->prc;
+  if (be->npend == PIPE_MAX && wdrain(be, NULL)) return be->prc;
+  if (!be->wconn || !PQsendQueryParams(be->wconn, sql, n, NULL, vals, lens, fmts, 1))
+    return writer_lost(be);
+  struct pending *p = &be->pend[be->npend++];
+  p->want = want;
+  p->memo = -1;
+  snprintf(p->check, sizeof p->check, "%s", check ? check : "");
+  return 0;
+}
+
+/* Sends a locking read whose answer (its first column; no row: absent) goes into the memo as
+ * (kind, key) when it is read. 0 or the code that spoiled the transaction. */
+static int wsend_read(idx_backend *be, const char *sql, int n, const char *const *vals,
+                      const int *lens, const int *fmts, int kind, const void *key, size_t klen) {
+  int rc = wsend(be, sql, n, vals, lens, fmts, PGRES_TUPLES_OK, NULL);
+  if (rc) return rc;
+  struct pending *p = &be->pend[be->npend - 1];
+  p->memo = kind;
+  p->klen = klen;
+  memcpy(p->key, key, klen);
+  return 0;
+}
+
+/* Runs one statement and waits for it (and for every statement sent before it). The result, or
+ * NULL and *rc set. */
 static PGresult *wquery(idx_backend *be, const char *sql, int n, const char *const *vals,
                         const int *lens, const int *fmts, ExecStatusType want, int *rc) {
-  PGresult *r = PQexecParams(be->wconn, sql, n, NULL, vals, lens, fmts, 1);
-  if (r && PQresultStatus(r) == want) return r;
-  *rc = writer_fail(be, r);
-  PQclear(r);
-  return NULL;
+  PGresult *r = NULL;
+  int out = wsend(be, sql, n, vals, lens, fmts, want, NULL);
+  if (!out) out = wdrain(be, &r);
+  if (out || !r) {
+    PQclear(r);
+    *rc = out ? out : IDX_PG_FAILED;
+    return NULL;
+  }
+  return r;
 }
 
 static int wcommand(idx_backend *be, const char *sql, int n, const char *const *vals,
@@ -508,18 +698,44 @@ static int wcommand(idx_backend *be, const char *sql, int n, const char *const *
   return 0;
 }
 
+/* Ends the pipeline's current segment: a sync, every result read, then the sync's. Returns
+ * be->prc, or IDX_PG_FAILED when the connection was lost. */
+static int wsync(idx_backend *be) {
+  if (!be->wconn || !PQpipelineSync(be->wconn)) return writer_lost(be);
+  int rc = wread(be, NULL, 1);
+  if (!be->wconn) return rc;
+  PGresult *r = PQgetResult(be->wconn);
+  int ok = r && PQresultStatus(r) == PGRES_PIPELINE_SYNC;
+  PQclear(r);
+  if (!ok) return writer_lost(be);
+  atomic_fetch_add_explicit(&be->round_trips, 1, memory_order_relaxed);
+  return rc;
+}
+
+/* After a failure: whatever is left of the transaction is rolled back. */
+static void wrollback(idx_backend *be) {
+  if (!be->wconn) return;
+  be->prc = 0;
+  if (PQtransactionStatus(be->wconn) == PQTRANS_IDLE) return;
+  if (wsend(be, "ROLLBACK", 0, NULL, NULL, NULL, PGRES_COMMAND_OK, NULL) == 0) wsync(be);
+  if (be->wconn && PQtransactionStatus(be->wconn) != PQTRANS_IDLE) writer_lost(be);
+}
+
 static void release_wres(idx_backend *be) {
   PQclear(be->wres);
   be->wres = NULL;
 }
 
 static int pg_begin(idx_backend *be) {
-  be->nabsent = 0;
+  memo_clear(be);
   be->wconflict = 0;
+  be->prc = 0;
+  be->npend = 0;
+  be->werr[0] = '\0';
   if (!be->wconn || PQstatus(be->wconn) != CONNECTION_OK) {
     uint64_t now = mono_ms();
     if (now - be->last_connect_ms < RECONNECT_MS) { /* answers fail fast meanwhile */
-      if (!be->werr[0]) snprintf(be->werr, sizeof be->werr, "reconnecting");
+      snprintf(be->werr, sizeof be->werr, "reconnecting");
       return IDX_PG_FAILED;
     }
     be->last_connect_ms = now;
@@ -530,19 +746,30 @@ static int pg_begin(idx_backend *be) {
       return IDX_PG_FAILED;
     }
   }
-  return wcommand(be, "BEGIN", 0, NULL, NULL, NULL, NULL);
+  if (PQpipelineStatus(be->wconn) == PQ_PIPELINE_OFF && !PQenterPipelineMode(be->wconn))
+    return writer_lost(be);
+  return wsend(be, "BEGIN", 0, NULL, NULL, NULL, PGRES_COMMAND_OK, NULL);
 }
 
 static int pg_commit(idx_backend *be) {
   release_wres(be);
-  int rc = wcommand(be, "COMMIT", 0, NULL, NULL, NULL, NULL);
-  if (!rc) atomic_store(&be->up, 1);
+  int rc = wsend(be, "COMMIT", 0, NULL, NULL, NULL, PGRES_COMMAND_OK, NULL);
+  int sync = be->wconn ? wsync(be) : IDX_PG_FAILED;
+  if (!rc) rc = sync;
+  if (rc)
+    wrollback(be);
+  else
+    atomic_store(&be->up, 1);
+  memo_clear(be);
   return rc;
 }
 
 static void pg_abort(idx_backend *be) {
   release_wres(be);
-  if (be->wconn && PQstatus(be->wconn) == CONNECTION_OK) PQclear(PQexec(be->wconn, "ROLLBACK"));
+  memo_clear(be);
+  if (!be->wconn || PQstatus(be->wconn) != CONNECTION_OK) return;
+  wsync(be);
+  wrollback(be);
 }
 
 static int pg_retry(idx_backend *be, int code, int attempt) {
@@ -558,41 +785,147 @@ static int pg_fail(idx_backend *be, int code, const char *what, br_err *err) {
   return gone ? BR_INDEX_UNAVAILABLE : -1;
 }
 
-static int is_absent(idx_backend *be, const uint8_t *digest) {
-  for (size_t i = 0; i < be->nabsent; i++)
-    if (!memcmp(be->absent[i], digest, BR_SHA256_LEN)) return 1;
+#define SQL_LOCK_RECORD "SELECT record FROM blobref_blobs WHERE digest = $1 FOR UPDATE"
+#define SQL_LOCK_OWNER "SELECT owner FROM blobref_owners WHERE store = $1 AND key = $2 FOR UPDATE"
+
+/* The memo entry of digest's record, read under a row lock when not known yet. NULL + a code. */
+static struct memo *record_memo(idx_backend *be, const uint8_t *digest, int *rc) {
+  struct memo *m = memo_find(be, MEMO_RECORD, digest, BR_SHA256_LEN);
+  if (m) return m;
+  const char *v[1] = {(const char *)digest};
+  int l[1] = {BR_SHA256_LEN}, f[1] = {1};
+  *rc = wsend_read(be, SQL_LOCK_RECORD, 1, v, l, f, MEMO_RECORD, digest, BR_SHA256_LEN);
+  if (!*rc) *rc = wdrain(be, NULL);
+  return *rc ? NULL : memo_find(be, MEMO_RECORD, digest, BR_SHA256_LEN);
+}
+
+static int pg_rec_get(idx_backend *be, const uint8_t *digest, const void **val, size_t *len) {
+  int rc = 0;
+  struct memo *m = record_memo(be, digest, &rc);
+  if (!m) return rc;
+  if (!m->val) return IDX_ABSENT;
+  *val = m->val;
+  *len = m->len;
   return 0;
 }
 
-/* Notes that digest has no row in this transaction (its next put is an INSERT, which fails with
- * a conflict if another node inserted it meanwhile). 0 or IDX_PG_FAILED (memory). */
-static int note_absent(idx_backend *be, const uint8_t *digest, int absent) {
-  for (size_t i = 0; i < be->nabsent; i++)
-    if (!memcmp(be->absent[i], digest, BR_SHA256_LEN)) {
-      if (!absent) memmove(be->absent[i], be->absent[--be->nabsent], BR_SHA256_LEN);
-      return 0;
-    }
-  if (!absent) return 0;
-  if (be->nabsent == be->absent_cap) {
-    size_t cap = be->absent_cap ? be->absent_cap * 2 : 64;
-    void *grown = realloc(be->absent, cap * BR_SHA256_LEN);
-    if (!grown) {
-      snprintf(be->werr, sizeof be->werr, "out of memory");
-      return IDX_PG_FAILED;
-    }
-    be->absent = grown, be->absent_cap = cap;
+/* A record seen absent in this transaction is inserted (which fails with a conflict if another
+ * node inserted it meanwhile); any other is updated, under the row lock its read took. */
+static int pg_rec_put(idx_backend *be, const uint8_t *digest, const void *val, size_t len) {
+  const char *v[2] = {(const char *)digest, val};
+  int l[2] = {BR_SHA256_LEN, (int)len}, f[2] = {1, 1};
+  struct memo *m = memo_find(be, MEMO_RECORD, digest, BR_SHA256_LEN);
+  int rc = m && !m->val ? wsend(be, "INSERT INTO blobref_blobs (digest, record) VALUES ($1, $2)", 2,
+                                v, l, f, PGRES_COMMAND_OK, NULL)
+                        : wsend(be, "UPDATE blobref_blobs SET record = $2 WHERE digest = $1", 2, v,
+                                l, f, PGRES_COMMAND_OK, "record vanished under its row lock");
+  if (rc) return rc;
+  return memo_set(be, MEMO_RECORD, digest, BR_SHA256_LEN, val, len) ? 0 : IDX_PG_FAILED;
+}
+
+static int pg_rec_del(idx_backend *be, const uint8_t *digest) {
+  const char *v[1] = {(const char *)digest};
+  int l[1] = {BR_SHA256_LEN}, f[1] = {1}, rows = 0, rc = 0;
+  struct memo *m = memo_find(be, MEMO_RECORD, digest, BR_SHA256_LEN);
+  if (m && !m->val) return IDX_ABSENT;
+  if (m) /* read (and locked) present in this transaction */
+    rc = wsend(be, "DELETE FROM blobref_blobs WHERE digest = $1", 1, v, l, f, PGRES_COMMAND_OK,
+               "record vanished under its row lock");
+  else
+    rc = wcommand(be, "DELETE FROM blobref_blobs WHERE digest = $1", 1, v, l, f, &rows);
+  if (rc) return rc;
+  if (!memo_set(be, MEMO_RECORD, digest, BR_SHA256_LEN, NULL, 0)) return IDX_PG_FAILED;
+  return m || rows ? 0 : IDX_ABSENT;
+}
+
+/* The memo entry of loc's owner, read under a row lock when not known yet. NULL + a code. */
+static struct memo *owner_memo(idx_backend *be, const br_location *loc, int *rc) {
+  char k[OWNER_KEY_MAX];
+  size_t klen = owner_key(loc, k, sizeof k);
+  struct memo *m = klen ? memo_find(be, MEMO_OWNER, k, klen) : NULL;
+  if (m || !klen) {
+    if (!klen) *rc = IDX_ABSENT;
+    return m;
   }
-  memcpy(be->absent[be->nabsent++], digest, BR_SHA256_LEN);
+  const char *v[2] = {loc->store, loc->key};
+  *rc = wsend_read(be, SQL_LOCK_OWNER, 2, v, NULL, NULL, MEMO_OWNER, k, klen);
+  if (!*rc) *rc = wdrain(be, NULL);
+  return *rc ? NULL : memo_find(be, MEMO_OWNER, k, klen);
+}
+
+static int pg_owner_get(idx_backend *be, const br_location *loc, uint8_t owner[BR_SHA256_LEN]) {
+  int rc = 0;
+  struct memo *m = owner_memo(be, loc, &rc);
+  if (!m) return rc;
+  if (!m->val || m->len != BR_SHA256_LEN) return IDX_ABSENT;
+  memcpy(owner, m->val, BR_SHA256_LEN);
   return 0;
 }
 
-/* The value of a locking read (FOR UPDATE) of one row by its digest. */
-static int locked_value(idx_backend *be, const char *sql, const uint8_t *digest, const void **val,
-                        size_t *len) {
+/* Makes digest the owner of loc's place, which sync_places found free or digest's: if another
+ * node's transaction took it meanwhile, nothing is written and the batch runs again (a conflict),
+ * when sync_places finds it taken. */
+static int pg_owner_put(idx_backend *be, const br_location *loc, const uint8_t *digest) {
+  const char *v[3] = {loc->store, loc->key, (const char *)digest};
+  int l[3] = {0, 0, BR_SHA256_LEN}, f[3] = {0, 0, 1};
+  char check[128], k[OWNER_KEY_MAX];
+  snprintf(check, sizeof check, "%.40s:%.60s was taken by another node", loc->store, loc->key);
+  int rc = wsend(be,
+                 "INSERT INTO blobref_owners (store, key, owner) VALUES ($1, $2, $3)"
+                 " ON CONFLICT (store, key) DO UPDATE SET owner = EXCLUDED.owner"
+                 " WHERE blobref_owners.owner = EXCLUDED.owner",
+                 3, v, l, f, PGRES_COMMAND_OK, check);
+  if (rc) return rc;
+  size_t klen = owner_key(loc, k, sizeof k);
+  return !klen || memo_set(be, MEMO_OWNER, k, klen, digest, BR_SHA256_LEN) ? 0 : IDX_PG_FAILED;
+}
+
+static int pg_owner_del(idx_backend *be, const br_location *loc) {
+  const char *v[2] = {loc->store, loc->key};
+  char k[OWNER_KEY_MAX];
+  size_t klen = owner_key(loc, k, sizeof k);
+  struct memo *m = klen ? memo_find(be, MEMO_OWNER, k, klen) : NULL;
+  int rows = 0, rc = 0;
+  if (m && !m->val) return IDX_ABSENT;
+  if (m) /* read (and locked) in this transaction */
+    rc = wsend(be, "DELETE FROM blobref_owners WHERE store = $1 AND key = $2", 2, v, NULL, NULL,
+               PGRES_COMMAND_OK, NULL);
+  else
+    rc = wcommand(be, "DELETE FROM blobref_owners WHERE store = $1 AND key = $2", 2, v, NULL, NULL,
+                  &rows);
+  if (rc) return rc;
+  if (klen && !memo_set(be, MEMO_OWNER, k, klen, NULL, 0)) return IDX_PG_FAILED;
+  return m || rows ? 0 : IDX_ABSENT;
+}
+
+/* Sends the locking reads of the records of digests[0..n) and of the owners of locs[0..n) (a
+ * NULL entry: none), one pair after another as the batch's operations would take them, and reads
+ * every answer into the memo: one round trip for the batch (one more per PIPE_MAX statements).
+ * Rows already in the memo are not read again. 0 or a code that spoils the transaction. */
+static int pg_prefetch(idx_backend *be, const uint8_t (*digests)[BR_SHA256_LEN],
+                       const br_location *const *locs, size_t n) {
+  char k[OWNER_KEY_MAX];
+  for (size_t i = 0; i < n && !be->prc; i++) {
+    if (!memo_find(be, MEMO_RECORD, digests[i], BR_SHA256_LEN)) {
+      const char *v[1] = {(const char *)digests[i]};
+      int l[1] = {BR_SHA256_LEN}, f[1] = {1};
+      wsend_read(be, SQL_LOCK_RECORD, 1, v, l, f, MEMO_RECORD, digests[i], BR_SHA256_LEN);
+    }
+    size_t klen = locs[i] ? owner_key(locs[i], k, sizeof k) : 0;
+    if (klen && !memo_find(be, MEMO_OWNER, k, klen)) {
+      const char *v[2] = {locs[i]->store, locs[i]->key};
+      wsend_read(be, SQL_LOCK_OWNER, 2, v, NULL, NULL, MEMO_OWNER, k, klen);
+    }
+  }
+  return wdrain(be, NULL);
+}
+
+static int pg_purge_get(idx_backend *be, const uint8_t *digest, const void **val, size_t *len) {
   release_wres(be);
   const char *v[1] = {(const char *)digest};
   int l[1] = {BR_SHA256_LEN}, f[1] = {1}, rc = 0;
-  PGresult *r = wquery(be, sql, 1, v, l, f, PGRES_TUPLES_OK, &rc);
+  PGresult *r = wquery(be, "SELECT value FROM blobref_purges WHERE digest = $1 FOR UPDATE", 1, v, l,
+                       f, PGRES_TUPLES_OK, &rc);
   if (!r) return rc;
   if (PQntuples(r) == 0) {
     PQclear(r);
@@ -604,92 +937,6 @@ static int locked_value(idx_backend *be, const char *sql, const uint8_t *digest,
   return 0;
 }
 
-static int pg_rec_get(idx_backend *be, const uint8_t *digest, const void **val, size_t *len) {
-  int rc = locked_value(be, "SELECT record FROM blobref_blobs WHERE digest = $1 FOR UPDATE", digest,
-                        val, len);
-  if (rc == IDX_ABSENT || rc == 0) {
-    int nrc = note_absent(be, digest, rc == IDX_ABSENT);
-    if (nrc) return nrc;
-  }
-  return rc;
-}
-
-static int pg_rec_put(idx_backend *be, const uint8_t *digest, const void *val, size_t len) {
-  const char *v[2] = {(const char *)digest, val};
-  int l[2] = {BR_SHA256_LEN, (int)len}, f[2] = {1, 1}, rows = 0;
-  if (is_absent(be, digest)) {
-    int rc = wcommand(be, "INSERT INTO blobref_blobs (digest, record) VALUES ($1, $2)", 2, v, l, f,
-                      NULL);
-    return rc ? rc : note_absent(be, digest, 0);
-  }
-  int rc =
-      wcommand(be, "UPDATE blobref_blobs SET record = $2 WHERE digest = $1", 2, v, l, f, &rows);
-  if (rc) return rc;
-  if (rows != 1) { /* cannot be: it was read under a row lock */
-    snprintf(be->werr, sizeof be->werr, "record vanished under its row lock");
-    return IDX_PG_CONFLICT;
-  }
-  return 0;
-}
-
-static int pg_rec_del(idx_backend *be, const uint8_t *digest) {
-  const char *v[1] = {(const char *)digest};
-  int l[1] = {BR_SHA256_LEN}, f[1] = {1}, rows = 0;
-  int rc = wcommand(be, "DELETE FROM blobref_blobs WHERE digest = $1", 1, v, l, f, &rows);
-  if (rc) return rc;
-  if (note_absent(be, digest, 1)) return IDX_PG_FAILED;
-  return rows ? 0 : IDX_ABSENT;
-}
-
-static int pg_owner_get(idx_backend *be, const br_location *loc, uint8_t owner[BR_SHA256_LEN]) {
-  const char *v[2] = {loc->store, loc->key};
-  int rc = 0;
-  PGresult *r =
-      wquery(be, "SELECT owner FROM blobref_owners WHERE store = $1 AND key = $2 FOR UPDATE", 2, v,
-             NULL, NULL, PGRES_TUPLES_OK, &rc);
-  if (!r) return rc;
-  rc = IDX_ABSENT;
-  if (PQntuples(r) == 1 && PQgetlength(r, 0, 0) == BR_SHA256_LEN) {
-    memcpy(owner, PQgetvalue(r, 0, 0), BR_SHA256_LEN);
-    rc = 0;
-  }
-  PQclear(r);
-  return rc;
-}
-
-/* Makes digest the owner of loc's place, which sync_places found free or digest's: if another
- * node's transaction took it meanwhile, nothing is written and the batch runs again (a conflict),
- * when sync_places finds it taken. */
-static int pg_owner_put(idx_backend *be, const br_location *loc, const uint8_t *digest) {
-  const char *v[3] = {loc->store, loc->key, (const char *)digest};
-  int l[3] = {0, 0, BR_SHA256_LEN}, f[3] = {0, 0, 1}, rows = 0;
-  int rc = wcommand(be,
-                    "INSERT INTO blobref_owners (store, key, owner) VALUES ($1, $2, $3)"
-                    " ON CONFLICT (store, key) DO UPDATE SET owner = EXCLUDED.owner"
-                    " WHERE blobref_owners.owner = EXCLUDED.owner",
-                    3, v, l, f, &rows);
-  if (rc) return rc;
-  if (rows == 0) {
-    snprintf(be->werr, sizeof be->werr, "%.64s:%.256s was taken by another node", loc->store,
-             loc->key);
-    return IDX_PG_CONFLICT;
-  }
-  return 0;
-}
-
-static int pg_owner_del(idx_backend *be, const br_location *loc) {
-  const char *v[2] = {loc->store, loc->key};
-  int rows = 0;
-  int rc = wcommand(be, "DELETE FROM blobref_owners WHERE store = $1 AND key = $2", 2, v, NULL,
-                    NULL, &rows);
-  return rc ? rc : rows ? 0 : IDX_ABSENT;
-}
-
-static int pg_purge_get(idx_backend *be, const uint8_t *digest, const void **val, size_t *len) {
-  return locked_value(be, "SELECT value FROM blobref_purges WHERE digest = $1 FOR UPDATE", digest,
-                      val, len);
-}
-
 /* Stores a purge, due at its value's next_ms, and ends any claim on it (a settle gives it back,
  * a new queuing is due anew). */
 static int pg_purge_put(idx_backend *be, const uint8_t *digest, const void *val, size_t len) {
@@ -699,11 +946,11 @@ static int pg_purge_put(idx_backend *be, const uint8_t *digest, const void *val,
   snprintf(due_s, sizeof due_s, "%lld", (long long)(due > INT64_MAX ? INT64_MAX : due));
   const char *v[3] = {(const char *)digest, val, due_s};
   int l[3] = {BR_SHA256_LEN, (int)len, 0}, f[3] = {1, 1, 0};
-  return wcommand(be,
-                  "INSERT INTO blobref_purges (digest, value, due_ms) VALUES ($1, $2, $3::int8)"
-                  " ON CONFLICT (digest) DO UPDATE SET value = EXCLUDED.value,"
-                  " due_ms = EXCLUDED.due_ms, claimed_until = 0, claimed_by = ''",
-                  3, v, l, f, NULL);
+  return wsend(be,
+               "INSERT INTO blobref_purges (digest, value, due_ms) VALUES ($1, $2, $3::int8)"
+               " ON CONFLICT (digest) DO UPDATE SET value = EXCLUDED.value,"
+               " due_ms = EXCLUDED.due_ms, claimed_until = 0, claimed_by = ''",
+               3, v, l, f, PGRES_COMMAND_OK, NULL);
 }
 
 /* One statement, its own transaction: the due rows no live claim holds (rows another node is
@@ -813,7 +1060,7 @@ static int pg_counts_add(idx_backend *be, const br_counts *delta) {
            " ON CONFLICT (node, store, state) DO UPDATE SET"
            " blobs = blobref_counts.blobs + EXCLUDED.blobs,"
            " bytes = blobref_counts.bytes + EXCLUDED.bytes");
-  rc = wcommand(be, sql, 1 + 4 * (int)n, v, NULL, NULL, NULL);
+  rc = wsend(be, sql, 1 + 4 * (int)n, v, NULL, NULL, PGRES_COMMAND_OK, NULL);
 done:
   free(v);
   free(nums);
@@ -1049,7 +1296,9 @@ static void pg_close(idx_backend *be) {
   }
   pthread_mutex_destroy(&be->lock);
   pthread_cond_destroy(&be->cv);
-  free(be->absent);
+  memo_clear(be);
+  free(be->memo);
+  free(be->pend);
   free(be->dsn);
   free(be);
 }
@@ -1158,11 +1407,9 @@ static int pg_announce(idx_backend *be, const uint8_t (*digests)[BR_SHA256_LEN],
     size_t len = pgl_payload(digests, n, part, &parts, payload);
     if (!len) break;
     const char *v[1] = {payload};
-    int rc = 0;
-    PGresult *r = wquery(be, "SELECT pg_notify('" PGL_CHANNEL "', $1)", 1, v, NULL, NULL,
-                         PGRES_TUPLES_OK, &rc);
-    if (!r) return rc;
-    PQclear(r);
+    int rc = wsend(be, "SELECT pg_notify('" PGL_CHANNEL "', $1)", 1, v, NULL, NULL, PGRES_TUPLES_OK,
+                   NULL);
+    if (rc) return rc;
   }
   return 0;
 }
@@ -1186,6 +1433,7 @@ static const idx_ops pg_ops = {
     .retry = pg_retry,
     .fail = pg_fail,
     .announce = pg_announce,
+    .prefetch = pg_prefetch,
     .rec_get = pg_rec_get,
     .rec_put = pg_rec_put,
     .rec_del = pg_rec_del,
@@ -1246,7 +1494,8 @@ static int fold_counts(idx_backend *be, PGconn *c, char *why, size_t cap) {
 
 idx_backend *idx_pg_open(const br_index_options *opt, const idx_ops **ops, br_err *err) {
   idx_backend *be = calloc(1, sizeof *be);
-  if (!be || !(be->dsn = strdup(opt->dsn))) {
+  if (!be || !(be->dsn = strdup(opt->dsn)) || !(be->pend = calloc(PIPE_MAX, sizeof *be->pend))) {
+    if (be) free(be->dsn);
     free(be);
     br_fail(err, "out of memory");
     return NULL;

@@ -313,3 +313,28 @@ def test_read_dsn_without_a_postgres_index_is_refused(tmp_path):
         srv = Server(tmp_path / "bad", conf)
         with pytest.raises(RuntimeError, match="read_dsn goes with kind = postgres and a dsn"):
             srv.start()
+
+
+def found_by_lookup(srv, hashes):
+    r = requests.post(f"{srv.url}/v1/lookup", json={"hashes": hashes}, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    return {x["sha256"] for x in r.json()["found"]}
+
+
+def test_batch_lookup_fills_and_uses_the_record_cache_and_sees_changes(nodes):
+    """A batch lookup on B caches what it found (the next GET is a cache hit) and answers from the
+    cache; after A quarantines one of them, B's batch lookup reports it missing within the bound
+    and keeps reporting the others found."""
+    a, b = nodes
+    hs = [put(a, os.urandom(200 + i)) for i in range(5)]
+    absent = "%064x" % 7
+    assert wait_until(lambda: found_by_lookup(b, hs + [absent]) == set(hs), timeout=5)
+    hits = cache_hits(b)
+    assert requests.get(f"{b.url}/v1/blobs/{hs[0]}", timeout=TIMEOUT).status_code == 200
+    assert cache_hits(b) == hits + 1, "the batch lookup did not fill the record cache"
+    r = requests.delete(f"{a.url}/v1/blobs/{hs[1]}", timeout=TIMEOUT)
+    t0 = time.monotonic()
+    assert r.status_code == 200, r.text
+    while hs[1] in found_by_lookup(b, hs):
+        assert time.monotonic() - t0 < BOUND, "a quarantined blob still found by B's lookup"
+    assert found_by_lookup(b, hs + [absent]) == set(hs) - {hs[1]}
