@@ -9,6 +9,7 @@ operator moves a folder behind a web server: uploaded into an fs store `origin`,
 restarted with `origin` an http store over that folder."""
 import hashlib
 import http.server
+import json
 import os
 import random
 import re
@@ -315,8 +316,15 @@ def test_proxied_whole_blob_with_a_flipped_bit_is_cut_before_its_end(faulty):
     origin.corrupt = True
     status, headers, body = raw_get(srv, f"/v1/blobs/{h}")
     assert origin.corrupted == 1
-    assert status == 200 and int(headers["content-length"]) == len(data)
-    assert len(body) < len(data), "a corrupted body went out complete"
+    # The mismatch shows at the last byte. When the origin's whole answer lands before the reply's
+    # headers went out (a loaded box: the ring holds 300 KB), the client gets a 503 and no byte of
+    # it; otherwise the 200 is cut short. Either way the bytes never go out complete.
+    assert status in (200, 503), (status, headers)
+    if status == 200:
+        assert int(headers["content-length"]) == len(data)
+        assert len(body) < len(data), "a corrupted body went out complete"
+    else:
+        assert "error" in json.loads(body), body
     assert metric(srv, "blobref_read_digest_mismatch_total") == 1
     assert f"blob {h}" in srv.read_log() and "do not match" in srv.read_log()
     # through requests: an error (urllib3 2 checks Content-Length) or a short body, never `data`
