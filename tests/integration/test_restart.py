@@ -242,6 +242,7 @@ def test_rebuild_index_in_batches_survives_a_kill(tmp_path):
     assert p.returncode == -9, out
     rc, n, problems, fout = fsck(data_dir, verify=True)
     assert rc == 0 and problems == 0 and 1024 <= n < len(files), fout
+    assert n % 1024 == 0, n  # whole batches: one commit each
     rc, out = rebuild_index(data_dir)
     assert rc == 1, out  # the two wrong objects
     assert f"rebuild-index: {len(files) - n} blobs indexed, {n} already there, 2 problems" in out, out
