@@ -387,6 +387,7 @@ typedef struct br_index_stats {
   uint64_t notifies, flushes, listens;
   uint64_t replica_reads, replica_retries;
   uint64_t round_trips; /* PostgreSQL: the writer's waits for the database (0 on LMDB) */
+  uint64_t full_walks;  /* scans of every record from the first key (foreach, recounts) */
 } br_index_stats;
 void br_index_get_stats(br_index *idx, br_index_stats *out);
 

@@ -84,6 +84,9 @@ void br_reconciler_announce(br_reconciler *r, uint64_t id, const br_reconcile_op
  * closed (a run's sweep finishes them otherwise); a startup hook may too. Returns how many were
  * finished, or -1 + err (the first failure; the rest go on). */
 int64_t br_reconcile_finish_deletes(br_reconciler *r, br_err *err);
+/* How many times finish_deletes walked the index for deleting records (the per-state counters
+ * skip the walk when they count none, and end it once it found as many as they count). */
+uint64_t br_reconciler_deleting_walks(br_reconciler *r);
 
 /* Stored reports: JSON text (malloc'd) of run id, or NULL with *found = 0. */
 char *br_reconciler_report(br_reconciler *r, uint64_t id, int *found, br_err *err);

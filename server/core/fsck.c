@@ -3,10 +3,12 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/fsck.h"
 #include "core/server.h"
@@ -21,18 +23,21 @@ struct fsck {
   br_suspect *suspects; /* DATA_DIR/suspect: locations always hashed, whatever verify says */
   size_t nsuspects;
   br_counts *found; /* the walk's recount of the per-state counters */
+  char *buf;        /* BUF bytes, for verify_digest */
 };
 
+/* Hashes the object key of st through buf (BUF bytes, the caller's: several threads hash at
+ * once) and compares with want. 0, 1 missing... as br_store_open_read; -1 + err on a mismatch. */
+enum { BUF = 1 << 20 };
 static int verify_digest(br_store *st, const char *key, const uint8_t want[BR_SHA256_LEN],
-                         br_err *err) {
+                         char *buf, br_err *err) {
   br_store_reader r;
   int rc = br_store_open_read(st, key, &r, err);
   if (rc != 0) return rc > 0 ? br_fail(err, "missing") : -1;
   EVP_MD_CTX *ctx = EVP_MD_CTX_new();
   EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
-  static char buf[1 << 20];
   for (uint64_t off = 0; rc == 0 && off < r.size;) {
-    size_t n = r.size - off < sizeof buf ? (size_t)(r.size - off) : sizeof buf;
+    size_t n = r.size - off < BUF ? (size_t)(r.size - off) : BUF;
     rc = r.source->pread(r.source, buf, n, off, err);
     EVP_DigestUpdate(ctx, buf, n);
     off += n;
@@ -78,7 +83,7 @@ static int fsck_one(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_reco
       const br_suspect *sus = br_suspect_find(f->suspects, f->nsuspects, digest, l->store, l->key);
       char when[40] = "";
       if (sus) br_format_time_ms(sus->at_ms, when, sizeof when);
-      if ((f->verify || sus) && verify_digest(st, l->key, digest, &err) < 0) {
+      if ((f->verify || sus) && verify_digest(st, l->key, digest, f->buf, &err) < 0) {
         printf("%s: %s:%s: %s%s%s%s\n", hex, l->store, l->key, err.msg,
                sus ? " (suspect since a read at " : "", when,
                sus ? " did not hash to the blob)" : "");
@@ -150,11 +155,13 @@ int br_fsck(br_config *cfg, int verify) {
     br_server_close(srv);
     return 2;
   }
-  struct fsck f = {.srv = srv, .verify = verify, .found = malloc(sizeof(br_counts))};
+  struct fsck f = {
+      .srv = srv, .verify = verify, .found = malloc(sizeof(br_counts)), .buf = malloc(BUF)};
   br_counts *stored = malloc(sizeof *stored);
-  if (!f.found || !stored) {
+  if (!f.found || !stored || !f.buf) {
     fprintf(stderr, "blobrefd: out of memory\n");
     free(f.found);
+    free(f.buf);
     free(stored);
     br_server_close(srv);
     return 2;
@@ -178,6 +185,7 @@ int br_fsck(br_config *cfg, int verify) {
   br_server_close(srv);
   if (differ && repair_counts(cfg) != 0) f.problems++;
   free(f.found);
+  free(f.buf);
   free(stored);
   printf("fsck: %" PRIu64 " blobs, %" PRIu64 " problems\n", f.blobs, f.problems);
   return f.problems ? 1 : 0;
@@ -187,7 +195,26 @@ int br_fsck(br_config *cfg, int verify) {
  * Indexes every object a store holds under a content-addressed key "<prefix>sha256/ab/cd/<hex>"
  * whose bytes hash to <hex>, for an index that was lost or damaged (move a damaged one away
  * first). Objects whose bytes do not match their key are reported and left out. The content type
- * is not known any more: application/octet-stream. */
+ * is not known any more: application/octet-stream.
+ * The listing (this thread) skips what is indexed already and queues the rest (QUEUE at most);
+ * HASHERS threads hash them and gather the records in batches of BATCH (two batches at most),
+ * each inserted in one index transaction (br_index_apply_locations, BR_LOC_INSERT), so that a
+ * rebuild cut short leaves whole records only and the next run goes on from them. A line
+ * "N blobs indexed so far" follows the first commit, then one every PROGRESS_MS at most. */
+
+enum { QUEUE = 1024, BATCH = 1024, HASHERS_MAX = 8, PROGRESS_MS = 10000 };
+
+struct rebuild_job {
+  char key[BR_MAX_KEY + 1];
+  uint8_t digest[BR_SHA256_LEN];
+  uint64_t size;
+};
+
+struct rebuild_batch {
+  size_t n;
+  br_record recs[BATCH];
+  br_loc_change changes[BATCH];
+};
 
 struct rebuild {
   br_server *srv;
@@ -195,7 +222,15 @@ struct rebuild {
   const br_store_config *sc;
   size_t prefix_len; /* strlen(<prefix>sha256/) */
   uint64_t indexed, present, problems;
-  int fatal;
+  int fatal;            /* set under lock: an index write failed (every thread stops) */
+  uint64_t progress_ms; /* the last "so far" line (the first batch's always) */
+  /* the pipeline of one store, all under lock */
+  pthread_mutex_t lock;
+  pthread_cond_t cv; /* a job queued or taken, a batch back, the listing over */
+  struct rebuild_job *queue;
+  size_t head, len;
+  int listed;                        /* the listing is over: the hashers end once the queue is */
+  struct rebuild_batch *cur, *spare; /* cur: being filled (NULL while both are written) */
 };
 
 /* The digest a content-addressed key names: "<prefix>sha256/ab/cd/<64 hex>" after the prefix
@@ -217,6 +252,104 @@ static uint64_t object_time_ms(const struct rebuild *rb, const char *key) {
   return (uint64_t)sb.st_mtim.tv_sec * 1000 + (uint64_t)sb.st_mtim.tv_nsec / 1000000;
 }
 
+/* Inserts b's records in one call (no lock held), counts the outcomes and empties b. A record
+ * found meanwhile with other locations, or whose key is another's, goes through
+ * br_index_record_upload as one upload would (its answer is the rebuild's, as before batching).
+ * 0, or -1 when the index failed (printed, fatal set). */
+static int rebuild_flush(struct rebuild *rb, struct rebuild_batch *b) {
+  br_err err;
+  uint64_t indexed = 0, present = 0;
+  int rc = b->n ? br_index_apply_locations(rb->srv->index, b->changes, b->n, br_now_ms(), &err) : 0;
+  for (size_t i = 0; rc == 0 && i < b->n; i++) {
+    br_loc_change *c = &b->changes[i];
+    if (c->outcome == BR_LOC_APPLIED) {
+      indexed++;
+    } else if (c->outcome == BR_LOC_EXISTS) {
+      present++;
+    } else {
+      int created = 0;
+      rc = br_index_record_upload(rb->srv->index, c->digest, c->rec, &created, NULL, &err);
+      if (rc == 0) indexed++;
+    }
+  }
+  if (rc != 0) printf("index: %s\n", err.msg);
+  pthread_mutex_lock(&rb->lock);
+  rb->indexed += indexed;
+  rb->present += present;
+  if (rc != 0) rb->fatal = 1;
+  uint64_t now = br_now_ms();
+  if (rc == 0 && (!rb->progress_ms || now - rb->progress_ms >= PROGRESS_MS)) {
+    rb->progress_ms = now; /* committed: a rebuild cut short from here on keeps these */
+    printf("rebuild-index: %" PRIu64 " blobs indexed so far\n", rb->indexed);
+    fflush(stdout);
+  }
+  b->n = 0;
+  if (!rb->cur)
+    rb->cur = b;
+  else
+    rb->spare = b;
+  pthread_cond_broadcast(&rb->cv);
+  pthread_mutex_unlock(&rb->lock);
+  return rc ? -1 : 0;
+}
+
+/* A hasher: takes queued objects, checks their bytes, and adds their records to the batch being
+ * filled, writing it when full. Ends when the listing is over and the queue empty, or on fatal. */
+static void *rebuild_hasher(void *arg) {
+  struct rebuild *rb = arg;
+  const char *store = br_store_name(rb->store);
+  char *buf = malloc(BUF);
+  struct rebuild_job job;
+  br_err err;
+  pthread_mutex_lock(&rb->lock);
+  if (!buf) {
+    printf("rebuild-index: out of memory\n");
+    rb->fatal = 1;
+    pthread_cond_broadcast(&rb->cv);
+  }
+  for (;;) {
+    while (!rb->fatal && !rb->len && !rb->listed) pthread_cond_wait(&rb->cv, &rb->lock);
+    if (rb->fatal || !rb->len) break;
+    job = rb->queue[rb->head];
+    rb->head = (rb->head + 1) % QUEUE;
+    rb->len--;
+    pthread_cond_broadcast(&rb->cv);
+    pthread_mutex_unlock(&rb->lock);
+    int bad = verify_digest(rb->store, job.key, job.digest, buf, &err) < 0;
+    br_record add;
+    if (bad)
+      printf("%s:%s: %s; left out\n", store, job.key, err.msg);
+    else
+      br_record_init(&add, job.size, "application/octet-stream", store, job.key,
+                     object_time_ms(rb, job.key), br_now_ms());
+    pthread_mutex_lock(&rb->lock);
+    if (bad) {
+      rb->problems++;
+      continue;
+    }
+    while (!rb->fatal && !rb->cur) pthread_cond_wait(&rb->cv, &rb->lock);
+    if (rb->fatal) break;
+    struct rebuild_batch *b = rb->cur;
+    b->recs[b->n] = add;
+    br_loc_change *c = &b->changes[b->n];
+    memset(c, 0, sizeof *c);
+    memcpy(c->digest, job.digest, BR_SHA256_LEN);
+    c->kind = BR_LOC_INSERT;
+    c->rec = &b->recs[b->n];
+    if (++b->n < BATCH) continue;
+    rb->cur = rb->spare;
+    rb->spare = NULL;
+    pthread_mutex_unlock(&rb->lock);
+    rebuild_flush(rb, b);
+    pthread_mutex_lock(&rb->lock);
+  }
+  pthread_mutex_unlock(&rb->lock);
+  free(buf);
+  return NULL;
+}
+
+/* The listing's callback: an object not indexed yet is queued for the hashers (waiting for room).
+ * Non-zero stops the listing (fatal). */
 static int rebuild_one(void *ud, const char *key, uint64_t size) {
   struct rebuild *rb = ud;
   const char *store = br_store_name(rb->store);
@@ -224,39 +357,81 @@ static int rebuild_one(void *ud, const char *key, uint64_t size) {
   br_err err;
   if (key_digest(key + rb->prefix_len, digest) < 0) {
     printf("%s:%s: not a content-addressed key; left out\n", store, key);
+    pthread_mutex_lock(&rb->lock);
     rb->problems++;
+    pthread_mutex_unlock(&rb->lock);
     return 0;
   }
   br_record rec;
   int rc = br_index_get(rb->srv->index, digest, &rec, &err);
   if (rc < 0) {
     printf("index: %s\n", err.msg);
+    pthread_mutex_lock(&rb->lock);
     rb->fatal = 1;
+    pthread_cond_broadcast(&rb->cv);
+    pthread_mutex_unlock(&rb->lock);
     return 1;
   }
   int have = 0;
   for (int i = 0; rc == 0 && i < rec.nlocations; i++)
     have |= !strcmp(rec.locations[i].store, store);
+  pthread_mutex_lock(&rb->lock);
   if (rc == 0 && (have || rec.state != BR_STATE_LIVE)) { /* indexed already: left as it is */
     rb->present++;
+    pthread_mutex_unlock(&rb->lock);
     return 0;
   }
-  if (verify_digest(rb->store, key, digest, &err) < 0) {
-    printf("%s:%s: %s; left out\n", store, key, err.msg);
-    rb->problems++;
-    return 0;
+  while (!rb->fatal && rb->len == QUEUE) pthread_cond_wait(&rb->cv, &rb->lock);
+  int fatal = rb->fatal;
+  if (!fatal) {
+    struct rebuild_job *j = &rb->queue[(rb->head + rb->len) % QUEUE];
+    snprintf(j->key, sizeof j->key, "%s", key);
+    memcpy(j->digest, digest, BR_SHA256_LEN);
+    j->size = size;
+    rb->len++;
+    pthread_cond_broadcast(&rb->cv);
   }
-  uint64_t t = object_time_ms(rb, key);
-  br_record add;
-  br_record_init(&add, size, "application/octet-stream", store, key, t, br_now_ms());
-  int created = 0;
-  if (br_index_record_upload(rb->srv->index, digest, &add, &created, NULL, &err) < 0) {
-    printf("index: %s\n", err.msg);
+  pthread_mutex_unlock(&rb->lock);
+  return fatal;
+}
+
+/* How many hashers: one per online CPU, 1 to HASHERS_MAX. */
+static int hashers(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : n > HASHERS_MAX ? HASHERS_MAX : (int)n;
+}
+
+/* Rebuilds from one store: the listing here, the hashers beside it, then the last batch. */
+static void rebuild_store(struct rebuild *rb, const char *prefix) {
+  pthread_t th[HASHERS_MAX];
+  int nth = 0, want = hashers();
+  br_err err;
+  rb->head = rb->len = 0;
+  rb->listed = 0;
+  for (; nth < want; nth++)
+    if (pthread_create(&th[nth], NULL, rebuild_hasher, rb) != 0) break;
+  if (!nth) {
+    printf("rebuild-index: cannot start a thread\n");
     rb->fatal = 1;
-    return 1;
+    return;
   }
-  rb->indexed++;
-  return 0;
+  if (br_store_list(rb->store, prefix, rebuild_one, rb, &err) < 0) {
+    printf("store %s: %s\n", br_store_name(rb->store), err.msg);
+    pthread_mutex_lock(&rb->lock);
+    rb->fatal = 1;
+    pthread_mutex_unlock(&rb->lock);
+  }
+  pthread_mutex_lock(&rb->lock);
+  rb->listed = 1;
+  pthread_cond_broadcast(&rb->cv);
+  pthread_mutex_unlock(&rb->lock);
+  for (int i = 0; i < nth; i++) pthread_join(th[i], NULL);
+  /* the hashers are gone: the batch being filled is the last (the other one is back) */
+  if (!rb->fatal && rb->cur && rb->cur->n) {
+    struct rebuild_batch *b = rb->cur;
+    rb->cur = NULL;
+    rebuild_flush(rb, b);
+  }
 }
 
 int br_rebuild_index(br_config *cfg) {
@@ -272,7 +447,18 @@ int br_rebuild_index(br_config *cfg) {
     br_server_close(srv);
     return 2;
   }
-  struct rebuild rb = {.srv = srv};
+  struct rebuild rb = {.srv = srv,
+                       .queue = malloc(QUEUE * sizeof(struct rebuild_job)),
+                       .cur = malloc(sizeof(struct rebuild_batch)),
+                       .spare = malloc(sizeof(struct rebuild_batch))};
+  if (!rb.queue || !rb.cur || !rb.spare) {
+    fprintf(stderr, "blobrefd: out of memory\n");
+    rb.fatal = 1;
+  } else {
+    rb.cur->n = rb.spare->n = 0;
+  }
+  pthread_mutex_init(&rb.lock, NULL);
+  pthread_cond_init(&rb.cv, NULL);
   for (int i = 0; i < srv->nstores && !rb.fatal; i++) {
     char prefix[BR_MAX_KEY + 1];
     rb.store = srv->stores[i];
@@ -280,15 +466,17 @@ int br_rebuild_index(br_config *cfg) {
     snprintf(prefix, sizeof prefix, "%ssha256/", rb.sc->prefix ? rb.sc->prefix : "");
     rb.prefix_len = strlen(prefix);
     uint64_t before = rb.indexed;
-    if (br_store_list(rb.store, prefix, rebuild_one, &rb, &err) < 0) {
-      printf("store %s: %s\n", br_store_name(rb.store), err.msg);
-      rb.fatal = 1;
-    }
+    rebuild_store(&rb, prefix);
     printf("store %s: %" PRIu64 " blobs indexed\n", br_store_name(rb.store), rb.indexed - before);
   }
   printf("rebuild-index: %" PRIu64 " blobs indexed, %" PRIu64 " already there, %" PRIu64
          " problems\n",
          rb.indexed, rb.present, rb.problems);
+  pthread_cond_destroy(&rb.cv);
+  pthread_mutex_destroy(&rb.lock);
+  free(rb.queue);
+  free(rb.cur);
+  free(rb.spare);
   br_server_close(srv);
   return rb.fatal ? 2 : rb.problems ? 1 : 0;
 }

@@ -59,7 +59,8 @@ int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_er
   char dir[4096];
   snprintf(dir, sizeof dir, "%s/index", cfg->data_dir);
   br_index_options opt = {.map_size = cfg->index_map_size,
-                          .batch_max = mode == BR_OPEN_SERVE || mode == BR_OPEN_IMPORT
+                          .batch_max = mode == BR_OPEN_SERVE || mode == BR_OPEN_IMPORT ||
+                                               mode == BR_OPEN_REBUILD /* 1,024 a commit */
                                            ? (unsigned)cfg->index_batch_max
                                            : 1,
                           .read_only = mode == BR_OPEN_CHECK,

@@ -233,6 +233,14 @@ void reconcile_runner_metrics(br_server *srv, void (*emit)(void *ud, const char 
            rr->last_seconds, rr->running_id ? 1 : 0);
   emit(ud, line);
   pthread_mutex_unlock(&rr->lock);
+  snprintf(line, sizeof line,
+           "# HELP blobref_reconcile_deleting_walks_total Walks of the index for blobs left "
+           "deleting by a cut-short run (at start, and after a failed run), made only when the "
+           "per-state counters count some or keep none.\n"
+           "# TYPE blobref_reconcile_deleting_walks_total counter\n"
+           "blobref_reconcile_deleting_walks_total %" PRIu64 "\n",
+           br_reconciler_deleting_walks(rr->rec));
+  emit(ud, line);
   uint64_t nleases = 0, nleased = 0;
   br_leases_stats(br_reconciler_leases(rr->rec), br_now_ms(), &nleases, &nleased);
   snprintf(line, sizeof line,

@@ -376,9 +376,14 @@ enum MHD_Result metrics_get(struct request *req) {
           "# HELP blobref_index_census_walks_total Walks of the whole index for the per-state "
           "figures (only an index without counters is walked).\n"
           "# TYPE blobref_index_census_walks_total counter\n"
-          "blobref_index_census_walks_total %" PRIu64 "\n",
+          "blobref_index_census_walks_total %" PRIu64
+          "\n"
+          "# HELP blobref_index_full_walks_total Scans of the index from its first record (the "
+          "drain pass, a census or recount, a finish of deletes the counters cannot skip).\n"
+          "# TYPE blobref_index_full_walks_total counter\nblobref_index_full_walks_total %" PRIu64
+          "\n",
           is.map_size && is.map_used >= is.map_size / 5 * 4 ? 1 : 0,
-          (uint64_t)atomic_load(&census_walks));
+          (uint64_t)atomic_load(&census_walks), is.full_walks);
   appendf(&t,
           "# HELP blobref_index_blobs Blobs in the index by state (exact counters; a PostgreSQL "
           "index: a walk at most every 10 s).\n# TYPE blobref_index_blobs gauge\n");

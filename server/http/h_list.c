@@ -13,10 +13,16 @@ static const char *query_arg(struct request *req, const char *name) {
   return MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, name);
 }
 
-/* Appends one record to the page array given as ud. */
+/* Appends one record to the page's text given as ud (a comma before all but the first). */
+struct page {
+  struct json_text t;
+  size_t n;
+};
+
 static int add_entry(void *ud, const uint8_t digest[BR_SHA256_LEN], const br_record *rec) {
-  json_t *entry = blob_record_json(digest, rec);
-  return !entry || json_array_append_new(ud, entry) != 0;
+  struct page *pg = ud;
+  if (pg->n++) json_text_raw(&pg->t, ",", 1);
+  return blob_record_text(&pg->t, digest, rec) != 0;
 }
 
 enum MHD_Result list_get(struct request *req) {
@@ -44,19 +50,27 @@ enum MHD_Result list_get(struct request *req) {
     else
       return reply_error(req, E_BAD_REQUEST, "state must be live or quarantined");
   }
-  json_t *blobs = json_array();
-  if (!blobs) return reply_error(req, E_INTERNAL, "out of memory");
+  /* the page is written as text (no jansson object per field: they were 90 % of an export's
+   * server CPU); about 330 bytes a record */
+  struct page pg = {{0}, 0};
+  pg.t.buf = malloc(limit * 360 + 64);
+  pg.t.cap = pg.t.buf ? limit * 360 + 64 : 0;
+  json_text_raw(&pg.t, "{\"blobs\":[", 10);
+  if (pg.t.failed) return reply_error(req, E_INTERNAL, "out of memory");
   br_err err;
   if (br_index_list_after(req->srv->index, after_s && *after_s ? after : NULL, limit, state,
-                          add_entry, blobs, next, &has_next, &err) < 0) {
-    json_decref(blobs);
+                          add_entry, &pg, next, &has_next, &err) < 0) {
+    free(pg.t.buf);
     return reply_error(req, E_INTERNAL, "%s", err.msg);
   }
-  json_t *next_j = json_null();
   if (has_next) {
     char hex[BR_HEX_LEN + 1];
     br_hex_encode(next, hex);
-    next_j = json_string(hex);
+    json_text_raw(&pg.t, "],\"next\":\"", 10);
+    json_text_raw(&pg.t, hex, BR_HEX_LEN);
+    json_text_raw(&pg.t, "\"}", 2);
+  } else {
+    json_text_raw(&pg.t, "],\"next\":null}", 14);
   }
-  return reply_json(req, MHD_HTTP_OK, json_pack("{s:o,s:o}", "blobs", blobs, "next", next_j));
+  return reply_json_text(req, MHD_HTTP_OK, &pg.t);
 }

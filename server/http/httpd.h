@@ -284,4 +284,21 @@ json_t *upload_result_json(const uint8_t digest[BR_SHA256_LEN], uint64_t size, i
 /* The JSON view of an index record (GET /v1/blobs/{hash}/meta, one entry of GET /v1/blobs). */
 json_t *blob_record_json(const uint8_t digest[BR_SHA256_LEN], const br_record *rec);
 
+/* JSON text built in place, for pages of many records (GET /v1/blobs): no jansson object per
+ * field. failed: out of memory, or a string that is not UTF-8 (which jansson refuses too). */
+struct json_text {
+  char *buf;
+  size_t len, cap;
+  int failed;
+};
+/* Appends n raw bytes / s as a JSON string (escaped as jansson's JSON_COMPACT dump does). */
+void json_text_raw(struct json_text *t, const char *s, size_t n);
+void json_text_str(struct json_text *t, const char *s);
+/* Appends blob_record_json(digest, rec) as json_dumps(JSON_COMPACT) would write it, byte for
+ * byte. 0, or -1 (t->failed). */
+int blob_record_text(struct json_text *t, const uint8_t digest[BR_SHA256_LEN],
+                     const br_record *rec);
+/* Replies with t's text (and a newline) as reply_json does; takes t->buf (also on failure). */
+enum MHD_Result reply_json_text(struct request *req, unsigned status, struct json_text *t);
+
 #endif

@@ -244,6 +244,170 @@ json_t *blob_record_json(const uint8_t digest[BR_SHA256_LEN], const br_record *r
   return body;
 }
 
+/* ---- JSON text for pages of records ------------------------------------------------------- */
+
+static int text_reserve(struct json_text *t, size_t n) {
+  if (t->failed) return -1;
+  if (t->len + n + 1 <= t->cap) return 0;
+  size_t cap = t->cap ? t->cap : 4096;
+  while (cap < t->len + n + 1) cap *= 2;
+  char *grown = realloc(t->buf, cap);
+  if (!grown) {
+    t->failed = 1;
+    return -1;
+  }
+  t->buf = grown;
+  t->cap = cap;
+  return 0;
+}
+
+void json_text_raw(struct json_text *t, const char *s, size_t n) {
+  if (text_reserve(t, n) < 0) return;
+  memcpy(t->buf + t->len, s, n);
+  t->len += n;
+}
+
+/* The length of the UTF-8 sequence at s (as jansson's utf8 check accepts it), or 0. */
+static size_t utf8_len(const unsigned char *s) {
+  unsigned c = s[0];
+  size_t n;
+  uint32_t cp;
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF)
+    n = 2, cp = c & 0x1F;
+  else if (c >= 0xE0 && c <= 0xEF)
+    n = 3, cp = c & 0x0F;
+  else if (c >= 0xF0 && c <= 0xF4)
+    n = 4, cp = c & 0x07;
+  else
+    return 0;
+  for (size_t i = 1; i < n; i++) {
+    if ((s[i] & 0xC0) != 0x80) return 0;
+    cp = cp << 6 | (s[i] & 0x3F);
+  }
+  if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+      (cp >= 0xD800 && cp <= 0xDFFF))
+    return 0;
+  return n;
+}
+
+void json_text_str(struct json_text *t, const char *s) {
+  static const char hexd[] = "0123456789ABCDEF";
+  const unsigned char *p = (const unsigned char *)s;
+  if (text_reserve(t, strlen(s) * 6 + 2) < 0) return; /* the worst case: every byte \u00XX */
+  char *o = t->buf + t->len;
+  *o++ = '"';
+  while (*p) {
+    unsigned c = *p;
+    if (c >= 0x80) {
+      size_t n = utf8_len(p);
+      if (!n) {
+        t->failed = 1;
+        return;
+      }
+      memcpy(o, p, n);
+      o += n, p += n;
+      continue;
+    }
+    p++;
+    if (c == '"' || c == '\\') {
+      *o++ = '\\', *o++ = (char)c;
+    } else if (c >= 0x20) {
+      *o++ = (char)c;
+    } else {
+      *o++ = '\\';
+      switch (c) {
+        case '\b':
+          *o++ = 'b';
+          break;
+        case '\f':
+          *o++ = 'f';
+          break;
+        case '\n':
+          *o++ = 'n';
+          break;
+        case '\r':
+          *o++ = 'r';
+          break;
+        case '\t':
+          *o++ = 't';
+          break;
+        default:
+          *o++ = 'u', *o++ = '0', *o++ = '0', *o++ = hexd[c >> 4], *o++ = hexd[c & 15];
+      }
+    }
+  }
+  *o++ = '"';
+  t->len = (size_t)(o - t->buf);
+}
+
+static void text_lit(struct json_text *t, const char *s) { json_text_raw(t, s, strlen(s)); }
+
+int blob_record_text(struct json_text *t, const uint8_t digest[BR_SHA256_LEN],
+                     const br_record *rec) {
+  char hex[BR_HEX_LEN + 1], tm[40], num[80];
+  br_hex_encode(digest, hex);
+  text_lit(t, "{\"sha256\":\"");
+  json_text_raw(t, hex, BR_HEX_LEN);
+  snprintf(num, sizeof num,
+           "\",\"size\":%" JSON_INTEGER_FORMAT ",\"content_type\":", (json_int_t)rec->size);
+  text_lit(t, num);
+  json_text_str(t, rec->content_type);
+  br_format_time_ms(rec->created_ms, tm, sizeof tm);
+  text_lit(t, ",\"created_at\":\"");
+  text_lit(t, tm);
+  br_format_time_ms(rec->last_upload_ms, tm, sizeof tm);
+  text_lit(t, "\",\"last_upload_at\":\"");
+  text_lit(t, tm);
+  text_lit(t, rec->state == BR_STATE_LIVE       ? "\",\"state\":\"live\",\"locations\":["
+              : rec->state == BR_STATE_DELETING ? "\",\"state\":\"deleting\",\"locations\":["
+                                                : "\",\"state\":\"quarantined\",\"locations\":[");
+  for (int i = 0; i < rec->nlocations; i++) {
+    const br_location *l = &rec->locations[i];
+    text_lit(t, i ? ",{\"store\":" : "{\"store\":");
+    json_text_str(t, l->store);
+    text_lit(t, ",\"key\":");
+    json_text_str(t, l->key);
+    text_lit(t, ",\"role\":\"");
+    text_lit(t, role_name(l->role));
+    if (l->verified_at_ms) {
+      br_format_time_ms(l->verified_at_ms, tm, sizeof tm);
+      text_lit(t, "\",\"verified_at\":\"");
+      text_lit(t, tm);
+      text_lit(t, "\"}");
+    } else {
+      text_lit(t, "\",\"verified_at\":null}");
+    }
+  }
+  text_lit(t, "]");
+  if (rec->state != BR_STATE_LIVE) {
+    text_lit(t, ",\"quarantine\":{\"reason\":");
+    json_text_str(t, rec->reason);
+    br_format_time_ms(rec->state_ms, tm, sizeof tm);
+    text_lit(t, ",\"at\":\"");
+    text_lit(t, tm);
+    text_lit(t, rec->state == BR_STATE_HELD ? "\",\"by\":\"admin\"}" : "\",\"by\":\"reconcile\"}");
+  }
+  text_lit(t, "}");
+  return t->failed ? -1 : 0;
+}
+
+enum MHD_Result reply_json_text(struct request *req, unsigned status, struct json_text *t) {
+  json_text_raw(t, "\n", 1);
+  struct MHD_Response *resp =
+      t->failed ? NULL : MHD_create_response_from_buffer(t->len, t->buf, MHD_RESPMEM_MUST_FREE);
+  if (!resp) {
+    free(t->buf);
+    t->buf = NULL;
+    return reply_error(req, E_INTERNAL, "out of memory");
+  }
+  t->buf = NULL;
+  req->bytes_out = t->len;
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  return reply_response(req, status, resp);
+}
+
 /* ---- blob bodies ---------------------------------------------------------------------------- */
 
 /* The blob's hex id, its ETag ("hex") and its Repr-Digest value (sha-256=:base64:), without

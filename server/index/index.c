@@ -69,7 +69,8 @@ struct br_index {
   pgl_listener *listen; /* a shared index: other nodes' changes; NULL on LMDB */
   pgr_pool *replica;    /* [index] read_dsn: point reads there when it is current enough */
   atomic_uint_fast64_t replica_reads, replica_retries;
-  br_index_change_fn on_change; /* told about the listener's evictions (the blob cache) */
+  atomic_uint_fast64_t full_walks; /* scans of every record from the first (br_index_stats) */
+  br_index_change_fn on_change;    /* told about the listener's evictions (the blob cache) */
   void *on_change_ud;
 };
 
@@ -283,6 +284,7 @@ int br_index_foreach_after(br_index *idx, const uint8_t *after, br_index_each_fn
                            br_err *err) {
   struct each_state st = {.fn = fn, .ud = ud, .err = err, .rec = malloc(sizeof(br_record))};
   if (!st.rec) return br_fail(err, "out of memory");
+  if (!after) atomic_fetch_add_explicit(&idx->full_walks, 1, memory_order_relaxed);
   int out = idx->ops->scan(idx->be, IDX_BLOBS, after, each_entry, &st, err);
   free(st.rec);
   return out ? out : st.failed ? -1 : 0;
@@ -776,6 +778,7 @@ static int apply_recount(br_index *idx, struct op *op) {
   struct recount *r = op->recount;
   br_counts_clear(r->found);
   r->malformed = 0;
+  atomic_fetch_add_explicit(&idx->full_walks, 1, memory_order_relaxed);
   int rc = idx->ops->txn_scan(idx->be, count_entry, r);
   if (rc) return rc;
   br_err err;
@@ -1137,6 +1140,7 @@ int br_index_recount(br_index *idx, int repair, br_counts *found, br_counts *sto
     if (rc) return rc;
     none = op.created;
   } else {
+    atomic_fetch_add_explicit(&idx->full_walks, 1, memory_order_relaxed);
     int rc = idx->ops->scan(idx->be, IDX_BLOBS, NULL, count_entry, &r, err);
     if (rc) return rc;
     none = br_index_counts(idx, stored, err);
@@ -1350,6 +1354,7 @@ void br_index_get_stats(br_index *idx, br_index_stats *out) {
   }
   out->replica_reads = atomic_load(&idx->replica_reads);
   out->replica_retries = atomic_load(&idx->replica_retries);
+  out->full_walks = atomic_load(&idx->full_walks);
   if (idx->listen) pgl_counters(idx->listen, &out->notifies, &out->flushes, &out->listens);
   idx->ops->stats(idx->be, out);
 }

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,7 @@ struct br_reconciler {
   br_leases *leases;
   rprogress *progress; /* the run in progress, for readers here and on other nodes */
   char state_dir[4096];
+  atomic_uint_fast64_t deleting_walks; /* finish_deletes' walks of the index */
 };
 
 br_reconciler *br_reconciler_open(const br_reconcile_env *env, br_err *err) {
@@ -684,6 +686,7 @@ out:
 struct deleting {
   struct candidate *c;
   size_t n, cap;
+  size_t want; /* the counters' number of deleting blobs: the walk stops there (0: no limit) */
   int oom;
 };
 
@@ -703,13 +706,32 @@ static int collect_deleting(void *ud, const uint8_t digest[D], const br_record *
   c->kind = DO_DELETE;
   c->state_ms = rec->state_ms;
   c->size = rec->size;
-  return 0;
+  return dl->want && dl->n == dl->want; /* every one the counters know of is found: stop */
 }
 
-/* Finishes every delete marked in the index (see delete_blobs). Returns how many, or -1 + err
- * (errors also lists each blob's failure). */
+/* Finishes every delete marked in the index (see delete_blobs). The exact counters decide whether
+ * the index is walked at all (0 deleting: not), and the walk stops once it found as many as they
+ * count. Returns how many, or -1 + err (errors also lists each blob's failure). */
+/* How many blobs the index's exact counters say are deleting: >= 0, or -1 when it keeps no exact
+ * counters (or they cannot be read), and only a walk can tell. */
+static int64_t deleting_counted(br_index *idx) {
+  br_counts *counts = malloc(sizeof *counts);
+  br_err err;
+  int64_t n = -1;
+  if (counts && br_index_counts(idx, counts, &err) == 0 && !counts->overflow) {
+    const br_count *c = br_counts_find(counts, "", BR_STATE_DELETING);
+    n = c && c->blobs > 0 ? c->blobs : 0;
+  }
+  free(counts);
+  return n;
+}
+
 static int64_t finish_deletes(br_reconciler *r, json_t *errors, br_err *err) {
   struct deleting dl = {0};
+  int64_t counted = deleting_counted(r->env.index);
+  if (counted == 0) return 0; /* the usual case: no walk of the whole index */
+  if (counted > 0) dl.want = (size_t)counted;
+  atomic_fetch_add_explicit(&r->deleting_walks, 1, memory_order_relaxed);
   if (br_index_foreach(r->env.index, collect_deleting, &dl, err) < 0 || dl.oom) {
     if (dl.oom) br_fail(err, "out of memory");
     free(dl.c);
@@ -727,6 +749,10 @@ static int64_t finish_deletes(br_reconciler *r, json_t *errors, br_err *err) {
   free(out);
   free(dl.c);
   return done;
+}
+
+uint64_t br_reconciler_deleting_walks(br_reconciler *r) {
+  return atomic_load_explicit(&r->deleting_walks, memory_order_relaxed);
 }
 
 int64_t br_reconcile_finish_deletes(br_reconciler *r, br_err *err) {

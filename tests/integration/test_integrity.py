@@ -227,6 +227,8 @@ def test_delete_cut_short_is_never_restored(tmp_path):
         srv.start()  # br_reconciler_open finishes marked deletes
         assert api.meta(P).status_code == 404 and api.code(P) == 404
         assert "finished 1 delete" in srv.read_log()
+        # the counters said 1 deleting: one walk found it (none at a start with 0)
+        assert api.metrics()["blobref_reconcile_deleting_walks_total"] == 1
         g = api.get(Q)
         assert g.status_code == 200 and g.content == data[Q]
         assert fsck_clean(srv) == 1

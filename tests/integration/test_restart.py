@@ -1,6 +1,7 @@
 """A graceful restart (SIGTERM, start again on the same data dir) keeps every blob and record."""
 import random
 import signal
+import time
 
 import pytest
 import requests
@@ -182,3 +183,82 @@ def test_rebuild_index_from_the_store(tmp_path):
         assert get(srv2, sha(bad)).content == bad
     finally:
         assert srv2.stop() == 0, srv2.read_log()
+
+
+def list_all(srv):
+    """Every record through GET /v1/blobs, page by page: {sha256: record}."""
+    out, after = {}, ""
+    while True:
+        r = requests.get(f"{srv.url}/v1/blobs", params={"after": after, "limit": 10000},
+                         timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        page = r.json()
+        for b in page["blobs"]:
+            out[b["sha256"]] = b
+        if not page.get("next"):
+            return out
+        after = page["next"]
+
+
+def test_rebuild_index_in_batches_survives_a_kill(tmp_path):
+    """--rebuild-index inserts in batches (one commit per 1,024 objects, hashed on several
+    threads) and says so after each first commit: killed (-9) after one, the index holds whole,
+    correct records only (fsck --verify clean); the next run indexes the rest, and every record
+    is the object's (its id the SHA-256 computed here, its size, key and mtime)."""
+    import hashlib
+    import os
+    import subprocess
+    from conftest import BIN_DIR
+    data_dir, root = tmp_path / "data", tmp_path / "data" / "blobs"
+    rng = random.Random(25)
+    files = {}
+    for i in range(2200):
+        data = rng.randbytes(rng.randrange(0, 1500)) if i else rng.randbytes(3 << 20)
+        h = hashlib.sha256(data).hexdigest()
+        p = root / "sha256" / h[:2] / h[2:4] / h
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        mtime = 1_700_000_000 + i * 60
+        os.utime(p, (mtime, mtime))
+        files[h] = (len(data), mtime)
+    wrong = [hashlib.sha256(b"named %d" % i).hexdigest() for i in range(2)]
+    for h in wrong:  # bytes that do not hash to their key: left out
+        p = root / "sha256" / h[:2] / h[2:4] / h
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"other bytes")
+    args = [str(BIN_DIR / "blobrefd"), "--rebuild-index", "--data", str(data_dir)]
+    env = dict(os.environ, ASAN_OPTIONS="abort_on_error=0:detect_leaks=1")
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    seen = []
+    for line in p.stdout:
+        seen.append(line.decode(errors="replace"))
+        if "blobs indexed so far" in seen[-1]:
+            p.kill()
+            break
+    rest = p.stdout.read().decode(errors="replace")
+    p.wait(timeout=60)
+    out = "".join(seen) + rest
+    assert "blobs indexed so far" in out and "rebuild-index: 2200 blobs indexed" not in out, out
+    assert p.returncode == -9, out
+    rc, n, problems, fout = fsck(data_dir, verify=True)
+    assert rc == 0 and problems == 0 and 1024 <= n < len(files), fout
+    assert n % 1024 == 0, n  # whole batches: one commit each
+    rc, out = rebuild_index(data_dir)
+    assert rc == 1, out  # the two wrong objects
+    assert f"rebuild-index: {len(files) - n} blobs indexed, {n} already there, 2 problems" in out, out
+    rc, n2, problems, fout = fsck(data_dir, verify=True)
+    assert (rc, n2, problems) == (0, len(files), 0), fout
+    srv = Server(data_dir).start()
+    try:
+        got = list_all(srv)
+        assert set(got) == set(files)
+        for h, (size, mtime) in files.items():
+            b = got[h]
+            assert b["size"] == size and b["state"] == "live", b
+            assert b["content_type"] == "application/octet-stream", b
+            assert [(loc["key"], loc["role"]) for loc in b["locations"]] == \
+                [(f"sha256/{h[:2]}/{h[2:4]}/{h}", "primary")], b
+            assert b["created_at"].startswith(
+                time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(mtime))), b
+    finally:
+        assert srv.stop() == 0, srv.read_log()

@@ -238,8 +238,12 @@ static void test_finish_deletes(const char *base) {
   br_store *stores[1] = {st};
   br_reconcile_env env = {
       .cfg = &cfg, .index = idx, .stores = stores, .nstores = 1, .state_dir = statedir};
+  br_index_stats before, after;
+  if (idx) br_index_get_stats(idx, &before);
   br_reconciler *r = idx ? br_reconciler_open(&env, &err) : NULL;
   CHECK(r != NULL, "reconciler: %s", err.msg);
+  if (idx) br_index_get_stats(idx, &after);
+  CHECK(after.full_walks == before.full_walks + 1, "the counters say 4 deleting: one walk");
   br_record got;
   for (int i = 0; idx && i < N; i++)
     CHECK(br_index_get(idx, d[i], &got, &err) == (i == SHARED2 ? 0 : 1),
@@ -249,6 +253,8 @@ static void test_finish_deletes(const char *base) {
   CHECK(!file_exists(path[CA]), "a content-addressed object is deleted");
   CHECK(!file_exists(path[GOOD]), "an unchanged in-place file is deleted");
   CHECK(r && br_reconcile_finish_deletes(r, &err) == 0, "nothing left to finish");
+  if (idx) br_index_get_stats(idx, &before);
+  CHECK(before.full_walks == after.full_walks, "0 deleting counted: the index is not walked");
   br_reconciler_close(r);
   br_index_close(idx);
   br_store_close(st);
