@@ -9,6 +9,7 @@ usage: tests/bench/cluster_bench.py [BIN_DIR [BIN_DIR2]]
 env:   DURATION=8 (seconds per measurement)  N=20000 (blobs)  CONNS=32  LOOKUP_CLIENTS=4
        OUT=build/bench/cluster.md  SETUPS="lmdb pg1 pg2"
        STATEMENTS=1: pg_stat_statements on; each phase's statements a request, to stderr
+The batch lookup is measured twice where wrk is installed: Python clients, then wrk (C).
 Prints a markdown table (also written to OUT) with each PostgreSQL figure's ratio to LMDB. With
 two bin dirs (e.g. main's and a branch's) every setup runs with each in turn, alternating, and the
 table has a column per setup and bin dir, each ratio against the LMDB node of the same bin dir;
@@ -19,6 +20,7 @@ import multiprocessing
 import os
 import pathlib
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +43,7 @@ CONNS = int(os.environ.get("CONNS", "32"))
 LOOKUP_CLIENTS = int(os.environ.get("LOOKUP_CLIENTS", "4"))
 BATCH = 1000
 STATEMENTS = os.environ.get("STATEMENTS") == "1"
+WRK = shutil.which("wrk") is not None
 SETUPS = os.environ.get("SETUPS", "lmdb pg1 pg2").split()
 OUT = pathlib.Path(os.environ.get("OUT", ROOT / "build" / "bench" / "cluster.md"))
 
@@ -155,6 +158,47 @@ class Phase:
         return False
 
 
+WRK_LUA = """
+local bodies, n = {}, 0
+function init(args)
+  for i = 1, #args do
+    local f = assert(io.open(args[i], "rb"))
+    bodies[i] = f:read("*a")
+    f:close()
+  end
+end
+function request()
+  n = n % #bodies + 1
+  return wrk.format("POST", "/v1/lookup", {["Content-Type"] = "application/json"}, bodies[n])
+end
+"""
+
+
+def lookup_rate_wrk(nodes, hexes, work):
+    """Hashes/s over all nodes with wrk (C, 2 threads, LOOKUP_CLIENTS connections per node), the
+    same bodies as lookup_client's: a check that the Python clients are not the cap."""
+    script = work / "lookup.lua"
+    script.write_text(WRK_LUA)
+    rnd = random.Random(11)
+    files = []
+    for k in range(8):
+        pick = [hexes[rnd.randrange(len(hexes))] for _ in range(BATCH // 2)]
+        pick += ["%064x" % rnd.getrandbits(256) for _ in range(BATCH - len(pick))]
+        f = work / f"lookup{k}.json"
+        f.write_text(json.dumps({"hashes": pick}))
+        files.append(str(f))
+    procs = [subprocess.Popen(["wrk", "-t2", f"-c{LOOKUP_CLIENTS}", f"-d{DURATION:g}s",
+                               "-s", str(script), n.url, "--"] + files,
+                              stdout=subprocess.PIPE, text=True) for n in nodes]
+    rate, bad = 0.0, 0
+    for p in procs:
+        out = p.communicate(timeout=DURATION + 60)[0]
+        rate += float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)) * BATCH
+        m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        bad += int(m.group(1)) if m else 0
+    return rate, bad
+
+
 def run_setup(name, work, ul, gen_list, hexes, pg, bin_dir):
     d = work / f"{name}-{bin_dir.parent.name}-{len(list(work.glob(name + '-*')))}"
     root = d / "blobs"
@@ -201,6 +245,10 @@ def run_setup(name, work, ul, gen_list, hexes, pg, bin_dir):
             ph.requests = int(rate * DURATION)
         assert bad == 0, (name, "lookup", bad)
         res["batch lookup hashes/s"] = rate
+        if WRK:
+            rate, bad = lookup_rate_wrk(nodes, hexes, d)
+            assert bad == 0, (name, "lookup (wrk)", bad)
+            res["batch lookup hashes/s (wrk)"] = rate
     finally:
         for n in nodes:
             n.stop()
