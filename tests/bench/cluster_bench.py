@@ -151,8 +151,9 @@ class Phase:
         if STATEMENTS and self.db:
             rows = self.pg.psql("SELECT calls, round(mean_exec_time::numeric, 3), "
                                 "left(regexp_replace(query, '\\s+', ' ', 'g'), 90) "
-                                "FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'"
-                                " ORDER BY calls DESC LIMIT 12", self.db)
+                                "FROM pg_stat_statements "
+                                "WHERE query NOT LIKE '%pg_stat_statements%' "
+                                "ORDER BY calls DESC LIMIT 12", self.db)
             for calls, ms, q in rows:
                 print(f"    {int(calls) / req:8.3f} a request, {ms} ms: {q}", file=sys.stderr)
         return False
