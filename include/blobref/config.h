@@ -113,10 +113,11 @@ typedef struct br_config {
   char *index_dsn;  /* [index] dsn: libpq conninfo or URI (the PG* environment applies) */
   /* [index] purge_claim_timeout: how long a node's claim on a CDN purge holds (postgres) */
   uint64_t purge_claim_timeout_ms;
-  char *index_read_dsn;      /* [index] read_dsn: a read replica for point reads ("" = none) */
-  uint64_t cache_max_age_ms; /* redirects' private max-age */
-  uint64_t cache_size;       /* in-memory cache of small blobs (0 = off) */
-  uint64_t cache_max_blob;   /* largest blob it holds */
+  char *index_read_dsn;        /* [index] read_dsn: a read replica for point reads ("" = none) */
+  uint64_t index_record_cache; /* [index] record_cache: entries of the index's record cache */
+  uint64_t cache_max_age_ms;   /* redirects' private max-age */
+  uint64_t cache_size;         /* in-memory cache of small blobs (0 = off) */
+  uint64_t cache_max_blob;     /* largest blob it holds */
   uint64_t shutdown_timeout_ms;
   uint64_t dedup_touch_interval_ms; /* a dedup hit refreshes last_upload when it is this old */
   char *access_log;                 /* "off", "stderr" or a file path (reopened on SIGHUP) */

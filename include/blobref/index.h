@@ -76,6 +76,9 @@ typedef struct br_index br_index;
  * the index's listener thread; must be cheap and thread-safe (a cache eviction). */
 typedef void (*br_index_change_fn)(void *ud, const uint8_t *digest);
 
+/* The record cache's default size in entries: a slot is about 360 bytes (23 MiB for 65,536). */
+#define BR_RECORD_CACHE_DEFAULT 65536
+
 typedef struct br_index_options {
   uint64_t map_size;  /* bytes */
   unsigned batch_max; /* most operations per transaction (1 = no group commit) */
@@ -84,6 +87,7 @@ typedef struct br_index_options {
   const char *dsn;    /* non-empty: a PostgreSQL index (libpq conninfo or URI), not LMDB in dir */
   uint64_t purge_claim_ms; /* PostgreSQL: how long a claim on due purges holds (0: 60 s) */
   const char *read_dsn;    /* with dsn, optional: a read replica for point reads (br_index_get) */
+  size_t record_cache;     /* the record cache's entries (0: BR_RECORD_CACHE_DEFAULT) */
   br_index_change_fn on_change; /* a shared index: called until br_index_close returns */
   void *on_change_ud;
 } br_index_options;
@@ -373,14 +377,15 @@ int br_index_recount(br_index *idx, int repair, br_counts *found, br_counts *sto
 
 /* Counters for /metrics and the benchmark. */
 typedef struct br_index_stats {
-  uint64_t commits;                  /* write transactions committed */
-  uint64_t ops;                      /* operations applied */
-  uint64_t entries;                  /* records in the index */
-  uint64_t map_size;                 /* bytes */
-  uint64_t map_used;                 /* bytes in use (last page number * page size) */
+  uint64_t commits;  /* write transactions committed */
+  uint64_t ops;      /* operations applied */
+  uint64_t entries;  /* records in the index (LMDB; 0 on PostgreSQL: see the counters) */
+  uint64_t map_size; /* bytes */
+  uint64_t map_used; /* bytes in use (last page number * page size) */
   uint64_t cache_hits, cache_misses; /* br_index_get answered from the record cache or not */
+  uint64_t cache_entries;            /* the record cache's size in entries (0: none) */
   uint64_t stale_readers;            /* reader slots of dead processes cleared (mdb_reader_check) */
-  uint64_t purges_pending;           /* blobs with a CDN purge not yet acknowledged everywhere */
+  uint64_t purges_pending; /* blobs with a CDN purge not yet acknowledged (LMDB; else 0) */
   /* a shared index: other nodes' change notifications heard, cache flushes (listener
    * (re)connections, big batches, bad payloads), listener connections made; point reads answered
    * by the read replica, and those absent there and asked of the primary */
@@ -389,6 +394,9 @@ typedef struct br_index_stats {
   uint64_t round_trips; /* PostgreSQL: the writer's waits for the database (0 on LMDB) */
   uint64_t full_walks;  /* scans of every record from the first key (foreach, recounts) */
 } br_index_stats;
+/* Cheap counters: on PostgreSQL no statement runs (entries and purges_pending stay 0). */
 void br_index_get_stats(br_index *idx, br_index_stats *out);
+/* Blobs with a CDN purge not yet acknowledged everywhere (on PostgreSQL one count(*) statement). */
+uint64_t br_index_purges_pending(br_index *idx);
 
 #endif

@@ -110,6 +110,8 @@ static const struct key_spec index_keys[] = {
      * are sent by another node once it passes) */
     {"purge_claim_timeout", KEY_DURATION, SRV(purge_claim_timeout_ms), "60s", 1000, 86400000, 0, 0},
     {"read_dsn", KEY_STRING, SRV(index_read_dsn), "", 0, 0, 0, 0},
+    /* the record cache's entries, ~360 bytes each; rounded up to a power of two */
+    {"record_cache", KEY_COUNT, SRV(index_record_cache), "65536", 64, 1 << 24, 0, 0},
 };
 static const struct key_spec auth_keys[] = {
     {"anonymous", KEY_ANONYMOUS, SRV(anonymous_scopes), "read", 0, 0, 0, 0},

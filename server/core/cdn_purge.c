@@ -233,7 +233,6 @@ void cdn_purger_stats(cdn_purger *p, cdn_purge_stats *out) {
   if (!p) return;
   out->sent = atomic_load(&p->sent);
   out->failed = atomic_load(&p->failed);
-  br_index_stats st;
-  br_index_get_stats(p->index, &st);
-  out->pending = st.purges_pending;
+  /* without a CDN none are queued: no count (one statement on a shared index) at each scrape */
+  out->pending = p->cfg->ncdns > 0 ? br_index_purges_pending(p->index) : 0;
 }

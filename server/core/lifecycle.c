@@ -68,6 +68,7 @@ int br_server_open(br_server *srv, br_config *cfg, enum br_open_mode mode, br_er
                           .dsn = !strcmp(cfg->index_kind, "postgres") ? cfg->index_dsn : NULL,
                           .purge_claim_ms = cfg->purge_claim_timeout_ms,
                           .read_dsn = cfg->index_read_dsn,
+                          .record_cache = (size_t)cfg->index_record_cache,
                           .on_change = index_changed,
                           .on_change_ud = srv};
   int read_only = mode != BR_OPEN_SERVE;

@@ -115,6 +115,7 @@ static enum MHD_Result put_decide(struct request *req) {
     req->discard = 1; /* the body is on its way: hash it, keep nothing */
     return MHD_YES;
   }
+  req->absent_before_body = rc == 1 && br_server_off_stripe(req->srv) == 0;
   return open_writer(req);
 }
 
@@ -233,11 +234,17 @@ enum MHD_Result upload_finish(struct request *req) {
   return upload_decide(req);
 }
 
-/* After the body (hash checked, lease attached): held, a dedup hit, or made durable. */
+/* After the body (hash checked, lease attached): held, a dedup hit, or made durable. A PUT that
+ * found no record before its body, on a shared index, does not read it again (a round trip to the
+ * database): the record may have appeared since on any node, which the index writer's decision
+ * under the blob's lock handles (a dedup, or held stays held), as it must anyway for a record
+ * that appears after this read. */
 static enum MHD_Result upload_decide(struct request *req) {
   br_record rec;
   br_err err;
-  int rc = br_index_get(req->srv->index, req->digest, &rec, &err);
+  int rc = req->absent_before_body && req->writer
+               ? 1
+               : br_index_get(req->srv->index, req->digest, &rec, &err);
   if (rc < 0) return reply_error(req, index_error(rc), "%s", err.msg);
   if (rc == 0 && rec.state == BR_STATE_HELD) {
     request_free_upload(req);

@@ -233,6 +233,8 @@ enum MHD_Result metrics_get(struct request *req) {
   }
   br_index_stats is;
   br_index_get_stats(srv->index, &is);
+  if (strcmp(br_index_kind(srv->index), "lmdb")) /* a shared index: its counters, no count(*) */
+    for (int s = 0; s < CENSUS_STATES; s++) is.entries += census.blobs[s];
   appendf(&t,
           "# HELP blobref_uploads_total Uploads acknowledged, by result.\n"
           "# TYPE blobref_uploads_total counter\n"
@@ -336,6 +338,11 @@ enum MHD_Result metrics_get(struct request *req) {
           "blobref_index_record_cache_total{result=\"hit\"} %" PRIu64
           "\nblobref_index_record_cache_total{result=\"miss\"} %" PRIu64
           "\n"
+          "# HELP blobref_index_record_cache_entries Records the record cache can hold "
+          "([index] record_cache, rounded up to a power of two).\n"
+          "# TYPE blobref_index_record_cache_entries gauge\n"
+          "blobref_index_record_cache_entries %" PRIu64
+          "\n"
           "# HELP blobref_index_stale_readers_total Index reader slots of dead processes cleared "
           "(mdb_reader_check).\n# TYPE blobref_index_stale_readers_total counter\n"
           "blobref_index_stale_readers_total %" PRIu64
@@ -344,8 +351,8 @@ enum MHD_Result metrics_get(struct request *req) {
           "epoch.\n"
           "# TYPE blobref_start_time_seconds gauge\nblobref_start_time_seconds %" PRIu64 "\n",
           atomic_load(&http->bytes_in), atomic_load(&http->bytes_out), is.commits, is.ops,
-          is.entries, is.map_size, is.map_used, is.cache_hits, is.cache_misses, is.stale_readers,
-          srv->started_ms / 1000);
+          is.entries, is.map_size, is.map_used, is.cache_hits, is.cache_misses, is.cache_entries,
+          is.stale_readers, srv->started_ms / 1000);
   appendf(&t,
           "# HELP blobref_index_change_notifications_total Change notifications heard from the "
           "nodes sharing the index (PostgreSQL).\n"

@@ -136,8 +136,29 @@ struct lookup_job {
   int rc; /* 0, or -1 with e and msg */
   enum br_api_error e;
   char msg[sizeof(br_err)];
+  struct looked *l; /* read only (a shared index): what the finisher found; freed by the answer */
   uint8_t digests[];
 };
+
+static void lookup_job_free(void *data) {
+  struct lookup_job *j = data;
+  if (j) free(j->l);
+  free(j);
+}
+
+/* A shared index's lookup without a lease, on a finisher: the database's answer can take
+ * milliseconds, and a network thread waiting for it serves nothing else meanwhile. */
+static void lookup_read_job(struct request *req) {
+  struct lookup_job *j = req->job_data;
+  int rc = 0;
+  br_err err;
+  j->l = look_up(req, j->digests, j->n, &rc, &err);
+  j->rc = j->l ? 0 : -1;
+  if (!j->l) {
+    j->e = index_error(rc);
+    snprintf(j->msg, sizeof j->msg, "%s", err.msg);
+  }
+}
 
 /* The finisher's part: attaches the blobs present and live now; the answer reads them again. */
 static void lookup_attach_job(struct request *req) {
@@ -162,11 +183,12 @@ static void lookup_attach_job(struct request *req) {
   free(present);
 }
 
-/* The answer: which of the n digests are present and live, read now. */
-static enum MHD_Result lookup_answer(struct request *req, const uint8_t *digests, size_t n) {
+/* The answer: which of the n digests are present and live, read now (l: already read, taken). */
+static enum MHD_Result lookup_answer(struct request *req, const uint8_t *digests, size_t n,
+                                     struct looked *l) {
   int rc = 0;
   br_err err;
-  struct looked *l = look_up(req, digests, n, &rc, &err);
+  if (!l) l = look_up(req, digests, n, &rc, &err);
   if (!l) return reply_error(req, index_error(rc), "%s", err.msg);
   json_t *found = json_array(), *missing = json_array();
   for (size_t i = 0; i < n; i++) {
@@ -191,7 +213,9 @@ enum MHD_Result lookup_finish(struct request *req) {
   if (req->phase == PHASE_RESUMED) { /* ?lease=: the present blobs are attached (or refused) */
     struct lookup_job *j = req->job_data;
     if (j->rc < 0) return reply_error(req, j->e, "%s", j->msg);
-    return lookup_answer(req, j->digests, j->n);
+    struct looked *l = j->l;
+    j->l = NULL;
+    return lookup_answer(req, j->digests, j->n, l);
   }
   uint8_t *digests = NULL;
   size_t n = 0;
@@ -201,13 +225,15 @@ enum MHD_Result lookup_finish(struct request *req) {
                    &digests, &n, &e, msg, sizeof msg) < 0)
     return reply_error(req, e, "%s", msg);
   enum MHD_Result r = lease_take(req);
-  if (req->phase == PHASE_ANSWERED || r != MHD_YES || !req->lease[0]) {
-    if (req->phase != PHASE_ANSWERED && r == MHD_YES) r = lookup_answer(req, digests, n);
+  int shared = !br_server_off_stripe(req->srv);
+  if (req->phase == PHASE_ANSWERED || r != MHD_YES || (!req->lease[0] && !shared)) {
+    if (req->phase != PHASE_ANSWERED && r == MHD_YES) r = lookup_answer(req, digests, n, NULL);
     free(digests);
     return r;
   }
-  /* ?lease=ID: the blobs present are attached first (on a finisher), then read and reported */
-  struct lookup_job *j = malloc(sizeof *j + (n ? n * BR_SHA256_LEN : 1));
+  /* ?lease=ID: the blobs present are attached first (on a finisher), then read and reported;
+   * a shared index without a lease: read on a finisher */
+  struct lookup_job *j = calloc(1, sizeof *j + (n ? n * BR_SHA256_LEN : 1));
   if (!j) {
     free(digests);
     return reply_error(req, E_INTERNAL, "out of memory");
@@ -216,7 +242,8 @@ enum MHD_Result lookup_finish(struct request *req) {
   memcpy(j->digests, digests, n * BR_SHA256_LEN);
   free(digests);
   req->job_data = j;
-  req->job_fn = lookup_attach_job;
+  req->job_free = lookup_job_free;
+  req->job_fn = req->lease[0] ? lookup_attach_job : lookup_read_job;
   if (request_finish_async(req, JOB_CALL) < 0)
     return reply_error(req, E_NOT_READY, "the server is stopping");
   return MHD_YES;

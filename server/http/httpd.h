@@ -123,6 +123,7 @@ struct request {
   uint64_t declared_length; /* Content-Length, or UINT64_MAX when absent (chunked) */
   int discard;              /* known blob without Expect: hash the body but do not store it */
   int touch_before_body;    /* a dedup touch was queued before the body was read */
+  int absent_before_body;   /* PUT on a shared index: the record was absent before the body */
   int gone;                 /* the touch found the blob absent or quarantined */
   char content_type[BR_MAX_CONTENT_TYPE + 1];
   /* no type or octet-stream: the first BR_SNIFF_BYTES of the body, gathered for detection */

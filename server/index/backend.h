@@ -41,7 +41,10 @@ typedef struct idx_ops {
               br_err *err);
   int (*key_owner)(idx_backend *be, const char *store, const char *key,
                    uint8_t owner[BR_SHA256_LEN], br_err *err);
+  /* Cheap figures only (no statement on a shared index: /metrics runs it at each scrape). */
   void (*stats)(idx_backend *be, br_index_stats *out);
+  /* Optional: the purges pending, when stats cannot say them cheaply (any thread). */
+  uint64_t (*purges_pending)(idx_backend *be);
   int (*has_purges)(idx_backend *be);
   int (*ready)(idx_backend *be); /* 1 when it can serve (the database is reachable) */
   int (*lock_blob)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], int lock, br_err *err);

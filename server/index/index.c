@@ -31,21 +31,24 @@ struct op;
  * slots the same way (epoch first); the cache is used only while the listener is known to be
  * alive (pgl_fresh), so no node serves an answer more than PGL_BOUND_MS older than a change
  * another node acknowledged, and usually a few milliseconds. */
-#define RCACHE_SLOTS 16384   /* direct-mapped by the digest's first bytes (uniformly random) */
-#define RCACHE_LOCKS 256     /* slot i is guarded by lock i % RCACHE_LOCKS */
+#define RCACHE_WAYS 4 /* a key lives in one set of RCACHE_WAYS slots (least recently used goes) */
+#define RCACHE_LOCKS 1024    /* set i is guarded by lock i % RCACHE_LOCKS */
 #define RCACHE_MAX_BYTES 320 /* larger records (many locations, long strings) are not cached */
 
-struct rcache_slot {
-  uint8_t digest[BR_SHA256_LEN];
-  uint16_t len; /* 0: empty */
-  uint8_t bytes[RCACHE_MAX_BYTES];
+struct rcache_set {
+  uint32_t clock;             /* advanced at each use of a slot of the set */
+  uint32_t used[RCACHE_WAYS]; /* the clock at the slot's last use */
+  uint16_t len[RCACHE_WAYS];  /* 0: empty */
+  uint8_t digest[RCACHE_WAYS][BR_SHA256_LEN];
+  uint8_t bytes[RCACHE_WAYS][RCACHE_MAX_BYTES];
 };
 
 struct rcache {
   atomic_uint_fast64_t epoch;
   atomic_uint_fast64_t hits, misses;
+  size_t nsets; /* a power of two */
   pthread_mutex_t locks[RCACHE_LOCKS];
-  struct rcache_slot slots[RCACHE_SLOTS];
+  struct rcache_set *sets;
 };
 
 struct br_index {
@@ -74,44 +77,90 @@ struct br_index {
   void *on_change_ud;
 };
 
-static size_t rcache_slot_of(const uint8_t digest[BR_SHA256_LEN]) {
-  uint32_t h;
-  memcpy(&h, digest, sizeof h);
-  return h % RCACHE_SLOTS;
+static size_t rcache_set_of(const struct rcache *rc, const uint8_t digest[BR_SHA256_LEN]) {
+  uint64_t h;
+  memcpy(&h, digest, sizeof h); /* uniformly random */
+  return (size_t)(h & (rc->nsets - 1));
 }
 
-static pthread_mutex_t *rcache_lock_of(struct rcache *rc, size_t slot) {
-  return &rc->locks[slot % RCACHE_LOCKS];
+static pthread_mutex_t *rcache_lock_of(struct rcache *rc, size_t set) {
+  return &rc->locks[set % RCACHE_LOCKS];
+}
+
+/* digest's way in set s, or -1 (under the set's lock). */
+static int rcache_way(const struct rcache_set *s, const uint8_t digest[BR_SHA256_LEN]) {
+  for (int w = 0; w < RCACHE_WAYS; w++)
+    if (s->len[w] && !memcmp(s->digest[w], digest, BR_SHA256_LEN)) return w;
+  return -1;
 }
 
 /* Copies digest's cached encoded record into buf; its length, or 0 when it is not cached. */
 static size_t rcache_get(struct rcache *rc, const uint8_t digest[BR_SHA256_LEN],
                          uint8_t buf[RCACHE_MAX_BYTES]) {
-  size_t i = rcache_slot_of(digest);
-  struct rcache_slot *s = &rc->slots[i];
+  size_t i = rcache_set_of(rc, digest);
+  struct rcache_set *s = &rc->sets[i];
   pthread_mutex_t *lock = rcache_lock_of(rc, i);
   pthread_mutex_lock(lock);
-  size_t len = s->len && !memcmp(s->digest, digest, BR_SHA256_LEN) ? s->len : 0;
-  if (len) memcpy(buf, s->bytes, len);
+  int w = rcache_way(s, digest);
+  size_t len = w < 0 ? 0 : s->len[w];
+  if (len) {
+    memcpy(buf, s->bytes[w], len);
+    s->used[w] = ++s->clock;
+  }
   pthread_mutex_unlock(lock);
   return len;
 }
 
 /* Caches an encoded record read from a snapshot taken after the epoch was `epoch`, unless a
- * commit has come since (it may have changed the record after that snapshot). */
+ * commit has come since (it may have changed the record after that snapshot). It takes digest's
+ * own slot, else an empty one of its set, else the set's least recently used. */
 static void rcache_fill(struct rcache *rc, const uint8_t digest[BR_SHA256_LEN], const void *bytes,
                         size_t len, uint64_t epoch) {
   if (len == 0 || len > RCACHE_MAX_BYTES) return;
-  size_t i = rcache_slot_of(digest);
-  struct rcache_slot *s = &rc->slots[i];
+  size_t i = rcache_set_of(rc, digest);
+  struct rcache_set *s = &rc->sets[i];
   pthread_mutex_t *lock = rcache_lock_of(rc, i);
   pthread_mutex_lock(lock);
   if (atomic_load(&rc->epoch) == epoch) {
-    memcpy(s->digest, digest, BR_SHA256_LEN);
-    memcpy(s->bytes, bytes, len);
-    s->len = (uint16_t)len;
+    int w = rcache_way(s, digest);
+    for (int k = 0; w < 0 && k < RCACHE_WAYS; k++)
+      if (!s->len[k]) w = k;
+    if (w < 0) {
+      w = 0;
+      for (int k = 1; k < RCACHE_WAYS; k++) /* the oldest use, modulo the clock's wrap */
+        if ((uint32_t)(s->clock - s->used[k]) > (uint32_t)(s->clock - s->used[w])) w = k;
+    }
+    memcpy(s->digest[w], digest, BR_SHA256_LEN);
+    memcpy(s->bytes[w], bytes, len);
+    s->len[w] = (uint16_t)len;
+    s->used[w] = ++s->clock;
   }
   pthread_mutex_unlock(lock);
+}
+
+/* A record cache of at least `entries` slots (0: BR_RECORD_CACHE_DEFAULT), rounded up to a power
+ * of two; NULL + err. */
+static struct rcache *rcache_new(size_t entries, br_err *err) {
+  if (!entries) entries = BR_RECORD_CACHE_DEFAULT;
+  size_t nsets = 1;
+  while (nsets * RCACHE_WAYS < entries) nsets *= 2;
+  struct rcache *rc = calloc(1, sizeof *rc);
+  if (rc) rc->sets = calloc(nsets, sizeof *rc->sets);
+  if (!rc || !rc->sets) {
+    free(rc);
+    br_fail(err, "index: out of memory for a record cache of %zu entries", nsets * RCACHE_WAYS);
+    return NULL;
+  }
+  rc->nsets = nsets;
+  for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_init(&rc->locks[i], NULL);
+  return rc;
+}
+
+static void rcache_free(struct rcache *rc) {
+  if (!rc) return;
+  for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_destroy(&rc->locks[i]);
+  free(rc->sets);
+  free(rc);
 }
 
 /* The record cache, when it may be used now (on a shared index: while the listener is alive). */
@@ -865,11 +914,12 @@ static void run_batch(br_index *idx, struct op **ops, size_t n) {
 /* The writer's side, after a batch: no reader may fill from an older snapshot any more, and
  * whatever is cached for the keys the batch wrote is gone. */
 static void rcache_clear(struct rcache *rc, const uint8_t digest[BR_SHA256_LEN]) {
-  size_t i = rcache_slot_of(digest);
-  struct rcache_slot *s = &rc->slots[i];
+  size_t i = rcache_set_of(rc, digest);
+  struct rcache_set *s = &rc->sets[i];
   pthread_mutex_t *lock = rcache_lock_of(rc, i);
   pthread_mutex_lock(lock);
-  if (s->len && !memcmp(s->digest, digest, BR_SHA256_LEN)) s->len = 0;
+  int w = rcache_way(s, digest);
+  if (w >= 0) s->len[w] = 0;
   pthread_mutex_unlock(lock);
 }
 
@@ -890,7 +940,8 @@ static void on_announced(void *arg, const uint8_t *digest) {
     } else {
       for (size_t l = 0; l < RCACHE_LOCKS; l++) {
         pthread_mutex_lock(&rc->locks[l]);
-        for (size_t i = l; i < RCACHE_SLOTS; i += RCACHE_LOCKS) rc->slots[i].len = 0;
+        for (size_t i = l; i < rc->nsets; i += RCACHE_LOCKS)
+          memset(rc->sets[i].len, 0, sizeof rc->sets[i].len);
         pthread_mutex_unlock(&rc->locks[l]);
       }
     }
@@ -1278,12 +1329,7 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
       br_fail(err, "index: out of memory");
       goto fail;
     }
-    idx->rcache = calloc(1, sizeof *idx->rcache);
-    if (!idx->rcache) {
-      br_fail(err, "index: out of memory");
-      goto fail;
-    }
-    for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_init(&idx->rcache->locks[i], NULL);
+    if (!(idx->rcache = rcache_new(opt->record_cache, err))) goto fail;
     /* other nodes write a shared index: their changes are announced, the listener evicts them */
     if (shared && !(idx->listen = pgl_start(opt->dsn, on_announced, idx, err))) goto fail;
     if (shared && opt->read_dsn && opt->read_dsn[0] &&
@@ -1309,7 +1355,7 @@ fail:
   pgl_stop(idx->listen);
   pgr_close(idx->replica);
   free(idx->pending);
-  free(idx->rcache);
+  rcache_free(idx->rcache);
   free(idx->batch);
   free(idx->changed);
   free(idx->places);
@@ -1335,13 +1381,18 @@ void br_index_close(br_index *idx) {
   free(idx->changed);
   free(idx->places);
   free(idx->pending);
-  if (idx->rcache)
-    for (int i = 0; i < RCACHE_LOCKS; i++) pthread_mutex_destroy(&idx->rcache->locks[i]);
-  free(idx->rcache);
+  rcache_free(idx->rcache);
   pthread_mutex_destroy(&idx->lock);
   pthread_cond_destroy(&idx->work_cv);
   pthread_cond_destroy(&idx->done_cv);
   free(idx);
+}
+
+uint64_t br_index_purges_pending(br_index *idx) {
+  if (idx->ops->purges_pending) return idx->ops->purges_pending(idx->be);
+  br_index_stats st;
+  br_index_get_stats(idx, &st);
+  return st.purges_pending;
 }
 
 void br_index_get_stats(br_index *idx, br_index_stats *out) {
@@ -1351,6 +1402,7 @@ void br_index_get_stats(br_index *idx, br_index_stats *out) {
   if (idx->rcache) {
     out->cache_hits = atomic_load(&idx->rcache->hits);
     out->cache_misses = atomic_load(&idx->rcache->misses);
+    out->cache_entries = idx->rcache->nsets * RCACHE_WAYS;
   }
   out->replica_reads = atomic_load(&idx->replica_reads);
   out->replica_retries = atomic_load(&idx->replica_retries);

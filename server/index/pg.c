@@ -472,11 +472,13 @@ static uint64_t count_rows(idx_backend *be, const char *table) {
   return n;
 }
 
+/* No statement: /metrics takes the entries from the counters (blobref_counts), and the purges
+ * pending are counted by pg_purges_pending, asked only where CDN purges are configured. */
 static void pg_stats(idx_backend *be, br_index_stats *out) {
   out->round_trips = atomic_load(&be->round_trips);
-  out->entries = count_rows(be, "blobref_blobs");
-  out->purges_pending = count_rows(be, "blobref_purges");
 }
+
+static uint64_t pg_purges_pending(idx_backend *be) { return count_rows(be, "blobref_purges"); }
 
 static int pg_has_purges(idx_backend *be) {
   (void)be;
@@ -1453,6 +1455,7 @@ static const idx_ops pg_ops = {
     .fcache_get = pg_fcache_get,
     .fcache_prune = pg_fcache_prune,
     .counts_read = pg_counts_read,
+    .purges_pending = pg_purges_pending,
     .counts_add = pg_counts_add,
     .counts_set = pg_counts_set,
     .txn_scan = pg_txn_scan,

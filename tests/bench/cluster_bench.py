@@ -5,27 +5,35 @@ side in one run, on 127.0.0.1: new 4 KiB uploads, cached HEAD, redirect (307) an
 mode; the two PostgreSQL nodes share its directory, as they would share a bucket) and a fresh
 database. The load of the two-node setup is split over both nodes (one client each, at once).
 
-usage: tests/bench/cluster_bench.py [BIN_DIR]
+usage: tests/bench/cluster_bench.py [BIN_DIR [BIN_DIR2]]
 env:   DURATION=8 (seconds per measurement)  N=20000 (blobs)  CONNS=32  LOOKUP_CLIENTS=4
        OUT=build/bench/cluster.md  SETUPS="lmdb pg1 pg2"
-Prints a markdown table (also written to OUT) with each PostgreSQL figure's ratio to LMDB."""
+       STATEMENTS=1: pg_stat_statements on; each phase's statements a request, to stderr
+The batch lookup is measured twice where wrk is installed: Python clients, then wrk (C).
+Prints a markdown table (also written to OUT) with each PostgreSQL figure's ratio to LMDB. With
+two bin dirs (e.g. main's and a branch's) every setup runs with each in turn, alternating, and the
+table has a column per setup and bin dir, each ratio against the LMDB node of the same bin dir;
+each node's record-cache hits and misses and the writer's round trips go to stderr."""
 import http.client
 import json
 import multiprocessing
 import os
 import pathlib
 import random
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
-BIN = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "bin").resolve()
-os.environ["BLOBREF_BIN_DIR"] = str(BIN)
+BINS = [pathlib.Path(a).resolve() for a in sys.argv[1:3]] or [(ROOT / "bin").resolve()]
+os.environ["BLOBREF_BIN_DIR"] = str(BINS[0])
 
+import conftest  # noqa: E402
 import pgutil  # noqa: E402
 from conftest import Server  # noqa: E402
 
@@ -34,6 +42,8 @@ N = int(os.environ.get("N", "20000"))
 CONNS = int(os.environ.get("CONNS", "32"))
 LOOKUP_CLIENTS = int(os.environ.get("LOOKUP_CLIENTS", "4"))
 BATCH = 1000
+STATEMENTS = os.environ.get("STATEMENTS") == "1"
+WRK = shutil.which("wrk") is not None
 SETUPS = os.environ.get("SETUPS", "lmdb pg1 pg2").split()
 OUT = pathlib.Path(os.environ.get("OUT", ROOT / "build" / "bench" / "cluster.md"))
 
@@ -101,12 +111,107 @@ def lookup_rate(nodes, hexes):
     return calls * BATCH / secs, bad
 
 
-def run_setup(name, work, ul, gen_list, hexes, pg):
-    d = work / name
+def metric(nodes, name):
+    """The sum over nodes of the metric lines that start with name."""
+    total = 0.0
+    for n in nodes:
+        with urllib.request.urlopen(f"{n.url}/metrics", timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class Phase:
+    """A phase's statements (pg_stat_statements, when STATEMENTS=1) and the nodes' record-cache
+    hits and misses, printed to stderr at its end with the number of requests it made."""
+
+    def __init__(self, label, pg, db, nodes):
+        self.label, self.pg, self.db, self.nodes = label, pg, db, nodes
+
+    def __enter__(self):
+        if STATEMENTS and self.db:
+            self.pg.psql("SELECT pg_stat_statements_reset()", self.db)
+        self.hits = metric(self.nodes, 'blobref_index_record_cache_total{result="hit"}')
+        self.miss = metric(self.nodes, 'blobref_index_record_cache_total{result="miss"}')
+        self.trips = metric(self.nodes, "blobref_index_writer_round_trips_total")
+        self.requests = 0
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0]:
+            return False
+        hits = metric(self.nodes, 'blobref_index_record_cache_total{result="hit"}') - self.hits
+        miss = metric(self.nodes, 'blobref_index_record_cache_total{result="miss"}') - self.miss
+        trips = metric(self.nodes, "blobref_index_writer_round_trips_total") - self.trips
+        req = max(self.requests, 1)
+        print(f"  {self.label}: {self.requests} requests; record cache {hits / req:.2f} hits and "
+              f"{miss / req:.2f} misses a request; writer round trips {trips / req:.3f} a request",
+              file=sys.stderr)
+        if STATEMENTS and self.db:
+            rows = self.pg.psql("SELECT calls, round(mean_exec_time::numeric, 3), "
+                                "left(regexp_replace(query, '\\s+', ' ', 'g'), 90) "
+                                "FROM pg_stat_statements "
+                                "WHERE query NOT LIKE '%pg_stat_statements%' "
+                                "ORDER BY calls DESC LIMIT 12", self.db)
+            for calls, ms, q in rows:
+                print(f"    {int(calls) / req:8.3f} a request, {ms} ms: {q}", file=sys.stderr)
+        return False
+
+
+WRK_LUA = """
+local bodies, n = {}, 0
+function init(args)
+  for i = 1, #args do
+    local f = assert(io.open(args[i], "rb"))
+    bodies[i] = f:read("*a")
+    f:close()
+  end
+end
+function request()
+  n = n % #bodies + 1
+  return wrk.format("POST", "/v1/lookup", {["Content-Type"] = "application/json"}, bodies[n])
+end
+"""
+
+
+def lookup_rate_wrk(nodes, hexes, work):
+    """Hashes/s over all nodes with wrk (C, 2 threads, LOOKUP_CLIENTS connections per node), the
+    same bodies as lookup_client's: a check that the Python clients are not the cap."""
+    script = work / "lookup.lua"
+    script.write_text(WRK_LUA)
+    rnd = random.Random(11)
+    files = []
+    for k in range(8):
+        pick = [hexes[rnd.randrange(len(hexes))] for _ in range(BATCH // 2)]
+        pick += ["%064x" % rnd.getrandbits(256) for _ in range(BATCH - len(pick))]
+        f = work / f"lookup{k}.json"
+        f.write_text(json.dumps({"hashes": pick}))
+        files.append(str(f))
+    procs = [subprocess.Popen(["wrk", "-t2", f"-c{LOOKUP_CLIENTS}", f"-d{DURATION:g}s",
+                               "-s", str(script), n.url, "--"] + files,
+                              stdout=subprocess.PIPE, text=True) for n in nodes]
+    rate, bad = 0.0, 0
+    for p in procs:
+        out = p.communicate(timeout=DURATION + 60)[0]
+        rate += float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)) * BATCH
+        m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        bad += int(m.group(1)) if m else 0
+    return rate, bad
+
+
+def run_setup(name, work, ul, gen_list, hexes, pg, bin_dir):
+    d = work / f"{name}-{bin_dir.parent.name}-{len(list(work.glob(name + '-*')))}"
     root = d / "blobs"
     root.mkdir(parents=True)
-    dsn = pg.database(f"bench_{name}") if name != "lmdb" else None
+    db = f"bench_{d.name.replace('-', '_').replace('.', '_')}"
+    dsn = pg.database(db) if name != "lmdb" else None
+    if not dsn:
+        db = None
+    elif STATEMENTS:
+        pg.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements", db)
     nnodes = 2 if name == "pg2" else 1
+    conftest.BIN_DIR = bin_dir
     nodes = [Server(d / f"node{i + 1}", conf(root, dsn)).start(timeout=60) for i in range(nnodes)]
     res = {}
     try:
@@ -118,9 +223,11 @@ def run_setup(name, work, ul, gen_list, hexes, pg):
             p.write_text("\n".join(lines[i::nnodes]) + "\n")
             lists.append(p)
         t0 = time.monotonic()
-        rps, errs, ok = parallel(ul, [["-m", "put", "-u", f"{n.url}/v1/blobs", "-f", lists[i],
-                                       "-c", CONNS, "-d", 600]
-                                      for i, n in enumerate(nodes)])
+        with Phase("uploads", pg, db, nodes) as ph:
+            rps, errs, ok = parallel(ul, [["-m", "put", "-u", f"{n.url}/v1/blobs", "-f", lists[i],
+                                           "-c", CONNS, "-d", 600]
+                                          for i, n in enumerate(nodes)])
+            ph.requests = ok
         assert errs == 0 and ok == len(lines), (name, "uploads", errs, ok)
         res["uploads/s (4 KiB, new)"] = len(lines) / (time.monotonic() - t0)
         for sc, method in (("HEAD req/s", "HEAD"), ("redirect req/s (307)", "GET")):
@@ -128,13 +235,21 @@ def run_setup(name, work, ul, gen_list, hexes, pg):
             reqs.write_text("".join(f"{method} /v1/blobs/{h}\n" for h in hexes))
             for n in nodes:  # warm the caches once
                 upload_load(ul, ["-m", "reqs", "-u", n.url, "-f", reqs, "-c", CONNS, "-d", 2])
-            rps, errs, _ = parallel(ul, [["-m", "reqs", "-u", n.url, "-f", reqs, "-c", CONNS, "-d",
-                                          DURATION] for n in nodes])
+            with Phase(method, pg, db, nodes) as ph:
+                rps, errs, ok = parallel(ul, [["-m", "reqs", "-u", n.url, "-f", reqs, "-c", CONNS,
+                                               "-d", DURATION] for n in nodes])
+                ph.requests = ok
             assert errs == 0, (name, sc, errs)
             res[sc] = rps
-        rate, bad = lookup_rate(nodes, hexes)
+        with Phase("lookup (per hash)", pg, db, nodes) as ph:
+            rate, bad = lookup_rate(nodes, hexes)
+            ph.requests = int(rate * DURATION)
         assert bad == 0, (name, "lookup", bad)
         res["batch lookup hashes/s"] = rate
+        if WRK:
+            rate, bad = lookup_rate_wrk(nodes, hexes, d)
+            assert bad == 0, (name, "lookup (wrk)", bad)
+            res["batch lookup hashes/s (wrk)"] = rate
     finally:
         for n in nodes:
             n.stop()
@@ -153,36 +268,41 @@ def main():
     gen_list = work / "gen.list"
     gen_list.write_text(gen)
     hexes = [line.split()[0] for line in gen.splitlines()]
-    pg = pgutil.Postgres()
-    results = {}
+    pg = pgutil.Postgres("-c shared_preload_libraries=pg_stat_statements" if STATEMENTS else "")
+    results = {}  # (setup, bin dir's index) -> figures
     try:
         for s in SETUPS:
-            t0 = time.monotonic()
-            results[s] = run_setup(s, work, ul, gen_list, hexes, pg)
-            print(f"{s}: {time.monotonic() - t0:.0f} s {results[s]}", file=sys.stderr)
+            for b, bin_dir in enumerate(BINS):
+                t0 = time.monotonic()
+                print(f"{s} with {bin_dir}:", file=sys.stderr)
+                results[s, b] = run_setup(s, work, ul, gen_list, hexes, pg, bin_dir)
+                print(f"{s} with {bin_dir}: {time.monotonic() - t0:.0f} s {results[s, b]}",
+                      file=sys.stderr)
     finally:
         pg.destroy()
         shutil.rmtree(work, ignore_errors=True)
     cores = os.cpu_count()
     load = os.getloadavg()[0]
     head = {"lmdb": "1 LMDB node", "pg1": "1 PG node", "pg2": "2 PG nodes"}
-    cols = [s for s in SETUPS]
-    lines = ["| scenario | " + " | ".join(head[s] for s in cols) + " |",
+    cols = [(s, b) for s in SETUPS for b in range(len(BINS))]
+    names = [f" ({p.parent.name})" if len(BINS) > 1 else "" for p in BINS]
+    lines = ["| scenario | " + " | ".join(head[s] + names[b] for s, b in cols) + " |",
              "|---|" + "---|" * len(cols)]
     for sc in next(iter(results.values())):
         cells = []
-        for s in cols:
-            v = results[s][sc]
+        for s, b in cols:
+            v = results[s, b][sc]
             cell = f"{v:,.0f}"
-            if s != "lmdb" and "lmdb" in results:
-                cell += f" ({v / results['lmdb'][sc]:.2f}x)"
+            if s != "lmdb" and ("lmdb", b) in results:
+                cell += f" ({v / results['lmdb', b][sc]:.2f}x)"
             cells.append(cell)
         lines.append(f"| {sc} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"{cores} cores shared by the nodes, PostgreSQL 15 and the clients "
                  f"(load average {load:.1f} at the end); {N} blobs, {DURATION:g} s a measurement, "
                  f"{CONNS} connections per node, lookup: {LOOKUP_CLIENTS} clients per node, "
-                 f"{BATCH} hashes a call (half present).")
+                 f"{BATCH} hashes a call (half present)"
+                 + (", each setup with each bin dir in turn" if len(BINS) > 1 else "") + ".")
     table = "\n".join(lines)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(table + "\n")

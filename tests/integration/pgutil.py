@@ -26,7 +26,8 @@ def available():
 class Postgres:
     """One PostgreSQL server; stop() ends it and removes its files."""
 
-    def __init__(self):
+    def __init__(self, options=""):
+        self.options = options  # more server options (-c name=value ...)
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="blobref-pg-"))
         self.data = self.dir / "data"
         self.port = _free_port()
@@ -47,7 +48,7 @@ class Postgres:
 
     def start(self):
         opts = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} "
-                "-c max_connections=300 -c shared_buffers=32MB")
+                f"-c max_connections=300 -c shared_buffers=32MB {self.options}")
         self._run(PG_BIN / "pg_ctl", "-D", self.data, "-l", self.dir / "log", "-w", "-t", "60",
                   "-o", opts, "start")
         self.started = True
