@@ -479,6 +479,49 @@ def test_primary_killed_and_standby_promoted_under_load(pg_supported, make_clust
         pair.remove()
 
 
+def test_upload_not_acknowledged_until_the_synchronous_standby_has_it(pg_supported, tmp_path):
+    """blobrefd never lowers synchronous_commit: with the synchronous standby stopped, an upload's
+    commit waits in the primary for it (a blobrefd session in wait_event SyncRep) and the client
+    hears nothing; the upload is answered 201 only once the standby is back, and reads back."""
+    need_postgres(pg_supported)
+    pair = PgPair().start()
+    node = None
+    try:
+        db = pair.create_database("blobref")
+        node = Server(tmp_path / "node", f"[store local]\nkind = fs\nroot = {tmp_path / 'blobs'}\n"
+                      f"[index]\nkind = postgres\ndsn = {pair.dsn(db)}\n").start(timeout=30)
+        first = new_blob("sync", 0)
+        assert put_via(node.url, first).status_code == 201
+        pair.standby.stop()
+        data, out = new_blob("sync", 1), {}
+
+        def upload():
+            try:
+                out["r"] = put_via(node.url, data, requests.Session())
+            except requests.RequestException as e:
+                out["r"] = e
+
+        t = threading.Thread(target=upload, daemon=True)
+        t.start()
+        waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND "
+                   f"application_name = 'blobrefd' AND datname = '{db}'")
+        wait_for(lambda: pair.primary.try_sql(waiting) not in (None, "0"), 20,
+                 "blobrefd's commit to wait for the synchronous standby")
+        assert "r" not in out, f"answered before the standby had the commit: {out['r']}"
+        pair.standby.start()
+        t.join(TIMEOUT + 5)
+        r = out.get("r")
+        assert isinstance(r, requests.Response) and r.status_code == 201, r
+        got = requests.get(f"{node.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT)
+        assert got.status_code == 200 and got.content == data
+    finally:
+        if node is not None:
+            alive = node.alive()
+            rc = node.stop()
+            assert alive and rc == 0, node.read_log()[-3000:]
+        pair.remove()
+
+
 def test_harness_standby_is_synchronous_and_keeps_every_acknowledged_commit():
     """The PostgreSQL pair itself (psycopg2, no blobrefd): with the standby down a commit on the
     primary waits for it (SyncRep) and completes once it is back; then under four writers the
