@@ -18,7 +18,7 @@ from cluster_util import (Cluster, Haproxy, PgPair, UploadLoad, postgres_index_s
                           wait_for)
 from conftest import BIN_DIR, Server
 from s3util import assert_clean_bucket, content_key, keys
-from util_http import RawConn, request_head, sha
+from util_http import RawConn, assert_error, request_head, sha
 
 TIMEOUT = 30
 
@@ -392,6 +392,14 @@ def test_second_reconcile_on_another_node_is_409(pg, make_cluster, tmp_path, req
     assert second.status_code == 409, (second.status_code, second.text)
 
 
+def readyz(node):
+    """The status of node's /readyz (None when it does not answer)."""
+    try:
+        return requests.get(f"{node.url}/readyz", timeout=5).status_code
+    except requests.RequestException:
+        return None
+
+
 def check_all_readable(nodes, acked):
     """Every acknowledged blob reads back byte-identical from every node given."""
     bad = []
@@ -449,9 +457,11 @@ def test_node_killed_under_upload_load(index, pg_supported, make_cluster, reques
 def test_primary_killed_and_standby_promoted_under_load(pg_supported, make_cluster):
     """kill -9 of the PostgreSQL primary while clients upload through HAProxy to two nodes whose
     dsn lists both servers (target_session_attrs=read-write), then pg_ctl promote of the
-    synchronous standby: no node is restarted, writes are acknowledged again, every blob
-    acknowledged before, during or after is present on both nodes, and the outage window (kill
-    to the first acknowledgement after the last failure) is printed and bounded by 60 s."""
+    synchronous standby: meanwhile every node's /readyz is 503 and an upload is 503
+    index_unavailable (not recorded), the clients get 5xx, never 4xx; no node is restarted,
+    every node is ready again and writes are acknowledged again, every blob acknowledged before,
+    during or after is present on both nodes, and the outage window (kill to the first
+    acknowledgement after the last failure) is printed and bounded by 60 s."""
     need_postgres(pg_supported)
     pair = PgPair().start()
     try:
@@ -462,18 +472,32 @@ def test_primary_killed_and_standby_promoted_under_load(pg_supported, make_clust
             wait_for(lambda: load.acked_count() >= 50, 30, "50 uploads before the kill")
             pair.kill_primary()
             t_kill = time.monotonic()
+            # no primary: every node says so (503), and an upload to a node directly is 503
+            # index_unavailable, not acknowledged
+            for n in c.nodes:
+                wait_for(lambda: readyz(n) == 503, 30, f"{n.url}/readyz 503 without a primary")
+            gone = new_blob("no-primary", 0)
+            assert_error(put_via(c.nodes[0].url, gone), 503, "index_unavailable")
             promote = pair.promote_standby()
             after = load.acked_count()
+            for n in c.nodes:
+                wait_for(lambda: readyz(n) == 200, 60, f"{n.url}/readyz 200 after the promotion")
+            ready = time.monotonic() - t_kill
             wait_for(lambda: load.acked_count() >= after + 50, 60,
                      "50 acknowledged uploads after the promotion")
         finally:
             load.stop()
         window = load.outage_window(t_kill)
-        print(f"\nprimary killed, standby promoted in {promote:.2f} s; writes acknowledged "
-              f"again {window:.2f} s after the kill; {len(load.acked)} acknowledged, "
-              f"statuses {load.statuses}")
+        print(f"\nprimary killed, standby promoted in {promote:.2f} s; every node ready "
+              f"{ready:.2f} s and writes acknowledged again {window:.2f} s after the kill; "
+              f"{len(load.acked)} acknowledged, statuses {load.statuses}")
         assert [n.proc.pid for n in c.nodes] == pids and all(n.alive() for n in c.nodes)
-        assert window < 60
+        assert window < 60 and ready < 60
+        # meanwhile the clients were answered 5xx (or cut off by HAProxy), never a 4xx
+        assert all(k in (200, 201) or not isinstance(k, int) or k >= 500
+                   for k in load.statuses), load.statuses
+        assert requests.head(f"{c.nodes[1].url}/v1/blobs/{sha(gone)}",
+                             timeout=TIMEOUT).status_code == 404
         check_all_readable(c.nodes, load.acked)
     finally:
         pair.remove()
