@@ -1,0 +1,99 @@
+"""A location switch job across a cluster (issue 20, "work that must run once"): two blobrefd
+nodes over one PostgreSQL index and two shared fs stores. A migrate job on node A is cut short by
+kill -9 of A mid-way; the same migrate on node B moves what is left, B drains every old copy
+(A's included), and every blob reads back from B, its one copy in the target store."""
+import hashlib
+import random
+import re
+import signal
+import subprocess
+
+import requests
+
+from cluster_util import wait_for
+from conftest import BIN_DIR, Server
+
+TIMEOUT = 30
+N = 30
+
+
+def sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def key_of(h):
+    return f"sha256/{h[:2]}/{h[2:4]}/{h}"
+
+
+def node(tmp_path, name, dsn):
+    conf = (f"[server]\nupload_store = a\ndrain_grace = 1s\ncache_size = 0\n"
+            f"[store a]\nkind = fs\nroot = {tmp_path / 'a'}\n"
+            f"[store b]\nkind = fs\nroot = {tmp_path / 'b'}\n"
+            f"[index]\nkind = postgres\ndsn = {dsn}\n")
+    return Server(tmp_path / name, conf)
+
+
+def locations(srv, blobs):
+    """{hash: sorted (store, role) of its locations} as srv's index has them."""
+    out = {}
+    with requests.Session() as s:
+        for h in blobs:
+            meta = s.get(f"{srv.url}/v1/blobs/{h}/meta", timeout=TIMEOUT).json()
+            out[h] = sorted((loc["store"], loc["role"]) for loc in meta["locations"])
+    return out
+
+
+def migrate(srv, *extra):
+    return [str(BIN_DIR / "blobref"), "--server", srv.url, "migrate", "--from", "a", "--to", "b",
+            *extra]
+
+
+def test_migrate_cut_short_by_a_killed_node_is_finished_on_the_other(tmp_path, postgres):
+    dsn = postgres.database()
+    a, b = node(tmp_path, "na", dsn), node(tmp_path, "nb", dsn)
+    a.start()
+    b.start()
+    killed = False
+    try:
+        rnd = random.Random(20)
+        blobs = {}
+        with requests.Session() as s:
+            for i in range(N):
+                d = rnd.randbytes(rnd.choice([500, 20_000, 100_000])) + i.to_bytes(4, "big")
+                blobs[sha(d)] = d
+                assert s.put(f"{a.url}/v1/blobs/{sha(d)}", data=d,
+                             timeout=TIMEOUT).status_code == 201
+        # A's job, slowed down (0.5 MB/s), is killed with A once it has switched a few blobs
+        follower = subprocess.Popen(migrate(a, "--rate", "0.5", "--concurrency", "2"),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def moved():
+            return sum(1 for locs in locations(b, blobs).values() if ("b", "primary") in locs)
+
+        wait_for(lambda: moved() >= 3, 60, "A's job to switch a few blobs", step=0.05)
+        a.stop(signal.SIGKILL)
+        killed = True
+        follower.kill()
+        follower.wait()
+        before = moved()
+        assert before < N, "A's job ended before the kill: nothing was proved"
+        r = subprocess.run(migrate(b), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        m = re.search(r"moved (\d+) of (\d+) .*; (\d+) already in b", r.stdout)
+        assert m and int(m[1]) == int(m[2]) and int(m[2]) + int(m[3]) == N, r.stdout
+        # B drains every old copy, those of A's switches too: one copy left, in b
+        wait_for(lambda: all(locs == [("b", "primary")] for locs in
+                             locations(b, blobs).values()), 60, "B to drain every old copy")
+        with requests.Session() as s:
+            for h, d in blobs.items():
+                assert not (tmp_path / "a" / key_of(h)).exists(), h
+                assert (tmp_path / "b" / key_of(h)).read_bytes() == d
+                g = s.get(f"{b.url}/v1/blobs/{h}", timeout=TIMEOUT)
+                assert g.status_code == 200 and g.content == d
+        print(f"\nA killed after {before} of {N} switches; B's migrate: {m[0]}")
+    finally:
+        alive = b.alive()
+        rc = b.stop()
+        if not killed:
+            a.stop()
+    assert alive and rc == 0, b.read_log()[-3000:]
