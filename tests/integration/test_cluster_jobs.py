@@ -1,7 +1,8 @@
 """A location switch job across a cluster (issue 20, "work that must run once"): two blobrefd
 nodes over one PostgreSQL index and two shared fs stores. A migrate job on node A is cut short by
 kill -9 of A mid-way; the same migrate on node B moves what is left, B drains every old copy
-(A's included), and every blob reads back from B, its one copy in the target store."""
+(A's included), and every blob reads back from B, its one copy in the target store; the same
+switch raced on both nodes is done once."""
 import hashlib
 import random
 import re
@@ -97,3 +98,49 @@ def test_migrate_cut_short_by_a_killed_node_is_finished_on_the_other(tmp_path, p
         if not killed:
             a.stop()
     assert alive and rc == 0, b.read_log()[-3000:]
+
+
+def test_same_location_switch_raced_on_two_nodes_is_done_once(tmp_path, postgres):
+    """The switch's expectation is checked in the database under the blob's lock, not in a node's
+    cache: the same switch (expect a, to b) sent to both nodes at once, for blobs both nodes have
+    just served, is done by one (200) and refused by the other (409 location_changed), and the
+    blob ends with one primary in b and one draining copy in a."""
+    import threading
+    dsn = postgres.database()
+    a, b = node(tmp_path, "na", dsn), node(tmp_path, "nb", dsn)
+    a.start()
+    b.start()
+    try:
+        for i in range(10):
+            d = random.Random(i).randbytes(3000) + b"race"
+            h, k = sha(d), key_of(sha(d))
+            assert requests.put(f"{a.url}/v1/blobs/{h}", data=d, timeout=TIMEOUT).status_code \
+                == 201
+            for n in (a, b):  # both have it cached with its location in a
+                assert requests.get(f"{n.url}/v1/blobs/{h}", timeout=TIMEOUT).content == d
+            p = tmp_path / "b" / k
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(d)
+            body = {"expect": {"store": "a", "key": k}, "to": {"store": "b", "key": k},
+                    "verify": "sha256"}
+            gate, out = threading.Barrier(2), [None, None]
+
+            def switch(j, n):
+                gate.wait()
+                out[j] = requests.put(f"{n.url}/v1/blobs/{h}/location", json=body,
+                                      timeout=TIMEOUT)
+
+            ts = [threading.Thread(target=switch, args=(j, n)) for j, n in enumerate((a, b))]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(60)
+            codes = sorted(r.status_code for r in out)
+            assert codes == [200, 409], [(r.status_code, r.text) for r in out]
+            lost = [r for r in out if r.status_code == 409][0]
+            assert lost.json()["error"]["code"] == "location_changed", lost.text
+            locs = locations(b, [h])[h]
+            assert ("b", "primary") in locs and sum(1 for s, _ in locs if s == "a") <= 1, locs
+    finally:
+        rcs = [n.stop() for n in (a, b)]
+    assert rcs == [0, 0], a.read_log()[-2000:] + b.read_log()[-2000:]
