@@ -225,6 +225,73 @@ def test_get_retried_on_another_node_but_upload_not(tmp_path):
         assert real.stop() == 0, real.read_log()[-3000:]
 
 
+class ReadyFlagNode:
+    """A fake node for HAProxy that is up (it accepts and answers everything) and whose /readyz
+    answers 200 or 503 as `ready` says; counts the other requests it answered."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        fake = self
+        self.ready, self.served = True, 0
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def answer(self, code, body):
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/readyz":
+                    return self.answer(200 if fake.ready else 503, b"{}")
+                fake.served += 1
+                self.answer(200, b"fake")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_node_answering_readyz_503_leaves_the_rotation(tmp_path):
+    """The health check of conf/haproxy.cfg is GET /readyz's status, not a connect: a node that
+    is up but answers /readyz 503 (its index or store unavailable) is marked DOWN and gets no
+    request; once it answers 200 again it is back in rotation."""
+    real = Server(tmp_path / "real").start()
+    fake = ReadyFlagNode()
+    hap = Haproxy(tmp_path / "hap", [real, fake]).start()
+    try:
+        data = new_blob("ready", 0)
+        assert put_via(real.url, data).status_code == 201
+        fake.ready = False
+        hap.wait_servers(["UP", "DOWN"], 15)
+        before = fake.served
+        with requests.Session() as s:
+            for _ in range(10):
+                r = s.get(f"{hap.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT)
+                assert r.status_code == 200 and r.content == data
+                assert r.headers["X-Blobref-Node"] == "node1"
+        assert fake.served == before
+        fake.ready = True
+        hap.wait_servers(["UP", "UP"], 15)
+        with requests.Session() as s:
+            nodes = {s.get(f"{hap.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT)
+                     .headers["X-Blobref-Node"] for _ in range(6)}
+        assert nodes == {"node1", "node2"} and fake.served > before
+    finally:
+        hap.stop()
+        fake.close()
+        assert real.stop() == 0, real.read_log()[-3000:]
+
+
 def test_upload_via_haproxy_read_from_every_node(pg, make_cluster, request):
     """Shared index: a blob uploaded through HAProxy reads back from every node, and /meta is the
     same JSON on every node."""
