@@ -255,3 +255,22 @@ def test_fsck_recounts_the_counters_from_the_rows_and_repairs_them(two_nodes, po
     d = os.urandom(900)
     assert requests.put(f"{a.url}/v1/blobs/{sha(d)}", data=d, timeout=TIMEOUT).status_code == 201
     assert sums(0) == (5, live + 900)
+
+
+def test_libpq_environment_applies_to_the_dsn(tmp_path, postgres, monkeypatch):
+    """[index] dsn is completed from the standard libpq environment: a dsn that names neither
+    port nor database reaches the server and database of PGPORT and PGDATABASE."""
+    name = f"env_{os.getpid()}"
+    postgres.database(name)
+    monkeypatch.setenv("PGPORT", str(postgres.port))
+    monkeypatch.setenv("PGDATABASE", name)
+    srv = node(tmp_path, "env", "host=127.0.0.1 user=postgres", tmp_path / "blobs").start()
+    try:
+        data = os.urandom(500)
+        assert requests.put(f"{srv.url}/v1/blobs/{sha(data)}", data=data,
+                            timeout=TIMEOUT).status_code == 201
+        assert postgres.psql("SELECT count(*) FROM blobref_blobs WHERE digest = "
+                             f"'\\x{sha(data)}'::bytea", dbname=name) == [["1"]]
+    finally:
+        alive, rc = srv.alive(), srv.stop()
+    assert alive and rc == 0, srv.read_log()
