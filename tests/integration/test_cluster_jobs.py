@@ -1,8 +1,10 @@
-"""A location switch job across a cluster (issue 20, "work that must run once"): two blobrefd
-nodes over one PostgreSQL index and two shared fs stores. A migrate job on node A is cut short by
-kill -9 of A mid-way; the same migrate on node B moves what is left, B drains every old copy
-(A's included), and every blob reads back from B, its one copy in the target store; the same
-switch raced on both nodes is done once."""
+"""Import and location switch jobs across a cluster (issue 20, "work that must run once"): two
+blobrefd nodes over one PostgreSQL index and two shared fs stores. A migrate job on node A is cut
+short by kill -9 of A mid-way; the same migrate on node B moves what is left, B drains every old
+copy (A's included), and every blob reads back from B, its one copy in the target store; the same
+switch raced on both nodes is done once; an import killed with A is finished by B, each file
+indexed once. Jobs are kept in the node's --data: another node finishes them when the same job
+is started there, it does not take them over by itself."""
 import hashlib
 import random
 import re
@@ -144,3 +146,57 @@ def test_same_location_switch_raced_on_two_nodes_is_done_once(tmp_path, postgres
     finally:
         rcs = [n.stop() for n in (a, b)]
     assert rcs == [0, 0], a.read_log()[-2000:] + b.read_log()[-2000:]
+
+
+def test_import_cut_short_by_a_killed_node_is_finished_on_the_other(tmp_path, postgres):
+    """An in-place import job on node A, killed -9 with A once it has indexed some files, is
+    finished by the same import on node B: every file ends indexed once, at its own key, and
+    the files A indexed are skipped (not indexed twice)."""
+    dsn = postgres.database()
+    a, b = node(tmp_path, "na", dsn), node(tmp_path, "nb", dsn)
+    folder = tmp_path / "a" / "photos"
+    folder.mkdir(parents=True)
+    files = {}
+    for i in range(400):
+        data = random.Random(i).randbytes(30_000) + i.to_bytes(4, "big")
+        (folder / f"p{i:03d}.jpg").write_bytes(data)
+        files[sha(data)] = (f"photos/p{i:03d}.jpg", data)
+    a.start()
+    b.start()
+    killed = False
+    try:
+        r = requests.post(f"{a.url}/v1/jobs", json={"kind": "import", "store": "a",
+                                                    "source": "photos/"}, timeout=TIMEOUT)
+        assert r.status_code == 202, r.text
+        jid = r.json()["id"]
+        wait_for(lambda: requests.get(f"{a.url}/v1/jobs/{jid}", timeout=TIMEOUT)
+                        .json()["items_done"] >= 10 or None, 60, "A's import to index some files",
+                        step=0.01)
+        a.stop(signal.SIGKILL)
+        killed = True
+        indexed = sum(1 for h in files if requests.head(f"{b.url}/v1/blobs/{h}",
+                                                        timeout=TIMEOUT).status_code == 200)
+        assert 0 < indexed < len(files), f"{indexed} indexed at the kill: nothing was proved"
+        r = requests.post(f"{b.url}/v1/jobs", json={"kind": "import", "store": "a",
+                                                    "source": "photos/"}, timeout=TIMEOUT)
+        assert r.status_code == 202, r.text
+        jb = r.json()["id"]
+        end = wait_for(lambda: (lambda j: j if j["state"] not in ("queued", "running") else None)(
+            requests.get(f"{b.url}/v1/jobs/{jb}", timeout=TIMEOUT).json()), 120,
+            "B's import to end", step=0.1)
+        assert end["state"] == "done", end
+        assert end["items_done"] + end["items_skipped"] == len(files), end
+        assert end["items_skipped"] >= indexed, (end, indexed)
+        with requests.Session() as s:
+            for h, (key, data) in files.items():
+                meta = s.get(f"{b.url}/v1/blobs/{h}/meta", timeout=TIMEOUT).json()
+                assert [(loc["store"], loc["key"]) for loc in meta["locations"]] == [("a", key)]
+                assert s.get(f"{b.url}/v1/blobs/{h}", timeout=TIMEOUT).content == data
+        print(f"\nA killed with {indexed} of {len(files)} indexed; B's import: "
+              f"{end['items_done']} done, {end['items_skipped']} skipped")
+    finally:
+        alive = b.alive()
+        rc = b.stop()
+        if not killed:
+            a.stop()
+    assert alive and rc == 0, b.read_log()[-3000:]
