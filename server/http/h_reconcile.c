@@ -48,11 +48,19 @@ enum MHD_Result reconcile_post(struct request *req) {
   if (qo.msg[0]) return reply_error(req, E_BAD_REQUEST, "%s", qo.msg);
   br_err err;
   uint64_t id = 0;
-  int rc = reconcile_runner_request(req->srv, &qo.opt, &id, &err);
-  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
-  if (rc > 0 && !id) { /* on another node sharing the index: its id when it published it */
+  int rc = reconcile_runner_request(req->srv, &qo.opt, &id, &err), remote = 0;
+  /* Another node held the lease: its run's id, which it published. When none is found, that run
+   * may have ended (report stored, lease given back) since the lease was refused: ask again, so
+   * that a POST after its end starts a run instead of a 409 naming no run. */
+  for (int tries = 0; rc > 0 && !id && tries < 3; tries++) {
     id = br_reconciler_lease_run(reconcile_runner_reconciler(req->srv));
-    if (!id) return reply_error(req, E_RECONCILE_RUNNING, "a run is in progress on another node");
+    remote = id != 0;
+    if (!id) rc = reconcile_runner_request(req->srv, &qo.opt, &id, &err);
+  }
+  if (rc < 0) return reply_error(req, E_INTERNAL, "%s", err.msg);
+  if (rc > 0 && !id) /* on another node sharing the index, and not published yet: starting */
+    return reply_error(req, E_RECONCILE_RUNNING, "a run is in progress on another node");
+  if (rc > 0 && remote) {
     json_t *body =
         error_body(E_RECONCILE_RUNNING, "run %" PRIu64 " is running on another node", id);
     json_object_set_new(body, "id", json_integer((json_int_t)id));

@@ -18,7 +18,7 @@ from cluster_util import (Cluster, Haproxy, PgPair, UploadLoad, postgres_index_s
                           wait_for)
 from conftest import BIN_DIR, Server
 from s3util import assert_clean_bucket, content_key, keys
-from util_http import RawConn, request_head, sha
+from util_http import RawConn, assert_error, request_head, sha
 
 TIMEOUT = 30
 
@@ -225,6 +225,73 @@ def test_get_retried_on_another_node_but_upload_not(tmp_path):
         assert real.stop() == 0, real.read_log()[-3000:]
 
 
+class ReadyFlagNode:
+    """A fake node for HAProxy that is up (it accepts and answers everything) and whose /readyz
+    answers 200 or 503 as `ready` says; counts the other requests it answered."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        fake = self
+        self.ready, self.served = True, 0
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def answer(self, code, body):
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/readyz":
+                    return self.answer(200 if fake.ready else 503, b"{}")
+                fake.served += 1
+                self.answer(200, b"fake")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_node_answering_readyz_503_leaves_the_rotation(tmp_path):
+    """The health check of conf/haproxy.cfg is GET /readyz's status, not a connect: a node that
+    is up but answers /readyz 503 (its index or store unavailable) is marked DOWN and gets no
+    request; once it answers 200 again it is back in rotation."""
+    real = Server(tmp_path / "real").start()
+    fake = ReadyFlagNode()
+    hap = Haproxy(tmp_path / "hap", [real, fake]).start()
+    try:
+        data = new_blob("ready", 0)
+        assert put_via(real.url, data).status_code == 201
+        fake.ready = False
+        hap.wait_servers(["UP", "DOWN"], 15)
+        before = fake.served
+        with requests.Session() as s:
+            for _ in range(10):
+                r = s.get(f"{hap.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT)
+                assert r.status_code == 200 and r.content == data
+                assert r.headers["X-Blobref-Node"] == "node1"
+        assert fake.served == before
+        fake.ready = True
+        hap.wait_servers(["UP", "UP"], 15)
+        with requests.Session() as s:
+            nodes = {s.get(f"{hap.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT)
+                     .headers["X-Blobref-Node"] for _ in range(6)}
+        assert nodes == {"node1", "node2"} and fake.served > before
+    finally:
+        hap.stop()
+        fake.close()
+        assert real.stop() == 0, real.read_log()[-3000:]
+
+
 def test_upload_via_haproxy_read_from_every_node(pg, make_cluster, request):
     """Shared index: a blob uploaded through HAProxy reads back from every node, and /meta is the
     same JSON on every node."""
@@ -392,6 +459,14 @@ def test_second_reconcile_on_another_node_is_409(pg, make_cluster, tmp_path, req
     assert second.status_code == 409, (second.status_code, second.text)
 
 
+def readyz(node):
+    """The status of node's /readyz (None when it does not answer)."""
+    try:
+        return requests.get(f"{node.url}/readyz", timeout=5).status_code
+    except requests.RequestException:
+        return None
+
+
 def check_all_readable(nodes, acked):
     """Every acknowledged blob reads back byte-identical from every node given."""
     bad = []
@@ -449,9 +524,11 @@ def test_node_killed_under_upload_load(index, pg_supported, make_cluster, reques
 def test_primary_killed_and_standby_promoted_under_load(pg_supported, make_cluster):
     """kill -9 of the PostgreSQL primary while clients upload through HAProxy to two nodes whose
     dsn lists both servers (target_session_attrs=read-write), then pg_ctl promote of the
-    synchronous standby: no node is restarted, writes are acknowledged again, every blob
-    acknowledged before, during or after is present on both nodes, and the outage window (kill
-    to the first acknowledgement after the last failure) is printed and bounded by 60 s."""
+    synchronous standby: meanwhile every node's /readyz is 503 and an upload is 503
+    index_unavailable (not recorded), the clients get 5xx, never 4xx; no node is restarted,
+    every node is ready again and writes are acknowledged again, every blob acknowledged before,
+    during or after is present on both nodes, and the outage window (kill to the first
+    acknowledgement after the last failure) is printed and bounded by 60 s."""
     need_postgres(pg_supported)
     pair = PgPair().start()
     try:
@@ -462,20 +539,77 @@ def test_primary_killed_and_standby_promoted_under_load(pg_supported, make_clust
             wait_for(lambda: load.acked_count() >= 50, 30, "50 uploads before the kill")
             pair.kill_primary()
             t_kill = time.monotonic()
+            # no primary: every node says so (503), and an upload to a node directly is 503
+            # index_unavailable, not acknowledged
+            for n in c.nodes:
+                wait_for(lambda: readyz(n) == 503, 30, f"{n.url}/readyz 503 without a primary")
+            gone = new_blob("no-primary", 0)
+            assert_error(put_via(c.nodes[0].url, gone), 503, "index_unavailable")
             promote = pair.promote_standby()
             after = load.acked_count()
+            for n in c.nodes:
+                wait_for(lambda: readyz(n) == 200, 60, f"{n.url}/readyz 200 after the promotion")
+            ready = time.monotonic() - t_kill
             wait_for(lambda: load.acked_count() >= after + 50, 60,
                      "50 acknowledged uploads after the promotion")
         finally:
             load.stop()
         window = load.outage_window(t_kill)
-        print(f"\nprimary killed, standby promoted in {promote:.2f} s; writes acknowledged "
-              f"again {window:.2f} s after the kill; {len(load.acked)} acknowledged, "
-              f"statuses {load.statuses}")
+        print(f"\nprimary killed, standby promoted in {promote:.2f} s; every node ready "
+              f"{ready:.2f} s and writes acknowledged again {window:.2f} s after the kill; "
+              f"{len(load.acked)} acknowledged, statuses {load.statuses}")
         assert [n.proc.pid for n in c.nodes] == pids and all(n.alive() for n in c.nodes)
-        assert window < 60
+        assert window < 60 and ready < 60
+        # meanwhile the clients were answered 5xx (or cut off by HAProxy), never a 4xx
+        assert all(k in (200, 201) or not isinstance(k, int) or k >= 500
+                   for k in load.statuses), load.statuses
+        assert requests.head(f"{c.nodes[1].url}/v1/blobs/{sha(gone)}",
+                             timeout=TIMEOUT).status_code == 404
         check_all_readable(c.nodes, load.acked)
     finally:
+        pair.remove()
+
+
+def test_upload_not_acknowledged_until_the_synchronous_standby_has_it(pg_supported, tmp_path):
+    """blobrefd never lowers synchronous_commit: with the synchronous standby stopped, an upload's
+    commit waits in the primary for it (a blobrefd session in wait_event SyncRep) and the client
+    hears nothing; the upload is answered 201 only once the standby is back, and reads back."""
+    need_postgres(pg_supported)
+    pair = PgPair().start()
+    node = None
+    try:
+        db = pair.create_database("blobref")
+        node = Server(tmp_path / "node", f"[store local]\nkind = fs\nroot = {tmp_path / 'blobs'}\n"
+                      f"[index]\nkind = postgres\ndsn = {pair.dsn(db)}\n").start(timeout=30)
+        first = new_blob("sync", 0)
+        assert put_via(node.url, first).status_code == 201
+        pair.standby.stop()
+        data, out = new_blob("sync", 1), {}
+
+        def upload():
+            try:
+                out["r"] = put_via(node.url, data, requests.Session())
+            except requests.RequestException as e:
+                out["r"] = e
+
+        t = threading.Thread(target=upload, daemon=True)
+        t.start()
+        waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND "
+                   f"application_name = 'blobrefd' AND datname = '{db}'")
+        wait_for(lambda: pair.primary.try_sql(waiting) not in (None, "0"), 20,
+                 "blobrefd's commit to wait for the synchronous standby")
+        assert "r" not in out, f"answered before the standby had the commit: {out['r']}"
+        pair.standby.start()
+        t.join(TIMEOUT + 5)
+        r = out.get("r")
+        assert isinstance(r, requests.Response) and r.status_code == 201, r
+        got = requests.get(f"{node.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT)
+        assert got.status_code == 200 and got.content == data
+    finally:
+        if node is not None:
+            alive = node.alive()
+            rc = node.stop()
+            assert alive and rc == 0, node.read_log()[-3000:]
         pair.remove()
 
 

@@ -274,3 +274,40 @@ def test_run_on_a_shown_on_b_with_phase_and_409_for_its_whole_run(shared_cluster
     assert report(b, rid)["state"] == "done"
     listed = requests.get(f"{b.url}/v1/reconcile/runs", timeout=TIMEOUT).json()["runs"]
     assert all(x["state"] == "done" for x in listed) and rid in [x["id"] for x in listed], listed
+
+
+def test_final_delete_on_a_seen_by_b_within_the_bound(shared_cluster, tmp_path):
+    """The last of issue 20's cache cases, a purge: B has served an unreferenced blob, then (once
+    A's reconcile quarantined it) cached its quarantined record; A's run deletes it for good and
+    B answers 404, not its cached 410, within the bound (1 s) of that run's end."""
+    t, refs = referenced_table(tmp_path, "purge")
+    extra = ("[reconcile]\ninterval = 0\ngrace = 1s\nretention = 1s\nmax_fraction = 1\n" +
+             t.conf().replace("{", "{{").replace("}", "}}"))
+    c = shared_cluster(2, extra, server="dedup_touch_interval = 0s")  # grace alone counts
+    a, b = c.nodes
+    upload_all(a.url, refs)
+    lone = new_blob("purge-lone", 0)
+    upload_all(a.url, [lone])
+    h = sha(lone)
+    with requests.Session() as s:
+        got = s.get(f"{b.url}/v1/blobs/{h}", timeout=TIMEOUT)
+        assert got.status_code == 200 and got.content == lone  # B caches it live
+
+        def run_until(what):
+            rep = report(a, run_to_end(a))
+            assert rep["state"] == "done", rep
+            return rep["blobs"][what] >= 1
+
+        wait_for(lambda: run_until("quarantined"), 60, "a run to quarantine the lone blob",
+                 step=0.2)
+        wait_for(lambda: s.get(f"{b.url}/v1/blobs/{h}", timeout=TIMEOUT).status_code == 410,
+                 1.0, "B's 410", step=0.005)
+        assert s.get(f"{b.url}/v1/blobs/{h}", timeout=TIMEOUT).status_code == 410  # cached
+        wait_for(lambda: run_until("deleted"), 60, "a run to delete it", step=0.2)
+        t0 = time.monotonic()
+        wait_for(lambda: s.get(f"{b.url}/v1/blobs/{h}", timeout=TIMEOUT).status_code == 404,
+                 1.0, "B's 404 after the delete", step=0.005)
+        print(f"\ndeleted by A's run: B answered 404 {(time.monotonic() - t0) * 1000:.1f} ms "
+              "after the run's end")
+        for d in refs:  # the referenced blobs are untouched
+            assert s.head(f"{b.url}/v1/blobs/{sha(d)}", timeout=TIMEOUT).status_code == 200

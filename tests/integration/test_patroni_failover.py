@@ -2,7 +2,9 @@
 (synchronous_mode) managing two PostgreSQL 15 from conf/patroni/patroni.yml, writers on a
 multi-host DSN (target_session_attrs=read-write); the leader is killed -9 with its PostgreSQL
 under load, and the window until writes are acknowledged again is measured. With a blobrefd
-that knows `[index] kind = postgres`, two nodes behind HAProxy take uploads through it too."""
+that knows `[index] kind = postgres`, two nodes behind HAProxy take uploads through it too: their
+/readyz is 503 while there is no primary and 200 again within 60 s, they are not restarted, their
+clients get 5xx meanwhile (never 4xx), and every acknowledged upload reads back from both."""
 import os
 import shutil
 import threading
@@ -75,6 +77,14 @@ class SqlWriters:
             return min(t for t in self.ack_times if t > max(fails)) - since
 
 
+def readyz(node):
+    """The status of node's /readyz (None when it does not answer)."""
+    try:
+        return requests.get(f"{node.url}/readyz", timeout=5).status_code
+    except requests.RequestException:
+        return None
+
+
 def test_patroni_leader_killed_under_load(tmp_path, request):
     if not (shutil.which("patroni") and shutil.which("etcd")):
         pytest.skip("patroni or etcd is not installed (tools/install-deps.sh failover)")
@@ -118,9 +128,16 @@ def test_patroni_leader_killed_under_load(tmp_path, request):
         assert old is not None
         t_kill = time.monotonic()
         old.kill9()
+        if cluster:  # no primary yet: every node says it is not ready
+            for n in cluster.nodes:
+                wait_for(lambda: readyz(n) == 503, 30, f"{n.url}/readyz 503 without a primary")
         new = wait_for(pc.leader, 90, "Patroni to promote the other member", step=0.1)
         t_promoted = time.monotonic()
         assert new is not old
+        if cluster:
+            for n in cluster.nodes:
+                wait_for(lambda: readyz(n) == 200, 60, f"{n.url}/readyz 200 after the failover")
+            t_ready = time.monotonic()
         n0 = writers.count()
         wait_for(lambda: writers.count() >= n0 + 200, 60, "200 commits after the failover")
         p0 = proxied.count()
@@ -147,10 +164,14 @@ def test_patroni_leader_killed_under_load(tmp_path, request):
     assert sql_window < 60 and proxied_window < 60
     if load:
         window = load.outage_window(t_kill)
-        print(f"blobref uploads acknowledged again after {window:.1f} s; {len(load.acked)} "
-              f"acknowledged, statuses {load.statuses}")
+        print(f"every node ready again {t_ready - t_kill:.1f} s after the kill; blobref uploads "
+              f"acknowledged again after {window:.1f} s; {len(load.acked)} acknowledged, "
+              f"statuses {load.statuses}")
         assert [n.proc.pid for n in cluster.nodes] == pids
-        assert window < 60
+        assert window < 60 and t_ready - t_kill < 60
+        # meanwhile the clients were answered 5xx (or cut off by HAProxy), never a 4xx
+        assert all(k in (200, 201) or not isinstance(k, int) or k >= 500
+                   for k in load.statuses), load.statuses
         with requests.Session() as s:
             for n in cluster.nodes:
                 for h, data in load.acked.items():
