@@ -155,6 +155,32 @@ int br_index_fcache_get(br_index *idx, const uint8_t id[BR_SHA256_LEN], uint32_t
                         size_t *len, uint32_t *chunks, br_err *err);
 int br_index_fcache_prune(br_index *idx, const uint8_t *keep, size_t n, br_err *err);
 
+/* ---- direct-upload plans (PostgreSQL only) ---------------------------------------------------
+ * The plans handed to clients (POST /v1/uploads), one row each in the database, so that any node
+ * sweeps what a node that never came back left: a plan's age is counted on the database's clock.
+ * br_index_has_plans: 1 when the index keeps them (never on LMDB: core/direct_plans.c journals
+ * them). plans_add: records plans[0..n) in one statement (all or none; id and younger unused).
+ * plans_forget: removes the plans of digest with upload_id ("" single part), only row id when id
+ * is not 0. plans_claim: claims up to max plans older than grace_ms that no live claim holds,
+ * for claim_ms (rows another node is claiming are skipped, not waited for), and passes each to
+ * fn (valid during the call; younger: another plan of the blob is within the grace). Returns how
+ * many. plans_count: the plans recorded. Each call its own transaction; else a negative code +
+ * err. */
+typedef struct br_index_plan {
+  uint64_t id; /* the row (claims) */
+  uint8_t digest[BR_SHA256_LEN];
+  const char *store, *key, *upload_id; /* upload_id "" for a single presigned PUT */
+  int younger;
+} br_index_plan;
+typedef int (*br_index_plan_fn)(void *ud, const br_index_plan *plan);
+int br_index_has_plans(br_index *idx);
+int br_index_plans_add(br_index *idx, const br_index_plan *plans, size_t n, br_err *err);
+int br_index_plans_forget(br_index *idx, const uint8_t digest[BR_SHA256_LEN], const char *upload_id,
+                          uint64_t id, br_err *err);
+int br_index_plans_claim(br_index *idx, uint64_t grace_ms, uint64_t claim_ms, size_t max,
+                         br_index_plan_fn fn, void *ud, br_err *err);
+int br_index_plans_count(br_index *idx, uint64_t *n, br_err *err);
+
 /* Stops the writer (after finishing queued operations) and closes the environment. */
 void br_index_close(br_index *idx);
 

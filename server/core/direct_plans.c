@@ -3,7 +3,12 @@
  * line per plan that ended ("F <hex> <upload_id|-> <ms|0>"); rewritten with the pending plans
  * only at start and when it grows. The sweep thread removes what a plan left once
  * direct_upload_grace has passed without a commit: its multipart upload is aborted, and its
- * object deleted under the blob's lock unless a record owns the key. */
+ * object deleted under the blob's lock unless a record owns the key. On a shared index
+ * (PostgreSQL: several nodes over one bucket) the plans are rows in the database instead
+ * (br_index_plans_*), so that a node sweeps the expired plans of any node, one that never came
+ * back included: each pass claims a batch (FOR UPDATE SKIP LOCKED, a claim of PLAN_CLAIM_MS) and
+ * removes a row once its plan is swept; a plan whose sweep failed is tried again when its claim
+ * has expired, by whichever node claims it first. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -17,8 +22,9 @@
 #include "core/direct_plans.h"
 #include "core/server.h"
 
-#define BUCKETS 65536   /* hash chains by the digest's first two bytes */
-#define SWEEP_BATCH 256 /* plans swept per pass (the rest on the next, at once) */
+#define BUCKETS 65536       /* hash chains by the digest's first two bytes */
+#define SWEEP_BATCH 256     /* plans swept per pass (the rest on the next, at once) */
+#define PLAN_CLAIM_MS 60000 /* a shared plan claimed by a sweep is left to the others this long */
 #define LINE_MAX_LEN (BR_HEX_LEN + BR_MAX_STORE_NAME + BR_MAX_KEY + DIRECT_UPLOAD_ID_MAX + 64)
 
 struct plan {
@@ -32,7 +38,8 @@ struct plan {
 struct direct_plans {
   pthread_mutex_t lock; /* guards everything below but the thread fields; held for the fsync */
   pthread_cond_t cv;
-  int fd; /* the journal, O_APPEND */
+  int shared; /* the plans are in the index (br_index_has_plans): no journal, no table here */
+  int fd;     /* the journal, O_APPEND */
   char path[4200];
   struct plan *buckets[BUCKETS];
   size_t n;         /* pending plans */
@@ -45,6 +52,7 @@ struct direct_plans {
 
 /* A copy of a plan for the sweep, which works without the lock. */
 struct sweep_item {
+  uint64_t id; /* the plan's row on a shared index */
   uint8_t digest[BR_SHA256_LEN];
   uint64_t created_ms;
   int younger; /* another plan of the same blob is still within the grace */
@@ -229,6 +237,19 @@ int direct_plans_add(br_server *srv, const struct direct_plan *plans, size_t n, 
         !writable(plans[i].store, BR_MAX_STORE_NAME) ||
         !writable(plans[i].upload_id, DIRECT_UPLOAD_ID_MAX))
       return 1;
+  if (dp->shared) {
+    br_index_plan *rows = calloc(n, sizeof *rows);
+    if (!rows) return br_fail(err, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+      memcpy(rows[i].digest, plans[i].digest, BR_SHA256_LEN);
+      rows[i].store = plans[i].store;
+      rows[i].key = plans[i].key;
+      rows[i].upload_id = plans[i].upload_id;
+    }
+    int rc = br_index_plans_add(srv->index, rows, n, err) < 0 ? -1 : 0;
+    free(rows);
+    return rc;
+  }
   uint64_t now = br_now_ms();
   struct plan **made = calloc(n, sizeof *made);
   char *text = malloc(n * LINE_MAX_LEN);
@@ -278,14 +299,25 @@ static void forget(struct direct_plans *dp, const uint8_t digest[BR_SHA256_LEN],
 
 void direct_plans_forget(br_server *srv, const uint8_t digest[BR_SHA256_LEN],
                          const char *upload_id) {
-  if (srv->plans) forget(srv->plans, digest, upload_id ? upload_id : "", 0);
+  br_err err;
+  if (srv->plans && srv->plans->shared) {
+    /* a row left behind is swept later, and the sweep never deletes an object a record owns */
+    if (br_index_plans_forget(srv->index, digest, upload_id ? upload_id : "", 0, &err) < 0)
+      br_warn("direct uploads: forgetting a plan: %s", err.msg);
+  } else if (srv->plans) {
+    forget(srv->plans, digest, upload_id ? upload_id : "", 0);
+  }
 }
 
 uint64_t direct_plans_pending(br_server *srv) {
   struct direct_plans *dp = srv->plans;
   if (!dp) return 0;
+  uint64_t n = 0;
+  br_err err;
+  if (dp->shared) /* every node's, as the database counts them (0 when it cannot be asked) */
+    return br_index_plans_count(srv->index, &n, &err) < 0 ? 0 : n;
   pthread_mutex_lock(&dp->lock);
-  uint64_t n = dp->n;
+  n = dp->n;
   pthread_mutex_unlock(&dp->lock);
   return n;
 }
@@ -381,6 +413,37 @@ out:
   return n;
 }
 
+/* The claim's callback: a copy of each claimed row into the items (struct claim_into). */
+struct claim_into {
+  struct sweep_item *items;
+  size_t n;
+};
+
+static int claimed(void *ud, const br_index_plan *p) {
+  struct claim_into *ci = ud;
+  if (ci->n == SWEEP_BATCH) return 1;
+  struct sweep_item *it = &ci->items[ci->n++];
+  it->id = p->id;
+  memcpy(it->digest, p->digest, BR_SHA256_LEN);
+  it->created_ms = 0;
+  snprintf(it->store, sizeof it->store, "%s", p->store);
+  snprintf(it->key, sizeof it->key, "%s", p->key);
+  snprintf(it->upload_id, sizeof it->upload_id, "%s", p->upload_id);
+  it->younger = p->younger;
+  return 0;
+}
+
+/* Claims up to SWEEP_BATCH expired plans of the shared index into items; *more when the batch
+ * was full. 0 on a database failure (logged; the next pass tries again). */
+static size_t claim_shared(br_server *srv, uint64_t grace, struct sweep_item *items, int *more) {
+  struct claim_into ci = {.items = items};
+  br_err err;
+  int n = br_index_plans_claim(srv->index, grace, PLAN_CLAIM_MS, SWEEP_BATCH, claimed, &ci, &err);
+  if (n < 0) br_warn("direct uploads: claiming expired plans: %s (retried)", err.msg);
+  *more = ci.n == SWEEP_BATCH;
+  return ci.n;
+}
+
 static uint64_t sweep_interval(const br_config *cfg) {
   uint64_t iv = cfg->direct_upload_grace_ms / 4;
   if (iv < 250) iv = 250;
@@ -398,19 +461,24 @@ static void *sweep_main(void *arg) {
     pthread_mutex_unlock(&dp->lock);
     uint64_t now = br_now_ms(), grace = srv->cfg->direct_upload_grace_ms;
     int more = 0, retry = 0;
-    size_t n = collect(dp, now > grace ? now - grace : 0, items, &more);
+    size_t n = dp->shared ? claim_shared(srv, grace, items, &more)
+                          : collect(dp, now > grace ? now - grace : 0, items, &more);
     for (size_t i = 0; i < n; i++) {
       pthread_mutex_lock(&dp->lock);
       int stop = dp->stopping;
       pthread_mutex_unlock(&dp->lock);
       if (stop) break;
-      if (sweep_one(srv, &items[i]))
+      br_err err;
+      if (!sweep_one(srv, &items[i]))
+        retry = 1; /* shared: its claim expires, then any node tries again */
+      else if (!dp->shared)
         forget(dp, items[i].digest, items[i].upload_id, items[i].created_ms);
-      else
-        retry = 1;
+      else if (br_index_plans_forget(srv->index, items[i].digest, items[i].upload_id, items[i].id,
+                                     &err) < 0)
+        br_warn("direct uploads: %s (swept again after its claim)", err.msg);
     }
     pthread_mutex_lock(&dp->lock);
-    if (dp->write_failed || dp->lines > 2 * dp->n + 10000) {
+    if (!dp->shared && (dp->write_failed || dp->lines > 2 * dp->n + 10000)) {
       br_err err;
       if (compact(dp, srv->cfg->data_dir, &err) < 0) br_warn("direct uploads: %s", err.msg);
     }
@@ -447,7 +515,8 @@ int direct_plans_start(br_server *srv, br_err *err) {
   dp->fd = -1;
   atomic_init(&dp->swept, 0);
   snprintf(dp->path, sizeof dp->path, "%s/direct-plans.log", srv->cfg->data_dir);
-  if (load(dp, err) < 0 || compact(dp, srv->cfg->data_dir, err) < 0) {
+  dp->shared = br_index_has_plans(srv->index);
+  if (!dp->shared && (load(dp, err) < 0 || compact(dp, srv->cfg->data_dir, err) < 0)) {
     plans_free(dp);
     return -1;
   }

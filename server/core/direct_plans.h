@@ -16,11 +16,14 @@ struct direct_plan {
 };
 
 /* Opens DATA_DIR/direct-plans.log (creating it), loads the plans still pending, rewrites the
- * file with only those (compaction), and starts the sweep thread. -1 with err. */
+ * file with only those (compaction), and starts the sweep thread; on a shared index (one that
+ * keeps the plans, br_index_has_plans) no journal: the plans are the index's rows, and the sweep
+ * claims the expired ones of every node. -1 with err. */
 int direct_plans_start(br_server *srv, br_err *err);
 /* Stops the sweep (a plan being swept is finished first), joins it and frees the journal. */
 void direct_plans_stop(br_server *srv);
-/* Journals plans[0..n) durably (one append and one fsync) before the caller hands them out.
+/* Journals plans[0..n) durably (one append and one fsync, or one INSERT on a shared index)
+ * before the caller hands them out.
  * Returns 0; 1 when the journal holds DIRECT_PLANS_MAX plans or a key or upload id cannot be
  * written on a line (nothing journaled: answer via_server); -1 with err (nothing journaled). */
 int direct_plans_add(br_server *srv, const struct direct_plan *plans, size_t n, br_err *err);
@@ -29,7 +32,8 @@ int direct_plans_add(br_server *srv, const struct direct_plan *plans, size_t n, 
  * keeps is swept later, and the sweep never deletes an object a record owns. */
 void direct_plans_forget(br_server *srv, const uint8_t digest[BR_SHA256_LEN],
                          const char *upload_id);
-/* Plans journaled and neither forgotten nor swept (blobref_direct_plans_pending). */
+/* Plans journaled and neither forgotten nor swept (blobref_direct_plans_pending); on a shared
+ * index, every node's. */
 uint64_t direct_plans_pending(br_server *srv);
 /* Objects and multipart uploads the sweep removed (blobref_direct_plans_swept_total). */
 uint64_t direct_plans_swept(br_server *srv);

@@ -299,7 +299,8 @@ enum MHD_Result metrics_get(struct request *req) {
             (int)br_store_direct_mode(srv->stores[i]));
   appendf(&t,
           "# HELP blobref_direct_plans_pending Direct-upload plans handed out and neither "
-          "committed, aborted nor swept yet (DATA_DIR/direct-plans.log).\n"
+          "committed, aborted nor swept yet (DATA_DIR/direct-plans.log; on PostgreSQL every "
+          "node's).\n"
           "# TYPE blobref_direct_plans_pending gauge\nblobref_direct_plans_pending %" PRIu64
           "\n"
           "# HELP blobref_direct_plans_swept_total Objects and multipart uploads of expired "

@@ -108,6 +108,14 @@ typedef struct idx_ops {
   int (*fcache_get)(idx_backend *be, const uint8_t id[BR_SHA256_LEN], uint32_t chunk, void **val,
                     size_t *len, uint32_t *chunks, br_err *err);
   int (*fcache_prune)(idx_backend *be, const uint8_t *keep, size_t n, br_err *err);
+  /* Optional (shared backends; any thread): the direct-upload plans, as index.h's
+   * br_index_plans_* say. */
+  int (*plans_add)(idx_backend *be, const br_index_plan *plans, size_t n, br_err *err);
+  int (*plans_forget)(idx_backend *be, const uint8_t digest[BR_SHA256_LEN], const char *upload_id,
+                      uint64_t id, br_err *err);
+  int (*plans_claim)(idx_backend *be, uint64_t grace_ms, uint64_t claim_ms, size_t max,
+                     br_index_plan_fn fn, void *ud, br_err *err);
+  int (*plans_count)(idx_backend *be, uint64_t *n, br_err *err);
   /* Exact per-state counters (NULL on a backend without them). counts_read (any thread): 0 and
    * the stored counters, 1 when none are kept or they are not complete, or -1 + err. */
   int (*counts_read)(idx_backend *be, br_counts *out, br_err *err);

@@ -1305,6 +1305,34 @@ int br_index_fcache_prune(br_index *idx, const uint8_t *keep, size_t n, br_err *
   return idx->ops->fcache_prune(idx->be, keep, n, err);
 }
 
+int br_index_has_plans(br_index *idx) { return idx->ops->plans_add != NULL; }
+
+int br_index_plans_add(br_index *idx, const br_index_plan *plans, size_t n, br_err *err) {
+  if (!idx->ops->plans_add)
+    return br_fail(err, "index: no direct-upload plans on %s", idx->ops->name);
+  return n ? idx->ops->plans_add(idx->be, plans, n, err) : 0;
+}
+
+int br_index_plans_forget(br_index *idx, const uint8_t digest[BR_SHA256_LEN], const char *upload_id,
+                          uint64_t id, br_err *err) {
+  if (!idx->ops->plans_forget)
+    return br_fail(err, "index: no direct-upload plans on %s", idx->ops->name);
+  return idx->ops->plans_forget(idx->be, digest, upload_id, id, err);
+}
+
+int br_index_plans_claim(br_index *idx, uint64_t grace_ms, uint64_t claim_ms, size_t max,
+                         br_index_plan_fn fn, void *ud, br_err *err) {
+  if (!idx->ops->plans_claim)
+    return br_fail(err, "index: no direct-upload plans on %s", idx->ops->name);
+  return idx->ops->plans_claim(idx->be, grace_ms, claim_ms, max, fn, ud, err);
+}
+
+int br_index_plans_count(br_index *idx, uint64_t *n, br_err *err) {
+  if (!idx->ops->plans_count)
+    return br_fail(err, "index: no direct-upload plans on %s", idx->ops->name);
+  return idx->ops->plans_count(idx->be, n, err);
+}
+
 br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err) {
   br_index *idx = calloc(1, sizeof *idx);
   if (!idx) {

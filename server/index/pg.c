@@ -209,9 +209,31 @@ static int schema_file_cache(PGconn *c, char *why, size_t cap) {
   return rc;
 }
 
+/* Schema step "direct plans": the direct-upload plans handed out by every node, one row each,
+ * aged on the database's clock (created_ms), with a claim like the purges' (until, by whom) so
+ * that whichever node sweeps an expired plan first takes it and the others skip it. */
+static int schema_direct_plans(PGconn *c, char *why, size_t cap) {
+  int rc = exec_ok(c,
+                   "CREATE TABLE blobref_direct_plans (id bigserial PRIMARY KEY,"
+                   " digest bytea NOT NULL CHECK (length(digest) = 32), store text NOT NULL,"
+                   " key text NOT NULL, upload_id text NOT NULL,"
+                   " created_ms bigint NOT NULL"
+                   " DEFAULT (extract(epoch FROM clock_timestamp()) * 1000)::int8,"
+                   " claimed_until bigint NOT NULL DEFAULT 0, claimed_by text NOT NULL DEFAULT '')",
+                   why, cap);
+  if (!rc)
+    rc = exec_ok(c, "CREATE INDEX blobref_direct_plans_digest ON blobref_direct_plans (digest)",
+                 why, cap);
+  if (!rc)
+    rc = exec_ok(c, "CREATE INDEX blobref_direct_plans_age ON blobref_direct_plans (created_ms)",
+                 why, cap);
+  return rc;
+}
+
 /* The migration steps in order: step i brings the schema to version i + 1. */
 static int (*const SCHEMA_STEPS[])(PGconn *c, char *why, size_t cap) = {
-    schema_v1, schema_purge_claims, schema_shared_state, schema_counts, schema_file_cache,
+    schema_v1,     schema_purge_claims, schema_shared_state,
+    schema_counts, schema_file_cache,   schema_direct_plans,
 };
 #define SCHEMA_VERSION ((int)(sizeof SCHEMA_STEPS / sizeof SCHEMA_STEPS[0]))
 
@@ -1287,6 +1309,148 @@ static int pg_fcache_prune(idx_backend *be, const uint8_t *keep, size_t n, br_er
   return r ? 0 : rc;
 }
 
+/* ---- direct-upload plans ----------------------------------------------------------------------
+ */
+
+/* Appends s to the text-array literal *buf as a quoted element ('"' and '\\' escaped). */
+static int array_add(char **buf, size_t *len, size_t *cap, const char *s) {
+  size_t need = *len + 2 * strlen(s) + 4;
+  if (need > *cap) {
+    size_t ncap = need > 2 * *cap ? need : 2 * *cap;
+    char *grown = realloc(*buf, ncap);
+    if (!grown) return -1;
+    *buf = grown, *cap = ncap;
+  }
+  char *o = *buf + *len; /* after "{" and the elements so far */
+  if (*len > 1) *o++ = ',';
+  *o++ = '"';
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\') *o++ = '\\';
+    *o++ = *s;
+  }
+  *o++ = '"';
+  *len = (size_t)(o - *buf);
+  return 0;
+}
+
+/* One INSERT of every plan (unnest of four text arrays): all are recorded or none. */
+static int pg_plans_add(idx_backend *be, const br_index_plan *plans, size_t n, br_err *err) {
+  char *arr[4] = {0};
+  size_t len[4], cap[4];
+  int rc = 0;
+  for (int a = 0; a < 4; a++) {
+    cap[a] = 64, len[a] = 1;
+    arr[a] = malloc(cap[a]);
+    if (!arr[a])
+      rc = br_fail(err, "out of memory");
+    else
+      arr[a][0] = '{';
+  }
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    char hex[BR_HEX_LEN + 1];
+    br_hex_encode(plans[i].digest, hex);
+    const char *f[4] = {hex, plans[i].store, plans[i].key, plans[i].upload_id};
+    for (int a = 0; rc == 0 && a < 4; a++)
+      if (array_add(&arr[a], &len[a], &cap[a], f[a]) < 0) rc = br_fail(err, "out of memory");
+  }
+  for (int a = 0; rc == 0 && a < 4; a++) {
+    char *grown = realloc(arr[a], len[a] + 2);
+    if (!grown) {
+      rc = br_fail(err, "out of memory");
+      break;
+    }
+    arr[a] = grown;
+    arr[a][len[a]++] = '}';
+    arr[a][len[a]] = '\0';
+  }
+  if (rc == 0) {
+    const char *v[4] = {arr[0], arr[1], arr[2], arr[3]};
+    PGresult *r = read_query(be,
+                             "INSERT INTO blobref_direct_plans (digest, store, key, upload_id)"
+                             " SELECT decode(d, 'hex'), s, k, u FROM unnest($1::text[],"
+                             " $2::text[], $3::text[], $4::text[]) AS t(d, s, k, u)",
+                             4, v, NULL, NULL, "direct-upload plans", &rc, err);
+    PQclear(r);
+    if (r) rc = 0;
+  }
+  for (int a = 0; a < 4; a++) free(arr[a]);
+  return rc;
+}
+
+static int pg_plans_forget(idx_backend *be, const uint8_t digest[BR_SHA256_LEN],
+                           const char *upload_id, uint64_t id, br_err *err) {
+  char hex[BR_HEX_LEN + 1], id_s[24];
+  br_hex_encode(digest, hex);
+  snprintf(id_s, sizeof id_s, "%llu", (unsigned long long)id);
+  const char *v[3] = {hex, upload_id, id_s};
+  int rc = 0;
+  PGresult *r = read_query(be,
+                           "DELETE FROM blobref_direct_plans WHERE digest = decode($1, 'hex')"
+                           " AND upload_id = $2 AND ($3::int8 = 0 OR id = $3::int8)",
+                           3, v, NULL, NULL, "direct-upload plans", &rc, err);
+  PQclear(r);
+  return r ? 0 : rc;
+}
+
+/* One statement, its own transaction: the expired plans no live claim holds get this node's
+ * claim, each answered with whether a younger plan of its blob exists (on any node). */
+static int pg_plans_claim(idx_backend *be, uint64_t grace_ms, uint64_t claim_ms, size_t max,
+                          br_index_plan_fn fn, void *ud, br_err *err) {
+  char grace_s[24], max_s[24], claim_s[24];
+  snprintf(grace_s, sizeof grace_s, "%llu", (unsigned long long)grace_ms);
+  snprintf(max_s, sizeof max_s, "%zu", max);
+  snprintf(claim_s, sizeof claim_s, "%llu", (unsigned long long)claim_ms);
+  const char *v[4] = {grace_s, max_s, claim_s, be->node};
+  int rc = 0;
+  PGresult *r = read_query(
+      be,
+      "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms),"
+      " c AS (SELECT id FROM blobref_direct_plans, now WHERE created_ms <= now.ms - $1::int8"
+      " AND claimed_until <= now.ms ORDER BY created_ms, id LIMIT $2::int8"
+      " FOR UPDATE OF blobref_direct_plans SKIP LOCKED)"
+      " UPDATE blobref_direct_plans p SET claimed_until = now.ms + $3::int8, claimed_by = $4"
+      " FROM c, now WHERE p.id = c.id RETURNING p.id::text, p.digest, p.store, p.key,"
+      " p.upload_id, CASE WHEN EXISTS (SELECT 1 FROM blobref_direct_plans q"
+      " WHERE q.digest = p.digest AND q.created_ms > now.ms - $1::int8) THEN '1' ELSE '0' END",
+      4, v, NULL, NULL, "claim direct-upload plans", &rc, err);
+  if (!r) return rc;
+  int n = PQntuples(r), out = n;
+  for (int i = 0; i < n; i++) {
+    char id_s[24], store[BR_MAX_STORE_NAME + 1], key[BR_MAX_KEY + 1], uid[512];
+    int idl = PQgetlength(r, i, 0), sl = PQgetlength(r, i, 2), kl = PQgetlength(r, i, 3),
+        ul = PQgetlength(r, i, 4);
+    if (PQgetlength(r, i, 1) != BR_SHA256_LEN || idl >= (int)sizeof id_s ||
+        sl >= (int)sizeof store || kl >= (int)sizeof key || ul >= (int)sizeof uid)
+      continue; /* not a row this code wrote: its claim expires, nobody sweeps it */
+    snprintf(id_s, sizeof id_s, "%.*s", idl, PQgetvalue(r, i, 0));
+    snprintf(store, sizeof store, "%.*s", sl, PQgetvalue(r, i, 2));
+    snprintf(key, sizeof key, "%.*s", kl, PQgetvalue(r, i, 3));
+    snprintf(uid, sizeof uid, "%.*s", ul, PQgetvalue(r, i, 4));
+    br_index_plan p = {.id = strtoull(id_s, NULL, 10),
+                       .store = store,
+                       .key = key,
+                       .upload_id = uid,
+                       .younger = PQgetvalue(r, i, 5)[0] == '1'};
+    memcpy(p.digest, PQgetvalue(r, i, 1), BR_SHA256_LEN);
+    if (fn(ud, &p)) break;
+  }
+  PQclear(r);
+  return out;
+}
+
+static int pg_plans_count(idx_backend *be, uint64_t *n, br_err *err) {
+  int rc = 0;
+  PGresult *r = read_query(be, "SELECT count(*)::text FROM blobref_direct_plans", 0, NULL, NULL,
+                           NULL, "direct-upload plans", &rc, err);
+  if (!r) return rc;
+  char buf[32];
+  int l = PQgetlength(r, 0, 0);
+  snprintf(buf, sizeof buf, "%.*s", l < 31 ? l : 31, PQgetvalue(r, 0, 0));
+  PQclear(r);
+  *n = strtoull(buf, NULL, 10);
+  return 0;
+}
+
 static void pg_close(idx_backend *be) {
   release_wres(be);
   PQfinish(be->wconn);
@@ -1454,6 +1618,10 @@ static const idx_ops pg_ops = {
     .fcache_put = pg_fcache_put,
     .fcache_get = pg_fcache_get,
     .fcache_prune = pg_fcache_prune,
+    .plans_add = pg_plans_add,
+    .plans_forget = pg_plans_forget,
+    .plans_claim = pg_plans_claim,
+    .plans_count = pg_plans_count,
     .counts_read = pg_counts_read,
     .purges_pending = pg_purges_pending,
     .counts_add = pg_counts_add,

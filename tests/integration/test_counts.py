@@ -153,6 +153,7 @@ def test_pg_index_from_before_the_counters_is_recounted_once(tmp_path, postgres)
     [[version]] = pg_rows(postgres, dsn, "SELECT max(version) FROM blobref_schema")
     assert int(version) >= COUNTERS_VERSION
     pg_rows(postgres, dsn, "DROP TABLE blobref_counts; DROP TABLE IF EXISTS blobref_filecache;"
+                           " DROP TABLE IF EXISTS blobref_direct_plans;"
                            f" DELETE FROM blobref_schema WHERE version >= {COUNTERS_VERSION}")
     b = pg_node(tmp_path, "b", dsn, root).start()
     try:

@@ -2,7 +2,8 @@
 (DATA_DIR/direct-plans.log) survives a kill -9, the sweep deletes an uncommitted object and
 aborts an expired multipart upload once direct_upload_grace has passed, never an object a
 record owns; DELETE /v1/uploads/{upload_id} aborts a plan at once; a negotiation whose client
-went away before the answer leaks nothing (LeakSanitizer at the stop)."""
+went away before the answer leaks nothing (LeakSanitizer at the stop). On a PostgreSQL index the
+plans are rows in the database: another node sweeps those of a node that never came back."""
 import os
 import signal
 import socket
@@ -12,10 +13,11 @@ import urllib.parse
 import pytest
 import requests
 
+from cluster_util import index_section
 from conftest import Server
 from s3util import content_key, keys, multipart_uploads, s3_conf, stop_checked
-from test_direct_uploads import (MiB, commit, direct, direct_put, item,  # noqa: F401 (fixture)
-                                 metric, negotiate, python_client)
+from test_direct_uploads import (MiB, bucket_for, commit, direct,  # noqa: F401 (fixture)
+                                 direct_put, item, metric, negotiate, python_client)
 from util_http import TIMEOUT, assert_error, sha, wait_until
 
 # a test-short grace: the URLs live 1 s, what a plan left is swept 2 s after it was handed out
@@ -166,3 +168,49 @@ def test_presign_ttl_longer_than_the_grace_stops_startup(rgw, tmp_path):
     with pytest.raises(RuntimeError, match=r"presign_ttl is longer than \[server\] "
                                            r"direct_upload_grace"):
         srv.start()
+
+
+def test_plans_of_a_dead_pg_node_are_swept_by_another(rgw, postgres, tmp_path, request):
+    """Two nodes over one PostgreSQL index and one bucket: three plans handed out by node A,
+    each object PUT, then A is killed -9 and never returns. Node B sees A's plans (they are in
+    the database, not in A's journal); one is committed through B meanwhile (forgotten), one
+    blob is PUT through B (a record owns the key: kept); B sweeps the third once the grace has
+    passed, and only it."""
+    dsn = postgres.database()
+    bucket = rgw.make_bucket(bucket_for(request))
+    # a grace that outlasts the PUTs, the kill and the commit below on a loaded machine
+    conf = s3_conf(rgw, bucket, server="direct_upload_grace = 4s\n", direct_uploads="auto",
+                   presign_ttl="2s") + "\n" + index_section(dsn)
+    a = Server(tmp_path / "a", config_text=conf).start()
+    bnode = Server(tmp_path / "b", config_text=conf).start()
+    try:
+        s3 = rgw.client()
+        lost, kept, owned = os.urandom(3000), os.urandom(4000), os.urandom(5000)
+        acts = negotiate(a, [item(lost), item(kept), item(owned)])
+        assert [x["status"] for x in acts] == ["upload"] * 3, acts
+        for act, data in zip(acts, (lost, kept, owned)):
+            assert direct_put(act, data).status_code == 200
+        assert pending(bnode) == 3  # A's plans, as B sees them
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait(timeout=10)
+        a.proc = None
+        a.log.close()
+        assert commit(bnode, [item(kept)])[0]["status"] == "created"
+        r = requests.put(f"{bnode.url}/v1/blobs/{sha(owned)}", data=owned, timeout=TIMEOUT)
+        assert r.status_code in (200, 201), r.text
+        assert pending(bnode) == 2  # the commit forgot its plan, whichever node made it
+        assert wait_until(lambda: content_key(sha(lost)) not in keys(s3, bucket),
+                          timeout=SWEPT), bnode.read_log()
+        assert wait_until(lambda: pending(bnode) == 0, timeout=SWEPT), bnode.read_log()
+        assert "never committed, deleted" in bnode.read_log()
+        assert metric(bnode, "blobref_direct_plans_swept_total") == 1
+        left = keys(s3, bucket)
+        assert content_key(sha(kept)) in left and content_key(sha(owned)) in left
+        for data in (kept, owned):
+            got = requests.get(f"{bnode.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT)
+            assert got.status_code == 200 and got.content == data
+        assert requests.get(f"{bnode.url}/v1/blobs/{sha(lost)}/meta",
+                            timeout=TIMEOUT).status_code == 404
+        assert not (tmp_path / "b" / "direct-plans.log").exists()  # no journal on PostgreSQL
+    finally:
+        stop_checked(bnode)
