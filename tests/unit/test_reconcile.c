@@ -156,7 +156,10 @@ static void test_state(const char *dir) {
 
 static void write_file(const char *path, const void *data, size_t n) {
   char cmd[600];
-  snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\"", path);
+  if ((size_t)snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\"", path) >= sizeof cmd) {
+    fprintf(stderr, "path too long: %s\n", path);
+    return;
+  }
   if (system(cmd) != 0) fprintf(stderr, "%s failed\n", cmd);
   FILE *f = fopen(path, "wb");
   if (f) {
