@@ -314,8 +314,14 @@ uint64_t direct_plans_pending(br_server *srv) {
   if (!dp) return 0;
   uint64_t n = 0;
   br_err err;
-  if (dp->shared) /* every node's, as the database counts them (0 when it cannot be asked) */
-    return br_index_plans_count(srv->index, &n, &err) < 0 ? 0 : n;
+  if (dp->shared) {
+    /* every node's, as the database counts them (0 when it cannot be asked); a node none of
+     * whose stores offers direct uploads asks nothing (a /metrics scrape runs no count(*)) */
+    int offers = 0;
+    for (int i = 0; i < srv->nstores && !offers; i++)
+      offers = br_store_direct_mode(srv->stores[i]) != BR_DIRECT_NONE;
+    return !offers || br_index_plans_count(srv->index, &n, &err) < 0 ? 0 : n;
+  }
   pthread_mutex_lock(&dp->lock);
   n = dp->n;
   pthread_mutex_unlock(&dp->lock);

@@ -300,7 +300,7 @@ enum MHD_Result metrics_get(struct request *req) {
   appendf(&t,
           "# HELP blobref_direct_plans_pending Direct-upload plans handed out and neither "
           "committed, aborted nor swept yet (DATA_DIR/direct-plans.log; on PostgreSQL every "
-          "node's).\n"
+          "node's, and 0 on a node none of whose stores offers direct uploads).\n"
           "# TYPE blobref_direct_plans_pending gauge\nblobref_direct_plans_pending %" PRIu64
           "\n"
           "# HELP blobref_direct_plans_swept_total Objects and multipart uploads of expired "

@@ -62,8 +62,9 @@ def test_kill9_between_put_and_commit_object_swept_after_grace(rgw, direct):
 def test_sweep_never_deletes_an_object_a_record_owns(rgw, direct):
     """Three plans past their grace: one committed (forgotten at the commit), one whose blob
     another client PUT through blobrefd meanwhile (the record owns the key: kept), and one never
-    committed (deleted, which shows that the sweep ran past the other two)."""
-    srv, b = direct(server=SHORT, presign_ttl="1s")
+    committed (deleted, which shows that the sweep ran past the other two). Three PUTs and a
+    commit must fit in the grace: 6 s, not SHORT, under ASan on a loaded machine."""
+    srv, b = direct(server="direct_upload_grace = 6s\n", presign_ttl="5s")
     s3 = rgw.client()
     done, other, lost = os.urandom(1000), os.urandom(2000), os.urandom(3000)
     acts = negotiate(srv, [item(done), item(other), item(lost)])
