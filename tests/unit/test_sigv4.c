@@ -274,6 +274,12 @@ static char *request_line_query(char *text) {
 
 static int name_cmp(const void *a, const void *b) { return strcmp(a, b); }
 
+/* Writes a/b into out (cap bytes); a path that does not fit is a failed check. */
+static void join(char *out, size_t cap, const char *a, const char *b) {
+  int n = snprintf(out, cap, "%s/%s", a, b);
+  CHECK(n >= 0 && (size_t)n < cap, "path too long: %s/%s", a, b);
+}
+
 static int list_dirs(const char *dir, char names[][256], int max) {
   DIR *d = opendir(dir);
   int n = 0;
@@ -330,12 +336,12 @@ static void botocore_suite(const char *root) {
   int n = list_dirs(dir, names, 64);
   for (int i = 0; i < n; i++) {
     char d[1024];
-    snprintf(d, sizeof d, "%s/%s", dir, names[i]);
+    join(d, sizeof d, dir, names[i]);
     int m = list_dirs(d, sub, 64);
     if (m == 0) botocore_case(d, names[i]);
     for (int j = 0; j < m; j++) {
       char dd[1536];
-      snprintf(dd, sizeof dd, "%s/%s", d, sub[j]);
+      join(dd, sizeof dd, d, sub[j]);
       botocore_case(dd, sub[j]);
     }
   }
@@ -355,7 +361,7 @@ static time_t parse_iso(const char *t) {
 static void crt_case(const char *dir, const char *name) {
   const char *suite = "aws-c-auth";
   char d[1024], path[1100];
-  snprintf(d, sizeof d, "%s/%s", dir, name);
+  join(d, sizeof d, dir, name);
   snprintf(path, sizeof path, "%s/context.json", d);
   json_t *ctx = json_load_file(path, 0, NULL);
   char *req = slurp(d, "request.txt", "");
@@ -420,7 +426,7 @@ static void docs_suite(const char *root) {
   CHECK(n > 0, "no docs examples under %s", dir);
   for (int i = 0; i < n; i++) {
     char d[1280];
-    snprintf(d, sizeof d, "%s/%s", dir, names[i]);
+    join(d, sizeof d, dir, names[i]);
     char *req = slurp(d, names[i], ".req"), *creq = slurp(d, names[i], ".creq"),
          *sts = slurp(d, names[i], ".sts"), *authz = slurp(d, names[i], ".authz"),
          *url = trim_nl(slurp(d, names[i], ".url"));
