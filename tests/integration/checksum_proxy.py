@@ -43,8 +43,8 @@ class ChecksumProxy:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                if mode == "enforce" and self.command == "PUT" and want and want != base64.b64encode(
-                        hashlib.sha256(body).digest()).decode():
+                if (mode == "enforce" and self.command == "PUT" and want and
+                        want != base64.b64encode(hashlib.sha256(body).digest()).decode()):
                     proxy.refused += 1
                     err = b"<Error><Code>BadDigest</Code><Message>checksum</Message></Error>"
                     self.send_response(400)
