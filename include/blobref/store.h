@@ -168,8 +168,9 @@ int br_store_copy_blob(br_store *src, const char *src_key, br_store *dst, const 
 /* --- direct uploads: clients PUT a blob to the store itself, blobrefd verifies and records ---- */
 
 /* What a store offers for direct uploads: none (clients upload through blobrefd), or presigned
- * PUTs whose bytes the backend is known to check against the signed SHA-256 (trusted: a HEAD on
- * commit is enough), or presigned PUTs whose object blobrefd must re-hash before it is recorded. */
+ * PUTs whose bytes the backend is known to check against a signed SHA-256 header (trusted: a HEAD
+ * on commit is enough for a single-part object that shows it came through such a PUT; others are
+ * still re-hashed), or presigned PUTs whose object blobrefd must re-hash before it is recorded. */
 enum br_direct_mode { BR_DIRECT_NONE, BR_DIRECT_TRUSTED, BR_DIRECT_REHASH };
 enum br_direct_mode br_store_direct_mode(const br_store *st);
 /* Largest blob one presigned PUT may carry (the store's part size); 0 when there is none. */
@@ -189,8 +190,9 @@ typedef struct br_direct_put {
 } br_direct_put;
 
 /* Presigns a PUT of the blob digest to key, valid presign_ttl, that signs x-amz-checksum-sha256
- * (base64 of digest), x-amz-content-sha256 (hex of digest) and If-None-Match: *. Returns 0; 1 if
- * the store takes no direct uploads; -1 with err. Pure computation (no I/O). */
+ * (base64 of digest), x-amz-content-sha256 (hex of digest), If-None-Match: * and
+ * x-amz-meta-blobref-sha256 (hex of digest). Returns 0; 1 if the store takes no direct uploads;
+ * -1 with err. Pure computation (no I/O). */
 int br_store_presign_put(br_store *st, const char *key, const uint8_t digest[BR_SHA256_LEN],
                          br_direct_put *out, br_err *err);
 
@@ -216,7 +218,9 @@ int br_store_multipart_complete(br_store *st, const char *key, const char *uploa
 int br_store_multipart_abort(br_store *st, const char *key, const char *upload_id, br_err *err);
 
 /* HEAD of key: 0 with *size and, when the store returned one, the object's SHA-256 checksum in
- * sha (*has_sha = 1); 1 if absent; -1 with err. Stores without checksums say *has_sha = 0. */
+ * sha (*has_sha = 1; on a store trusted on x-amz-content-sha256, the digest a single-part direct
+ * PUT marked the object with); 1 if absent; -1 with err. Stores without checksums say
+ * *has_sha = 0. */
 int br_store_head_checksum(br_store *st, const char *key, uint64_t *size,
                            uint8_t sha[BR_SHA256_LEN], int *has_sha, br_err *err);
 

@@ -441,9 +441,10 @@ static void commit_one(struct request *req, br_store *st, const struct upload_ba
   }
   if (rc < 0) goto fail;
   int bad = size != it->size || (has_sha && memcmp(sha, it->digest, BR_SHA256_LEN));
-  if (!bad && (br_store_direct_mode(st) != BR_DIRECT_TRUSTED || !has_sha)) {
+  if (!bad && (br_store_direct_mode(st) != BR_DIRECT_TRUSTED || !has_sha || it->upload_id[0])) {
     /* the backend does not check the bytes against the signed checksum (or left no checksum to
-     * compare): read the object and hash it before it can ever be served */
+     * compare), or the object was put together from parts (their hashes, chosen by the client,
+     * say nothing of the whole): read the object and hash it before it can ever be served */
     uint64_t t0 = br_mono_ns(), got_size = 0;
     rc = br_store_hash_expect(st, key, size, sha, &got_size, &err);
     atomic_fetch_add(&req->http->direct_rehash_ns, br_mono_ns() - t0);

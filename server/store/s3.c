@@ -67,6 +67,7 @@ struct s3_store {
   } * aborts;
   size_t naborts;
   enum br_direct_mode direct; /* direct uploads (direct_uploads and the startup probe) */
+  int direct_by_content;      /* trusted on x-amz-content-sha256, not on a stored checksum */
 };
 
 struct part {
@@ -1190,20 +1191,24 @@ static int s3_unavailable(br_store *st) { return s3_target_down(&s3_of(st)->t); 
 
 #define PROBE_BODY "blobref direct-upload probe"
 
-/* The signed headers of a direct PUT of digest: the checksum (base64), the content SHA-256 (hex)
- * and If-None-Match: * (an existing object is never replaced). wrong_checksum / wrong_content
- * sign another digest's value instead (the startup probe). */
+/* The signed headers of a direct PUT of digest: the checksum (base64), the content SHA-256 (hex),
+ * If-None-Match: * (an existing object is never replaced) and x-amz-meta-blobref-sha256 (hex:
+ * the object's mark that it came through such a URL, which a store enforcing only the content
+ * SHA-256 keeps no other trace of). wrong_checksum / wrong_content sign another digest's value
+ * instead (the startup probe). */
 static void direct_headers(const uint8_t digest[BR_SHA256_LEN], const uint8_t *wrong_checksum,
                            const uint8_t *wrong_content, br_direct_put *out) {
   const uint8_t *c = wrong_checksum ? wrong_checksum : digest;
   const uint8_t *h = wrong_content ? wrong_content : digest;
-  out->nheaders = 3;
+  out->nheaders = 4;
   snprintf(out->headers[0].name, sizeof out->headers[0].name, "x-amz-checksum-sha256");
   EVP_EncodeBlock((unsigned char *)out->headers[0].value, c, BR_SHA256_LEN);
   snprintf(out->headers[1].name, sizeof out->headers[1].name, "x-amz-content-sha256");
   br_hex_encode(h, out->headers[1].value);
   snprintf(out->headers[2].name, sizeof out->headers[2].name, "If-None-Match");
   snprintf(out->headers[2].value, sizeof out->headers[2].value, "*");
+  snprintf(out->headers[3].name, sizeof out->headers[3].name, "x-amz-meta-blobref-sha256");
+  br_hex_encode(digest, out->headers[3].value);
 }
 
 static int presign_direct(struct s3_store *s3, const char *key, uint64_t ttl_s, br_direct_put *out,
@@ -1227,7 +1232,9 @@ static size_t discard_body(char *p, size_t size, size_t n, void *ud) {
 
 /* PUTs PROBE_BODY to key through a presigned URL whose checksum (wrong_content = 0) or content
  * SHA-256 (wrong_content = 1) header names other bytes. Returns 1 when the store refused it (a
- * 400), 0 when it took it, -1 when there was no usable answer. */
+ * 400) and a HEAD then finds no object at key, 2 when it refused it but an object is there (or
+ * the HEAD had no answer: not a refusal to rely on), 0 when it took it, -1 when there was no
+ * usable answer. An object the probe left is deleted. */
 static int probe_put(struct s3_store *s3, const char *key, int wrong_content, br_err *err) {
   uint8_t digest[BR_SHA256_LEN], wrong[BR_SHA256_LEN];
   EVP_Digest(PROBE_BODY, strlen(PROBE_BODY), digest, NULL, EVP_sha256(), NULL);
@@ -1270,13 +1277,29 @@ static int probe_put(struct s3_store *s3, const char *key, int wrong_content, br
   curl_slist_free_all(hl);
   if (c) curl_easy_cleanup(c);
   br_err derr;
-  if (rc == 0 && delete_object(s3, key, &derr) < 0) br_warn("%s (probe object left)", derr.msg);
+  if (rc == 1) {
+    uint64_t size = 0;
+    int there = head_object(s3, key, &size, &derr);
+    if (there == 0)
+      br_warn("store %s: direct-upload probe: refused with HTTP 400, yet %s holds %" PRIu64
+              " bytes: not relied on",
+              s3->t.name, key, size);
+    else if (there < 0)
+      br_warn("%s (direct-upload probe: the refused PUT's key could not be checked)", derr.msg);
+    if (there != 1) rc = 2;
+  }
+  if (rc != 1 && rc != -1 && delete_object(s3, key, &derr) < 0)
+    br_warn("%s (probe object left)", derr.msg);
   return rc;
 }
 
 /* direct_uploads: off offers none; on offers presigned PUTs and re-hashes every object on commit;
- * auto probes the store once (a PUT whose signed checksum is wrong) and trusts it to check the
- * bytes when it refuses that PUT, else re-hashes. Both headers are probed and logged. */
+ * auto probes the store once with two PUTs that each sign one wrong header (the checksum, then
+ * the content SHA-256) and trusts single-part uploads when the store refused either and kept no
+ * object: on the stored checksum when it enforces that (a HEAD on commit shows it), else on the
+ * content SHA-256 (radosgw: the HEAD shows the URL's x-amz-meta-blobref-sha256, which only a PUT
+ * whose body had that hash could have set). Multipart uploads are re-hashed whatever the probe
+ * found. Both headers are probed and logged. */
 static enum br_direct_mode direct_mode_at_open(br_store *st, struct s3_store *s3) {
   const char *want = st->cfg.direct_uploads ? st->cfg.direct_uploads : "off";
   if (!strcmp(want, "off") || st->cfg.read_only) return BR_DIRECT_NONE;
@@ -1287,13 +1310,18 @@ static enum br_direct_mode direct_mode_at_open(br_store *st, struct s3_store *s3
   br_err e1, e2;
   int checksum = probe_put(s3, key, 0, &e1);
   int content = probe_put(s3, key, 1, &e2);
-  const char *word[] = {"not enforced", "enforced", "unknown"};
+  const char *word[] = {"not enforced", "enforced", "refused but stored", "unknown"};
+  s3->direct_by_content = checksum != 1 && content == 1;
   br_info("store %s: direct uploads: x-amz-checksum-sha256 %s, x-amz-content-sha256 %s; %s",
-          s3->t.name, word[checksum < 0 ? 2 : checksum], word[content < 0 ? 2 : content],
-          checksum == 1 ? "objects are checked by a HEAD on commit"
-                        : "objects are re-hashed on commit");
+          s3->t.name, word[checksum < 0 ? 3 : checksum], word[content < 0 ? 3 : content],
+          checksum == 1  ? "single-part objects are trusted on x-amz-checksum-sha256 (a HEAD on "
+                           "commit), multipart ones re-hashed"
+          : content == 1 ? "single-part objects are trusted on x-amz-content-sha256 (a HEAD on "
+                           "commit), multipart ones re-hashed"
+                         : "objects are re-hashed on commit");
   if (checksum < 0) br_warn("%s", e1.msg);
-  return checksum == 1 ? BR_DIRECT_TRUSTED : BR_DIRECT_REHASH;
+  if (content < 0) br_warn("%s", e2.msg);
+  return checksum == 1 || content == 1 ? BR_DIRECT_TRUSTED : BR_DIRECT_REHASH;
 }
 
 static enum br_direct_mode s3_direct_mode(const br_store *st) {
@@ -1401,7 +1429,10 @@ static int s3_multipart_abort(br_store *st, const char *key, const char *upload_
 }
 
 /* HEAD with x-amz-checksum-mode: ENABLED: the size and, for a single-part object stored with
- * a SHA-256 checksum, that checksum (a multipart one is a composite "...-N": not the blob's). */
+ * a SHA-256 checksum, that checksum (a multipart one is a composite "...-N": not the blob's).
+ * On a store trusted on x-amz-content-sha256 instead, a single-part object's (ETag without "-")
+ * x-amz-meta-blobref-sha256 stands for it: the direct URL signed it with the same digest as the
+ * content SHA-256 the store checked the body against. */
 static int s3_head_checksum(br_store *st, const char *key, uint64_t *size,
                             uint8_t sha[BR_SHA256_LEN], int *has_sha, br_err *err) {
   struct s3_store *s3 = s3_of(st);
@@ -1422,6 +1453,9 @@ static int s3_head_checksum(br_store *st, const char *key, uint64_t *size,
   if (rc == 0 && strlen(rs.checksum_sha256) == 44 && !strchr(rs.checksum_sha256, '-') &&
       EVP_DecodeBlock(raw, (const unsigned char *)rs.checksum_sha256, 44) == 33) {
     memcpy(sha, raw, BR_SHA256_LEN); /* 44 base64 characters decode to 32 bytes and a pad */
+    *has_sha = 1;
+  } else if (rc == 0 && s3->direct_by_content && !strchr(rs.etag, '-') &&
+             br_hex_decode(rs.meta_sha256, strlen(rs.meta_sha256), sha) == 0) {
     *has_sha = 1;
   }
   s3_response_free(&rs);

@@ -449,6 +449,7 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud) {
     r->total_size = UINT64_MAX;
     r->etag[0] = '\0';
     r->checksum_sha256[0] = '\0';
+    r->meta_sha256[0] = '\0';
     return n;
   }
   char *colon = strchr(buf, ':');
@@ -466,6 +467,8 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *ud) {
     snprintf(r->etag, sizeof r->etag, "%s", v);
   } else if (!strcasecmp(buf, "x-amz-checksum-sha256")) {
     snprintf(r->checksum_sha256, sizeof r->checksum_sha256, "%s", v);
+  } else if (!strcasecmp(buf, "x-amz-meta-blobref-sha256")) {
+    snprintf(r->meta_sha256, sizeof r->meta_sha256, "%s", v);
   }
   return n;
 }

@@ -103,6 +103,7 @@ typedef struct s3_response {
   uint64_t total_size;     /* object size from Content-Range ".../N", else content_length */
   char etag[80];
   char checksum_sha256[64]; /* x-amz-checksum-sha256 of the answer (HEAD with checksum mode) */
+  char meta_sha256[72];     /* x-amz-meta-blobref-sha256 (set by a direct upload's PUT) */
   char code[64];            /* S3's error code from the XML error body, e.g. "NoSuchKey" */
   char message[256];        /* and its message */
   int sink_stopped;         /* the request's sink refused bytes: the transfer ended there */

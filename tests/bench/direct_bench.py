@@ -1,15 +1,16 @@
 """Driver of tests/bench/direct-bench.sh: BLOBS new 1 MiB blobs per variant uploaded with WORKERS
 workers against one radosgw, the variants alternated round by round (ROUNDS, each BLOBS / ROUNDS
 new blobs per variant, the order rotated each round) so that the machine's load falls on all
-alike: the Python client's put_many with direct uploads on radosgw (its probe finds the checksum
-not enforced: every commit re-hashes the object with one GET), the same through a proxy that
-enforces x-amz-checksum-sha256 (tests/integration/checksum_proxy.py, in a process of its own:
-the probe finds it enforced and a commit is a HEAD), put_many against a blobrefd with
+alike: the Python client's put_many with direct uploads on radosgw under auto (its probe finds
+x-amz-content-sha256 enforced: a commit is a HEAD), the same with direct_uploads = on (every
+commit re-hashes the object with one GET), the same through a proxy that enforces
+x-amz-checksum-sha256 (tests/integration/checksum_proxy.py, in a process of its own: the probe
+finds it enforced and a commit is a HEAD), put_many against a blobrefd with
 direct_uploads = off (every byte through blobrefd), and `curl --aws-sigv4 -T` per file straight
 to radosgw. BIN_BEFORE=DIR adds the direct variant on another build (before/after in one run, named
 BEFORE_LABEL);
 PERF_OUT=FILE records one blobrefd with perf: the first variant whose name starts with PERF_VARIANT
-(default "direct": the re-hashing one).
+(default "direct": the first of them).
 Prints the load average and a Markdown table: seconds, MiB/s, speed against curl, blobrefd's CPU
 seconds per GiB (utime + stime from /proc/PID/stat) and how many times less than through the
 server."""
@@ -106,13 +107,14 @@ def main():
         proxy, proxied = start_proxy(endpoint)
         procs.append(proxy)
         # variant -> (blobrefd bin dir, store endpoint, direct_uploads); curl has no blobrefd
-        variants = {"direct (radosgw: re-hash)": (bin_dir, endpoint, "auto"),
+        variants = {"direct (radosgw, auto: HEAD)": (bin_dir, endpoint, "auto"),
+                    "direct (radosgw, on: re-hash)": (bin_dir, endpoint, "on"),
                     "direct (enforcing proxy: HEAD)": (bin_dir, proxied, "auto"),
                     "through blobrefd": (bin_dir, None, "off"),
                     "curl straight to radosgw": None}
         if before:
             label = os.environ.get("BEFORE_LABEL", "BIN_BEFORE")
-            variants[f"direct (radosgw: re-hash), {label}"] = (
+            variants[f"direct (radosgw, auto), {label}"] = (
                 pathlib.Path(before).resolve(), endpoint, "auto")
         servers, buckets = {}, {}
         for i, (name, v) in enumerate(variants.items()):
@@ -124,7 +126,8 @@ def main():
                 servers[name] = (p, url, log)
         for name, (_, _, log) in servers.items():
             probe = [ln for ln in log.read_text().splitlines() if "direct uploads:" in ln]
-            print(f"<!-- {name}: {probe[0].split('direct uploads: ', 1)[1] if probe else 'off'} -->")
+            what = probe[0].split('direct uploads: ', 1)[1] if probe else 'no probe'
+            print(f"<!-- {name}: {what} -->")
         perf = None
         if os.environ.get("PERF_OUT"):   # one blobrefd, recorded over the whole run
             watched = [v for v in servers if v.startswith(os.environ.get("PERF_VARIANT", "direct"))]

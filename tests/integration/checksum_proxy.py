@@ -1,6 +1,9 @@
 """A stand-in for a backend that enforces x-amz-checksum-sha256 (as AWS S3 does): an HTTP proxy in
 front of radosgw, used by the direct-upload tests (the trusted branch: no re-hash on commit) and by
-tests/bench/direct_bench.py. Imports nothing of the test harness."""
+tests/bench/direct_bench.py. Its other modes are faults for blobrefd's startup probe: "accept"
+answers the probe's PUTs 200 unread (a store that checks neither header), "keep_refused" relays
+without checking and, when radosgw refuses a PUT, stores its body anyway through writer (a store
+that answers 400 yet keeps the bytes). Imports nothing of the test harness."""
 import base64
 import hashlib
 import http.client
@@ -14,9 +17,11 @@ class ChecksumProxy:
     x-amz-checksum-sha256 is not the body's is refused (400 BadDigest), and a HEAD with
     x-amz-checksum-mode: ENABLED answers the checksum the object was stored with."""
 
-    def __init__(self, target):
+    def __init__(self, target, mode="enforce", writer=None):
         host, port = target.split("//")[1].split(":")
         proxy = self
+        assert mode in ("enforce", "accept", "keep_refused")
+        assert writer or mode != "keep_refused"
         self.checksums = {}
         self.refused = 0
         self.log = []  # (method, path, Range) of each request relayed
@@ -33,8 +38,13 @@ class ChecksumProxy:
                 path = self.path.split("?")[0]
                 proxy.log.append((self.command, path, self.headers.get("Range")))
                 want = self.headers.get("x-amz-checksum-sha256")
-                if self.command == "PUT" and want and want != base64.b64encode(
-                        hashlib.sha256(body).digest()).decode():
+                if mode == "accept" and self.command == "PUT" and "/.direct-probe/" in path:
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if (mode == "enforce" and self.command == "PUT" and want and
+                        want != base64.b64encode(hashlib.sha256(body).digest()).decode()):
                     proxy.refused += 1
                     err = b"<Error><Code>BadDigest</Code><Message>checksum</Message></Error>"
                     self.send_response(400)
@@ -47,6 +57,8 @@ class ChecksumProxy:
                           headers={k: v for k, v in self.headers.items()})
                 r = c.getresponse()
                 data = r.read()
+                if mode == "keep_refused" and self.command == "PUT" and r.status == 400:
+                    writer(path, body)
                 if self.command == "PUT" and want and r.status == 200:
                     proxy.checksums[path] = want
                 if self.command == "DELETE":

@@ -1,9 +1,10 @@
 """Direct uploads (issue 21) against radosgw: POST /v1/uploads hands out presigned PUTs to the
 blob's content key, the client PUTs the bytes to the bucket itself, POST /v1/uploads/commit checks
-the object (HEAD, and a re-hash where the store does not check the signed checksum) and records
-it. Covers the end-to-end path, both verification branches (radosgw re-hashed; a local proxy that
-enforces x-amz-checksum-sha256 trusted), expired URLs, races, commits without uploads, a kill -9
-between upload and commit, bad input and auth."""
+the object (HEAD, and a re-hash where the store checks neither signed header) and records it.
+Covers the end-to-end path, the verification branches (radosgw trusted on x-amz-content-sha256; a
+local proxy that enforces x-amz-checksum-sha256 trusted on it; direct_uploads = on, multipart
+uploads and stores the probe cannot rely on re-hashed), expired URLs, races, commits without
+uploads, a kill -9 between upload and commit, bad input and auth."""
 import base64
 import hashlib
 import os
@@ -96,9 +97,11 @@ def test_direct_single_part_end_to_end(rgw, direct):
     assert content_key(sha(new)) in a["url"]
     assert a["headers"] == {
         "x-amz-checksum-sha256": base64.b64encode(hashlib.sha256(new).digest()).decode(),
-        "x-amz-content-sha256": sha(new), "If-None-Match": "*"}
+        "x-amz-content-sha256": sha(new), "If-None-Match": "*",
+        "x-amz-meta-blobref-sha256": sha(new)}
     signed = re.search(r"X-Amz-SignedHeaders=([^&]+)", a["url"]).group(1)
-    assert signed == "host%3Bif-none-match%3Bx-amz-checksum-sha256%3Bx-amz-content-sha256"
+    assert signed == ("host%3Bif-none-match%3Bx-amz-checksum-sha256%3Bx-amz-content-sha256"
+                      "%3Bx-amz-meta-blobref-sha256")
     assert time.strptime(a["expires_at"][:19], "%Y-%m-%dT%H:%M:%S")
     received = metric(srv, "blobref_received_bytes_total")
     r = direct_put(a, new)
@@ -113,28 +116,91 @@ def test_direct_single_part_end_to_end(rgw, direct):
     assert r.headers["Content-Type"] == "image/png"
     meta = requests.get(f"{srv.url}/v1/blobs/{sha(new)}/meta", timeout=TIMEOUT).json()
     assert meta["locations"][0]["key"] == content_key(sha(new))
-    # the bytes never went through blobrefd; radosgw ignores the checksum: it was re-hashed
+    # the bytes never went through blobrefd; radosgw checked them against x-amz-content-sha256
     assert metric(srv, "blobref_received_bytes_total") == received
-    assert metric(srv, "blobref_direct_rehash_bytes_total") == len(new)
+    assert metric(srv, "blobref_direct_rehash_bytes_total") == 0
     assert negotiate(srv, [item(new)])[0]["status"] == "present"
 
 
-def test_radosgw_enforces_content_sha256_not_checksum(rgw, direct):
-    """The measurement: radosgw 16 takes a presigned PUT whose signed x-amz-checksum-sha256 is
-    wrong (the startup probe says so) but refuses one whose x-amz-content-sha256 is not the body's
-    hash; a body that is not the blob never becomes readable under it."""
+def test_radosgw_is_trusted_on_content_sha256(rgw, direct):
+    """radosgw 16 takes a presigned PUT whose signed x-amz-checksum-sha256 is wrong but refuses
+    one whose x-amz-content-sha256 is not the body's hash, and keeps no object: auto trusts it on
+    that header. Wrong bytes to a negotiated URL are refused and never readable; the right bytes
+    are committed on a HEAD, not re-hashed."""
     srv, b = direct()
     assert re.search(r"x-amz-checksum-sha256 not enforced, x-amz-content-sha256 enforced; "
-                     r"objects are re-hashed on commit", srv.read_log())
-    assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 2
+                     r"single-part objects are trusted on x-amz-content-sha256 \(a HEAD on "
+                     r"commit\), multipart ones re-hashed", srv.read_log())
+    assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 1
+    s3 = rgw.client()
+    assert not [k for k in keys(s3, b) if ".direct-probe/" in k]  # the probe left nothing
     data = os.urandom(5000)
     a = negotiate(srv, [item(data)])[0]
-    wrong = os.urandom(5000)
-    r = direct_put(a, wrong)
-    assert r.status_code == 400 and "XAmzContentSHA256Mismatch" in r.text
-    assert head_size(rgw.client(), b, content_key(sha(data))) is None
-    assert commit(srv, [item(data)])[0]["status"] == "missing"
-    assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).status_code == 404
+    for wrong in (os.urandom(5000), data[:-1] + bytes([data[-1] ^ 1]), data + b"x"):
+        r = direct_put(a, wrong)
+        assert r.status_code == 400 and "XAmzContentSHA256Mismatch" in r.text, r.text
+        assert head_size(s3, b, content_key(sha(data))) is None
+        assert commit(srv, [item(data)])[0]["status"] == "missing"
+        assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).status_code == 404
+    assert direct_put(a, data).status_code == 200
+    assert commit(srv, [item(data)])[0]["status"] == "created"
+    assert metric(srv, "blobref_direct_rehash_bytes_total") == 0
+    assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).content == data
+
+
+def test_mode_on_rehashes_on_radosgw(rgw, direct):
+    """direct_uploads = on skips the probe and re-hashes every object, though radosgw would be
+    trusted under auto (the re-hash branch stays in use where it is chosen)."""
+    srv, b = direct(direct_uploads="on")
+    assert "direct-upload probe" not in srv.read_log()
+    assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 2
+    data = os.urandom(7000)
+    assert direct_put(negotiate(srv, [item(data)])[0], data).status_code == 200
+    assert commit(srv, [item(data)])[0]["status"] == "created"
+    assert metric(srv, "blobref_direct_rehash_bytes_total") == len(data)
+
+
+def test_store_enforcing_neither_header_is_rehashed(rgw, direct):
+    """A store that answers the probe's PUTs 200 whatever their headers: auto re-hashes."""
+    proxy = ChecksumProxy(rgw.endpoint, mode="accept")
+    try:
+        srv, b = direct(endpoint=proxy.endpoint)
+        assert re.search(r"x-amz-checksum-sha256 not enforced, x-amz-content-sha256 not "
+                         r"enforced; objects are re-hashed on commit", srv.read_log())
+        assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 2
+        data = os.urandom(6000)
+        assert direct_put(negotiate(srv, [item(data)])[0], data).status_code == 200
+        assert commit(srv, [item(data)])[0]["status"] == "created"
+        assert metric(srv, "blobref_direct_rehash_bytes_total") == len(data)
+    finally:
+        proxy.close()
+
+
+def test_refusal_that_kept_the_object_is_not_relied_on(rgw, direct):
+    """A store that answers the wrong content SHA-256 with 400 but stores the bytes anyway: the
+    probe's HEAD finds the object, so that refusal is not relied on (re-hash), and the probe's
+    object is deleted."""
+    s3 = rgw.client()
+
+    def store_anyway(path, body):
+        bucket, key = path.lstrip("/").split("/", 1)
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+
+    proxy = ChecksumProxy(rgw.endpoint, mode="keep_refused", writer=store_anyway)
+    try:
+        srv, b = direct(endpoint=proxy.endpoint)
+        log = srv.read_log()
+        assert re.search(r"x-amz-checksum-sha256 not enforced, x-amz-content-sha256 refused but "
+                         r"stored; objects are re-hashed on commit", log), log
+        assert re.search(r"direct-upload probe: refused with HTTP 400, yet \S+ holds 27 bytes", log)
+        assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 2
+        assert not [k for k in keys(s3, b) if ".direct-probe/" in k]
+        data = os.urandom(6000)
+        assert direct_put(negotiate(srv, [item(data)])[0], data).status_code == 200
+        assert commit(srv, [item(data)])[0]["status"] == "created"
+        assert metric(srv, "blobref_direct_rehash_bytes_total") == len(data)
+    finally:
+        proxy.close()
 
 
 @pytest.mark.parametrize("wrong", ["bytes", "size"])
@@ -163,7 +229,8 @@ def test_enforcing_store_is_trusted_and_checked_by_head(rgw, direct):
     try:
         srv, b = direct(endpoint=proxy.endpoint)
         assert re.search(r"x-amz-checksum-sha256 enforced, x-amz-content-sha256 enforced; "
-                         r"objects are checked by a HEAD on commit", srv.read_log())
+                         r"single-part objects are trusted on x-amz-checksum-sha256",
+                         srv.read_log())
         assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 1
         data, wrong = os.urandom(20000), os.urandom(20000)
         a = negotiate(srv, [item(data)])[0]
@@ -445,10 +512,33 @@ def test_multipart_end_to_end_and_part_hash_bound(rgw, direct):
     assert res["status"] == "created", res
     r = requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT)
     assert r.status_code == 200 and r.content == data
+    # trusted on x-amz-content-sha256, yet the whole object was re-hashed (parts prove nothing)
+    assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 1
+    assert metric(srv, "blobref_direct_rehash_bytes_total") == len(data)
     # bounds: more than 20,000 part hashes in one request
     many = [dict(item(data), part_size=ps, part_sha256=["ab" * 32] * 3)] * 6667
     assert_error(requests.post(f"{srv.url}/v1/uploads", json={"blobs": many}, timeout=TIMEOUT),
                  413, "too_many_hashes")
+
+
+def test_multipart_object_with_the_mark_is_rehashed(rgw, direct):
+    """A multipart object (ETag "...-N") under a content key that carries the direct URL's
+    x-amz-meta-blobref-sha256 but other bytes: not taken on its mark, re-hashed and refused."""
+    srv, b = direct()
+    assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 1
+    s3 = rgw.client()
+    data = os.urandom(3000)
+    key = content_key(sha(data))
+    up = s3.create_multipart_upload(Bucket=b, Key=key, Metadata={"blobref-sha256": sha(data)})
+    etag = s3.upload_part(Bucket=b, Key=key, UploadId=up["UploadId"], PartNumber=1,
+                          Body=os.urandom(3000))["ETag"]
+    s3.complete_multipart_upload(Bucket=b, Key=key, UploadId=up["UploadId"], MultipartUpload={
+        "Parts": [{"PartNumber": 1, "ETag": etag}]})
+    assert s3.head_object(Bucket=b, Key=key)["Metadata"] == {"blobref-sha256": sha(data)}
+    res = commit(srv, [item(data)])[0]
+    assert res["status"] == "mismatch" and "deleted" in res["message"], res
+    assert metric(srv, "blobref_direct_rehash_bytes_total") == 3000
+    assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).status_code == 404
 
 
 def test_python_put_many_multipart(rgw, direct, tmp_path):
