@@ -36,6 +36,7 @@ struct pending {
 /* A held blob lock: the connection that holds it. */
 struct held_lock {
   int32_t cls, key;
+  int wait; /* taken with LOCK_WAIT (a blob's lock): released without waiting */
   PGconn *conn;
   struct held_lock *next;
 };
@@ -81,6 +82,8 @@ static void pq_message(PGconn *c, const PGresult *r, char *out, size_t cap) {
   out[strcspn(out, "\n")] = '\0';
 }
 
+static int exec_ok(PGconn *c, const char *sql, char *why, size_t cap);
+
 /* The hot reads, prepared on every connection (planned once, not at each call: planning over
  * 16 partitions costs more than the lookups themselves). */
 #define STMT_GET "br_get"
@@ -89,6 +92,41 @@ static void pq_message(PGconn *c, const PGresult *r, char *out, size_t cap) {
 #define SQL_GET_MANY                                                                          \
   "SELECT (q.i - 1)::int4, b.record FROM unnest($1::bytea[]) WITH ORDINALITY AS q(digest, i)" \
   " JOIN blobref_blobs b ON b.digest = q.digest"
+
+/* The blob locks (advisory, held by a pooled connection's session), prepared with the reads. */
+#define STMT_LOCK "br_lock"
+#define SQL_LOCK "SELECT pg_advisory_lock($1::int4, $2::int4)"
+#define STMT_UNLOCK "br_unlock"
+#define SQL_UNLOCK "SELECT pg_advisory_unlock($1::int4, $2::int4)"
+
+/* The writer's statements of every upload (and of most changes), prepared on its connection,
+ * which plans them once (plan_cache_mode = force_generic_plan: PostgreSQL would otherwise keep
+ * planning each call anew over the 16 partitions, its custom plans looking cheaper than the
+ * generic one). wsend finds a statement here by its text. */
+#define SQL_LOCK_RECORD "SELECT record FROM blobref_blobs WHERE digest = $1 FOR UPDATE"
+#define SQL_LOCK_OWNER "SELECT owner FROM blobref_owners WHERE store = $1 AND key = $2 FOR UPDATE"
+#define SQL_INSERT_RECORD "INSERT INTO blobref_blobs (digest, record) VALUES ($1, $2)"
+#define SQL_UPDATE_RECORD "UPDATE blobref_blobs SET record = $2 WHERE digest = $1"
+#define SQL_DELETE_RECORD "DELETE FROM blobref_blobs WHERE digest = $1"
+#define SQL_PUT_OWNER                                                  \
+  "INSERT INTO blobref_owners (store, key, owner) VALUES ($1, $2, $3)" \
+  " ON CONFLICT (store, key) DO UPDATE SET owner = EXCLUDED.owner"     \
+  " WHERE blobref_owners.owner = EXCLUDED.owner"
+#define SQL_NOTIFY "SELECT pg_notify('" PGL_CHANNEL "', $1)"
+static const char *const WRITER_SQL[] = {SQL_LOCK_RECORD,   SQL_LOCK_OWNER,    SQL_INSERT_RECORD,
+                                         SQL_UPDATE_RECORD, SQL_DELETE_RECORD, SQL_PUT_OWNER,
+                                         SQL_NOTIFY};
+#define WRITER_STMTS ((int)(sizeof WRITER_SQL / sizeof WRITER_SQL[0]))
+
+/* The name of sql's prepared statement on the writer's connection ("bw0" ...), or NULL. */
+static const char *writer_stmt(const char *sql, char name[16]) {
+  for (int i = 0; i < WRITER_STMTS; i++)
+    if (!strcmp(sql, WRITER_SQL[i])) {
+      snprintf(name, 16, "bw%d", i);
+      return name;
+    }
+  return NULL;
+}
 
 static int prepare(PGconn *c, const char *name, const char *sql, char *why, size_t cap) {
   PGresult *r = PQprepare(c, name, sql, 0, NULL);
@@ -105,12 +143,25 @@ static PGconn *connect_db(idx_backend *be, char *why, size_t cap) {
   if (c && PQstatus(c) == CONNECTION_OK) {
     PQclear(PQexec(c, "SET application_name = 'blobrefd'"));
     if (!be->schema_ok || (prepare(c, STMT_GET, SQL_GET, why, cap) == 0 &&
-                           prepare(c, STMT_GET_MANY, SQL_GET_MANY, why, cap) == 0))
+                           prepare(c, STMT_GET_MANY, SQL_GET_MANY, why, cap) == 0 &&
+                           prepare(c, STMT_LOCK, SQL_LOCK, why, cap) == 0 &&
+                           prepare(c, STMT_UNLOCK, SQL_UNLOCK, why, cap) == 0))
       return c;
   }
   pq_message(c, NULL, why, cap);
   PQfinish(c);
   return NULL;
+}
+
+/* Makes c the writer's connection: its statements prepared, planned once. 0 or -1 with why. */
+static int writer_setup(PGconn *c, char *why, size_t cap) {
+  if (exec_ok(c, "SET plan_cache_mode = force_generic_plan", why, cap) < 0) return -1;
+  for (int i = 0; i < WRITER_STMTS; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "bw%d", i);
+    if (prepare(c, name, WRITER_SQL[i], why, cap) < 0) return -1;
+  }
+  return 0;
 }
 
 /* ---- the schema -------------------------------------------------------------------------------
@@ -300,9 +351,13 @@ static PGconn *pool_take(idx_backend *be, int unbounded, br_err *err) {
   return NULL;
 }
 
-/* Gives c back (a broken one is closed). */
-static void pool_give(idx_backend *be, PGconn *c) {
-  int broken = PQstatus(c) != CONNECTION_OK || PQtransactionStatus(c) != PQTRANS_IDLE;
+/* Gives c back (a broken one is closed). With sent, c's last statement may still be running
+ * (a blob lock's release, sent and not waited for): the next PQexec* on c reads and drops its
+ * result first, as libpq does with any result not consumed. */
+static void pool_give_as(idx_backend *be, PGconn *c, int sent) {
+  PGTransactionStatusType ts = PQtransactionStatus(c);
+  int broken =
+      PQstatus(c) != CONNECTION_OK || (ts != PQTRANS_IDLE && !(sent && ts == PQTRANS_ACTIVE));
   if (broken) PQfinish(c);
   pthread_mutex_lock(&be->lock);
   if (broken)
@@ -314,6 +369,8 @@ static void pool_give(idx_backend *be, PGconn *c) {
   pthread_cond_signal(&be->cv);
   pthread_mutex_unlock(&be->lock);
 }
+
+static void pool_give(idx_backend *be, PGconn *c) { pool_give_as(be, c, 0); }
 
 /* The failure of a query on c as a public code: BR_INDEX_UNAVAILABLE when the connection is gone.
  */
@@ -675,7 +732,10 @@ static int wsend(idx_backend *be, const char *sql, int n, const char *const *val
                  const int *fmts, ExecStatusType want, const char *check) {
   if (be->prc) return be->prc;
   if (be->npend == PIPE_MAX && wdrain(be, NULL)) return be->prc;
-  if (!be->wconn || !PQsendQueryParams(be->wconn, sql, n, NULL, vals, lens, fmts, 1))
+  char name[16];
+  const char *stmt = writer_stmt(sql, name);
+  if (!be->wconn || !(stmt ? PQsendQueryPrepared(be->wconn, stmt, n, vals, lens, fmts, 1)
+                           : PQsendQueryParams(be->wconn, sql, n, NULL, vals, lens, fmts, 1)))
     return writer_lost(be);
   struct pending *p = &be->pend[be->npend++];
   p->want = want;
@@ -765,6 +825,10 @@ static int pg_begin(idx_backend *be) {
     be->last_connect_ms = now;
     PQfinish(be->wconn);
     be->wconn = connect_db(be, be->werr, sizeof be->werr);
+    if (be->wconn && writer_setup(be->wconn, be->werr, sizeof be->werr) < 0) {
+      PQfinish(be->wconn);
+      be->wconn = NULL;
+    }
     if (!be->wconn) {
       atomic_store(&be->up, 0);
       return IDX_PG_FAILED;
@@ -809,9 +873,6 @@ static int pg_fail(idx_backend *be, int code, const char *what, br_err *err) {
   return gone ? BR_INDEX_UNAVAILABLE : -1;
 }
 
-#define SQL_LOCK_RECORD "SELECT record FROM blobref_blobs WHERE digest = $1 FOR UPDATE"
-#define SQL_LOCK_OWNER "SELECT owner FROM blobref_owners WHERE store = $1 AND key = $2 FOR UPDATE"
-
 /* The memo entry of digest's record, read under a row lock when not known yet. NULL + a code. */
 static struct memo *record_memo(idx_backend *be, const uint8_t *digest, int *rc) {
   struct memo *m = memo_find(be, MEMO_RECORD, digest, BR_SHA256_LEN);
@@ -839,10 +900,9 @@ static int pg_rec_put(idx_backend *be, const uint8_t *digest, const void *val, s
   const char *v[2] = {(const char *)digest, val};
   int l[2] = {BR_SHA256_LEN, (int)len}, f[2] = {1, 1};
   struct memo *m = memo_find(be, MEMO_RECORD, digest, BR_SHA256_LEN);
-  int rc = m && !m->val ? wsend(be, "INSERT INTO blobref_blobs (digest, record) VALUES ($1, $2)", 2,
-                                v, l, f, PGRES_COMMAND_OK, NULL)
-                        : wsend(be, "UPDATE blobref_blobs SET record = $2 WHERE digest = $1", 2, v,
-                                l, f, PGRES_COMMAND_OK, "record vanished under its row lock");
+  int rc = m && !m->val ? wsend(be, SQL_INSERT_RECORD, 2, v, l, f, PGRES_COMMAND_OK, NULL)
+                        : wsend(be, SQL_UPDATE_RECORD, 2, v, l, f, PGRES_COMMAND_OK,
+                                "record vanished under its row lock");
   if (rc) return rc;
   return memo_set(be, MEMO_RECORD, digest, BR_SHA256_LEN, val, len) ? 0 : IDX_PG_FAILED;
 }
@@ -853,10 +913,10 @@ static int pg_rec_del(idx_backend *be, const uint8_t *digest) {
   struct memo *m = memo_find(be, MEMO_RECORD, digest, BR_SHA256_LEN);
   if (m && !m->val) return IDX_ABSENT;
   if (m) /* read (and locked) present in this transaction */
-    rc = wsend(be, "DELETE FROM blobref_blobs WHERE digest = $1", 1, v, l, f, PGRES_COMMAND_OK,
+    rc = wsend(be, SQL_DELETE_RECORD, 1, v, l, f, PGRES_COMMAND_OK,
                "record vanished under its row lock");
   else
-    rc = wcommand(be, "DELETE FROM blobref_blobs WHERE digest = $1", 1, v, l, f, &rows);
+    rc = wcommand(be, SQL_DELETE_RECORD, 1, v, l, f, &rows);
   if (rc) return rc;
   if (!memo_set(be, MEMO_RECORD, digest, BR_SHA256_LEN, NULL, 0)) return IDX_PG_FAILED;
   return m || rows ? 0 : IDX_ABSENT;
@@ -894,11 +954,7 @@ static int pg_owner_put(idx_backend *be, const br_location *loc, const uint8_t *
   int l[3] = {0, 0, BR_SHA256_LEN}, f[3] = {0, 0, 1};
   char check[128], k[OWNER_KEY_MAX];
   snprintf(check, sizeof check, "%.40s:%.60s was taken by another node", loc->store, loc->key);
-  int rc = wsend(be,
-                 "INSERT INTO blobref_owners (store, key, owner) VALUES ($1, $2, $3)"
-                 " ON CONFLICT (store, key) DO UPDATE SET owner = EXCLUDED.owner"
-                 " WHERE blobref_owners.owner = EXCLUDED.owner",
-                 3, v, l, f, PGRES_COMMAND_OK, check);
+  int rc = wsend(be, SQL_PUT_OWNER, 3, v, l, f, PGRES_COMMAND_OK, check);
   if (rc) return rc;
   size_t klen = owner_key(loc, k, sizeof k);
   return !klen || memo_set(be, MEMO_OWNER, k, klen, digest, BR_SHA256_LEN) ? 0 : IDX_PG_FAILED;
@@ -1473,7 +1529,12 @@ enum lock_mode { LOCK_WAIT, LOCK_TRY, LOCK_RELEASE };
 
 /* A session advisory lock on (cls, key), each held on a connection of its own (not from the
  * readers' budget: a holder may read while it holds it). Returns 1 held (LOCK_TRY: 0 when another
- * session has it), 0 released, or a negative code + err. */
+ * session has it), 0 released, or a negative code + err. A blob lock's release (LOCK_RELEASE of
+ * one taken with LOCK_WAIT) is sent and not waited for: the server runs it as soon as it arrives,
+ * in the session's order, and whoever waits for the lock has it then; its answer is read by the
+ * connection's next user (a failed release is a lost session, which releases the lock anyway).
+ * A lease's release (taken with LOCK_TRY) is waited for: a try right after it, on another
+ * connection, must not find the lease still held. */
 static int advisory(idx_backend *be, int32_t cls, int32_t key, enum lock_mode mode, br_err *err) {
   char k[16], c[16];
   snprintf(k, sizeof k, "%d", key);
@@ -1487,10 +1548,10 @@ static int advisory(idx_backend *be, int32_t cls, int32_t key, enum lock_mode mo
       free(h);
       return BR_INDEX_UNAVAILABLE;
     }
-    PGresult *r = PQexecParams(h->conn,
-                               mode == LOCK_TRY ? "SELECT pg_try_advisory_lock($1::int4, $2::int4)"
-                                                : "SELECT pg_advisory_lock($1::int4, $2::int4)",
-                               2, NULL, v, NULL, NULL, 0);
+    PGresult *r = mode == LOCK_TRY
+                      ? PQexecParams(h->conn, "SELECT pg_try_advisory_lock($1::int4, $2::int4)", 2,
+                                     NULL, v, NULL, NULL, 0)
+                      : PQexecPrepared(h->conn, STMT_LOCK, 2, v, NULL, NULL, 0);
     int ok = r && PQresultStatus(r) == PGRES_TUPLES_OK;
     int rc = ok ? 1 : read_fail(be, h->conn, r, "advisory lock", err);
     if (ok && mode == LOCK_TRY && strcmp(PQgetvalue(r, 0, 0), "t")) rc = 0;
@@ -1500,7 +1561,7 @@ static int advisory(idx_backend *be, int32_t cls, int32_t key, enum lock_mode mo
       free(h);
       return rc;
     }
-    h->cls = cls, h->key = key;
+    h->cls = cls, h->key = key, h->wait = mode == LOCK_WAIT;
     pthread_mutex_lock(&be->lock);
     h->next = be->held;
     be->held = h;
@@ -1514,10 +1575,18 @@ static int advisory(idx_backend *be, int32_t cls, int32_t key, enum lock_mode mo
   if (h) *p = h->next;
   pthread_mutex_unlock(&be->lock);
   if (!h) return 0; /* never taken (the database was down) */
-  PGresult *r = PQexecParams(h->conn, "SELECT pg_advisory_unlock($1::int4, $2::int4)", 2, NULL, v,
-                             NULL, NULL, 0);
-  if (!r || PQresultStatus(r) != PGRES_TUPLES_OK) {
-    read_fail(be, h->conn, r, "advisory unlock", err);
+  int sent = 0, ok = 0;
+  if (h->wait) {
+    sent = PQsendQueryPrepared(h->conn, STMT_UNLOCK, 2, v, NULL, NULL, 0) && PQflush(h->conn) == 0;
+    ok = sent;
+  } else {
+    PGresult *r = PQexecPrepared(h->conn, STMT_UNLOCK, 2, v, NULL, NULL, 0);
+    ok = r && PQresultStatus(r) == PGRES_TUPLES_OK;
+    if (!ok) read_fail(be, h->conn, r, "advisory unlock", err);
+    PQclear(r);
+  }
+  if (!ok) {
+    if (h->wait) br_fail(err, "index: advisory unlock: %s", PQerrorMessage(h->conn));
     PQfinish(h->conn); /* the session's end releases it */
     h->conn = NULL;
     pthread_mutex_lock(&be->lock);
@@ -1525,8 +1594,7 @@ static int advisory(idx_backend *be, int32_t cls, int32_t key, enum lock_mode mo
     pthread_cond_signal(&be->cv);
     pthread_mutex_unlock(&be->lock);
   }
-  PQclear(r);
-  if (h->conn) pool_give(be, h->conn);
+  if (h->conn) pool_give_as(be, h->conn, sent);
   free(h);
   return 0;
 }
@@ -1573,8 +1641,7 @@ static int pg_announce(idx_backend *be, const uint8_t (*digests)[BR_SHA256_LEN],
     size_t len = pgl_payload(digests, n, part, &parts, payload);
     if (!len) break;
     const char *v[1] = {payload};
-    int rc = wsend(be, "SELECT pg_notify('" PGL_CHANNEL "', $1)", 1, v, NULL, NULL, PGRES_TUPLES_OK,
-                   NULL);
+    int rc = wsend(be, SQL_NOTIFY, 1, v, NULL, NULL, PGRES_TUPLES_OK, NULL);
     if (rc) return rc;
   }
   return 0;
@@ -1687,7 +1754,10 @@ idx_backend *idx_pg_open(const br_index_options *opt, const idx_ops **ops, br_er
   }
   be->schema_ok = 1;
   if (prepare(c, STMT_GET, SQL_GET, why, sizeof why) < 0 ||
-      prepare(c, STMT_GET_MANY, SQL_GET_MANY, why, sizeof why) < 0) {
+      prepare(c, STMT_GET_MANY, SQL_GET_MANY, why, sizeof why) < 0 ||
+      prepare(c, STMT_LOCK, SQL_LOCK, why, sizeof why) < 0 ||
+      prepare(c, STMT_UNLOCK, SQL_UNLOCK, why, sizeof why) < 0 ||
+      writer_setup(c, why, sizeof why) < 0) {
     br_fail(err, "index: PostgreSQL: %s", why);
     PQfinish(c);
     pg_close(be);

@@ -7,7 +7,8 @@ database. The load of the two-node setup is split over both nodes (one client ea
 
 usage: tests/bench/cluster_bench.py [BIN_DIR [BIN_DIR2]]
 env:   DURATION=8 (seconds per measurement)  N=20000 (blobs)  CONNS=32  LOOKUP_CLIENTS=4
-       OUT=build/bench/cluster.md  SETUPS="lmdb pg1 pg2"
+       OUT=build/bench/cluster.md  SETUPS="lmdb pg1 pg2"  PHASES="uploads reads lookup"
+       (PHASES=uploads: the new uploads alone, for quick comparisons)
        STATEMENTS=1: pg_stat_statements on; each phase's statements a request, to stderr
 The batch lookup is measured twice where wrk is installed: Python clients, then wrk (C).
 Prints a markdown table (also written to OUT) with each PostgreSQL figure's ratio to LMDB. With
@@ -45,6 +46,7 @@ BATCH = 1000
 STATEMENTS = os.environ.get("STATEMENTS") == "1"
 WRK = shutil.which("wrk") is not None
 SETUPS = os.environ.get("SETUPS", "lmdb pg1 pg2").split()
+PHASES = os.environ.get("PHASES", "uploads reads lookup").split()
 OUT = pathlib.Path(os.environ.get("OUT", ROOT / "build" / "bench" / "cluster.md"))
 
 
@@ -111,6 +113,27 @@ def lookup_rate(nodes, hexes):
     return calls * BATCH / secs, bad
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid, children=False):
+    """A process's CPU seconds (all its threads; with children, its waited-for children's too)."""
+    try:
+        f = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    t = int(f[11]) + int(f[12]) + (int(f[13]) + int(f[14]) if children else 0)
+    return t / TICK
+
+
+def pg_cpu_s(pg):
+    """The CPU seconds of the bench's PostgreSQL: its postmaster, the backends it has reaped and
+    those alive (the bench's server serves one setup at a time)."""
+    pm = int((pg.data / "postmaster.pid").read_text().split()[0])
+    kids = [int(c) for c in pathlib.Path(f"/proc/{pm}/task/{pm}/children").read_text().split()]
+    return cpu_s(pm, children=True) + sum(cpu_s(k) for k in kids)
+
+
 def metric(nodes, name):
     """The sum over nodes of the metric lines that start with name."""
     total = 0.0
@@ -135,6 +158,7 @@ class Phase:
         self.hits = metric(self.nodes, 'blobref_index_record_cache_total{result="hit"}')
         self.miss = metric(self.nodes, 'blobref_index_record_cache_total{result="miss"}')
         self.trips = metric(self.nodes, "blobref_index_writer_round_trips_total")
+        self.cpu = [sum(cpu_s(n.proc.pid) for n in self.nodes), pg_cpu_s(self.pg) if self.db else 0]
         self.requests = 0
         return self
 
@@ -145,8 +169,12 @@ class Phase:
         miss = metric(self.nodes, 'blobref_index_record_cache_total{result="miss"}') - self.miss
         trips = metric(self.nodes, "blobref_index_writer_round_trips_total") - self.trips
         req = max(self.requests, 1)
+        node_cpu = sum(cpu_s(n.proc.pid) for n in self.nodes) - self.cpu[0]
+        pg_cpu = (pg_cpu_s(self.pg) if self.db else 0) - self.cpu[1]
+        self.cpu_us = (node_cpu * 1e6 / req, pg_cpu * 1e6 / req)
         print(f"  {self.label}: {self.requests} requests; record cache {hits / req:.2f} hits and "
-              f"{miss / req:.2f} misses a request; writer round trips {trips / req:.3f} a request",
+              f"{miss / req:.2f} misses a request; writer round trips {trips / req:.3f} a request; "
+              f"CPU a request: nodes {self.cpu_us[0]:.0f} us, PostgreSQL {self.cpu_us[1]:.0f} us",
               file=sys.stderr)
         if STATEMENTS and self.db:
             rows = self.pg.psql("SELECT calls, round(mean_exec_time::numeric, 3), "
@@ -230,7 +258,10 @@ def run_setup(name, work, ul, gen_list, hexes, pg, bin_dir):
             ph.requests = ok
         assert errs == 0 and ok == len(lines), (name, "uploads", errs, ok)
         res["uploads/s (4 KiB, new)"] = len(lines) / (time.monotonic() - t0)
+        res["CPU µs an upload (nodes + PostgreSQL)"] = sum(ph.cpu_us)
         for sc, method in (("HEAD req/s", "HEAD"), ("redirect req/s (307)", "GET")):
+            if "reads" not in PHASES:
+                break
             reqs = d / f"{method}.reqs"
             reqs.write_text("".join(f"{method} /v1/blobs/{h}\n" for h in hexes))
             for n in nodes:  # warm the caches once
@@ -241,6 +272,8 @@ def run_setup(name, work, ul, gen_list, hexes, pg, bin_dir):
                 ph.requests = ok
             assert errs == 0, (name, sc, errs)
             res[sc] = rps
+        if "lookup" not in PHASES:
+            return res
         with Phase("lookup (per hash)", pg, db, nodes) as ph:
             rate, bad = lookup_rate(nodes, hexes)
             ph.requests = int(rate * DURATION)

@@ -1,10 +1,13 @@
 """What a PostgreSQL node asks of the database, counted by pg_stat_statements on a server of this
 module's own (issue 20's speed goals): a /metrics scrape runs no count(*) (the entries come from
-the counters, blobref_counts), and a new PUT reads its record once, before its body, not again
-after it (the index writer decides under the blob's lock)."""
+the counters, blobref_counts), a new PUT reads its record once, before its body, not again
+after it (the index writer decides under the blob's lock), the index writer plans its statements
+once per connection, and a blob's lock released without waiting is free once the upload is
+answered, its connection serving the next reads."""
 import hashlib
 import os
 import re
+import time
 
 import pytest
 import requests
@@ -19,7 +22,8 @@ TIMEOUT = 30
 def pgss():
     if not pgutil.available():
         pytest.skip("PostgreSQL 15 is not installed")
-    pg = pgutil.Postgres("-c shared_preload_libraries=pg_stat_statements")
+    pg = pgutil.Postgres("-c shared_preload_libraries=pg_stat_statements "
+                         "-c pg_stat_statements.track_planning=on")
     yield pg
     pg.destroy()
 
@@ -36,10 +40,11 @@ def node(tmp_path, pgss):
     assert srv.stop() == 0, srv.read_log()
 
 
-def statements(pg, db, like):
-    """Calls of this database's statements whose text matches the LIKE pattern."""
-    rows = pg.psql("SELECT coalesce(sum(s.calls), 0) FROM pg_stat_statements s JOIN pg_database d "
-                   f"ON d.oid = s.dbid WHERE d.datname = '{db}' AND s.query LIKE '{like}'", db)
+def statements(pg, db, like, column="calls"):
+    """Calls (or plans) of this database's statements whose text matches the LIKE pattern."""
+    rows = pg.psql(f"SELECT coalesce(sum(s.{column}), 0) FROM pg_stat_statements s JOIN "
+                   f"pg_database d ON d.oid = s.dbid WHERE d.datname = '{db}' AND s.query "
+                   f"LIKE '{like}'", db)
     return int(rows[0][0])
 
 
@@ -72,3 +77,39 @@ def test_new_put_reads_its_record_once(node, pgss):
     # the unlocked point read (the writer's own read is FOR UPDATE)
     assert statements(pgss, node.db, "SELECT record FROM blobref_blobs WHERE digest = $1") == 5
     assert [put(node, b) for b in bodies] == [200] * 5  # dedup hits: the same one read each
+
+
+def test_writer_plans_its_statements_once_per_connection(node, pgss):
+    # custom plans (PostgreSQL's choice for them over 16 partitions) would plan every call
+    reset(pgss, node.db)
+    bodies = [os.urandom(4096) for _ in range(12)]
+    assert [put(node, b) for b in bodies] == [201] * 12
+    for sql in ("SELECT record FROM blobref_blobs WHERE digest = $1 FOR UPDATE",
+                "INSERT INTO blobref_blobs (digest, record) VALUES ($1, $2)",
+                "INSERT INTO blobref_owners (store, key, owner) VALUES%"):
+        assert statements(pgss, node.db, sql) == 12, sql
+        assert statements(pgss, node.db, sql, "plans") <= 1, sql
+
+
+def test_blob_lock_is_free_once_the_upload_is_answered(node, pgss):
+    """The release is sent, not waited for: another session has the lock right after the
+    answer, and the connection that sent it serves the next reads (its answer read first)."""
+    lock_class = 0x62726C6B
+    bodies = [os.urandom(3000) for _ in range(40)]
+    for b in bodies:
+        assert put(node, b) == 201
+        h = hashlib.sha256(b).digest()
+        key = int.from_bytes(h[:4], "big", signed=True)
+        # a session of its own takes the blob's lock (without waiting: a held lock says f),
+        # at once or as soon as the node's session has run the release it was sent
+        try_sql = (f"SELECT pg_try_advisory_lock({lock_class}, {key}) AND "
+                   f"pg_advisory_unlock({lock_class}, {key})")
+        deadline = time.monotonic() + 10
+        while pgss.psql(try_sql, node.db) != [["t"]]:
+            assert time.monotonic() < deadline, "the blob's lock was never released"
+    held = pgss.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND "
+                     f"classid = {lock_class}", node.db)
+    assert held == [["0"]]
+    for b in bodies:  # reads on the pooled connections that released the locks
+        r = requests.get(f"{node.url}/v1/blobs/{hashlib.sha256(b).hexdigest()}", timeout=TIMEOUT)
+        assert r.status_code == 200 and r.content == b
