@@ -869,6 +869,7 @@ static void *job_main(void *arg) {
   pthread_mutex_lock(&en->lock);
   if (j->lost) {
     /* another node holds it: its row is that node's */
+    br_info("job %" PRIu64 ": stopped here (another node holds it)", j->id);
   } else if (en->stopping && !j->cancel) {
     /* left running on disk: the next start resumes it; shared: handed back, for any node */
     if (en->shared) {
