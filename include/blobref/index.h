@@ -192,17 +192,18 @@ int br_index_plans_count(br_index *idx, uint64_t *n, br_err *err);
  * job_add: records an active job of source for owner, leased for lease_ms; 0 with *id, 1 when an
  * active job of source is there (fn gets it), and forgets the ended jobs older than the newest
  * keep. job_claim: takes one active job that no live lease holds, for owner and lease_ms (mine:
- * first frees every job owner holds, left by a previous run of the same node); 0 (fn gets it),
- * 1 none. job_save: replaces the doc of job id if owner holds it; active: its lease
- * runs lease_ms more (0: handed back, any node may claim it); not active: it has ended. 0 with
- * *cancel (someone asked to cancel it), 1 when owner does not hold it (lost: stop). job_list: the
- * newest jobs first, at most max (id not 0: that one only); returns how many. job_cancel: marks
- * job id as asked to cancel (if active); 0 (fn gets it), 1 no such job. Each call its own
- * transaction; else a negative code + err. Rows given to fn are valid during the call only. */
+ * first frees every job owner holds, left by a previous run of the same node); 0 (fn gets it,
+ * with its owner before the claim), 1 none. job_save: replaces the doc of job id if owner holds it;
+ * active: its lease runs lease_ms more (0: handed back, any node may claim it; owner stays, as the
+ * last runner); not active: it has ended. 0 with *cancel (someone asked to cancel it), 1 when owner
+ * does not hold it (lost: stop). job_list: the newest jobs first, at most max (id not 0: that one
+ * only); returns how many. job_cancel: marks job id as asked to cancel (if active); 0 (fn gets it),
+ * 1 no such job. Each call its own transaction; else a negative code + err. Rows given to fn are
+ * valid during the call only. */
 typedef struct br_index_job {
   uint64_t id;
   const char *doc;   /* the job's JSON as saved */
-  const char *owner; /* "" when nobody holds it */
+  const char *owner; /* its last runner ("" when ended or never run) */
   int leased;        /* the owner's lease has not expired */
   int active, cancel;
 } br_index_job;

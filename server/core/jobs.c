@@ -957,14 +957,16 @@ static void take_job(struct job_engine *en, struct job *j) {
 }
 
 struct claim {
+  struct job_engine *en;
   struct job *j;
   uint64_t id;
-  int cancel;
+  int mine; /* its last runner was this node (before a restart) */
 };
 
 static int claim_cb(void *ud, const br_index_job *row) {
   struct claim *c = ud;
   c->id = row->id;
+  c->mine = !strcmp(row->owner, c->en->owner);
   c->j = job_from_row(row);
   return 1;
 }
@@ -973,7 +975,7 @@ static int claim_cb(void *ud, const br_index_job *row) {
  * call, and runs them: each resumes from the progress saved in its row. */
 static void claim_jobs(struct job_engine *en, int mine) {
   for (int k = 0; k < 8; k++) {
-    struct claim c = {0};
+    struct claim c = {.en = en};
     br_err err;
     int rc = br_index_job_claim(en->srv->index, en->owner, en->lease_ms, mine && k == 0, claim_cb,
                                 &c, &err);
@@ -985,8 +987,9 @@ static void claim_jobs(struct job_engine *en, int mine) {
       snprintf(bad.message, sizeof bad.message, "its saved state cannot be read");
       job_write(en, &bad);
     } else {
-      br_info("job %" PRIu64 ": taken over (%s, %" PRIu64 " items done)", c.j->id,
-              state_names[c.j->state], c.j->items_done);
+      br_info("job %" PRIu64 ": %s (%s, %" PRIu64 " items done)", c.j->id,
+              c.mine ? "resumed after a restart" : "taken over", state_names[c.j->state],
+              c.j->items_done);
       take_job(en, c.j);
     }
     pthread_mutex_unlock(&en->lock);

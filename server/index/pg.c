@@ -1553,12 +1553,13 @@ static int pg_job_claim(idx_backend *be, const char *owner, uint64_t lease_ms, i
   }
   PGresult *r = read_query(be,
                            NOW_MS
-                           ", c AS (SELECT id FROM blobref_jobs, now WHERE active AND"
-                           " lease_until <= now.ms ORDER BY id LIMIT 1"
+                           ", c AS (SELECT id, owner AS prev FROM blobref_jobs, now WHERE active"
+                           " AND lease_until <= now.ms ORDER BY id LIMIT 1"
                            " FOR UPDATE OF blobref_jobs SKIP LOCKED)"
                            " UPDATE blobref_jobs j SET owner = $1,"
                            " lease_until = now.ms + $2::int8 FROM c, now WHERE j.id = c.id"
-                           " RETURNING " JOB_COLS,
+                           " RETURNING j.id::text, j.doc, c.prev, 'false', j.active::text,"
+                           " j.cancel::text",
                            2, v, NULL, NULL, "claim a job", &rc, err);
   if (!r) return rc;
   int n = job_rows(r, fn, ud);
@@ -1578,7 +1579,7 @@ static int pg_job_save(idx_backend *be, uint64_t id, const char *owner, const ch
       be,
       NOW_MS
       " UPDATE blobref_jobs j SET doc = $3, active = $4::bool,"
-      " owner = CASE WHEN $4::bool AND $5::int8 > 0 THEN j.owner ELSE '' END,"
+      " owner = CASE WHEN $4::bool THEN j.owner ELSE '' END,"
       " lease_until = CASE WHEN $4::bool AND $5::int8 > 0 THEN now.ms + $5::int8 ELSE 0 END"
       " FROM now WHERE j.id = $1::int8 AND j.owner = $2 AND j.owner <> '' AND j.active"
       " RETURNING j.cancel::text",
