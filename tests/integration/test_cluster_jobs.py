@@ -124,6 +124,10 @@ def test_migrate_of_a_killed_node_is_taken_over_by_the_other(tmp_path, postgres)
     try:
         blobs = put_blobs(a)
         jid = start_migrate(a)
+        # `blobref migrate` through B follows A's job (B refuses a second one) to its end
+        follower = subprocess.Popen([str(BIN_DIR / "blobref"), "--server", b.url, "migrate",
+                                     "--from", "a", "--to", "b"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
         wait_for(lambda: moved(b, blobs) >= 3, 60, "A's job to switch a few blobs", step=0.05)
         a_node = job(b, jid)["node"]
         a.stop(signal.SIGKILL)
@@ -136,6 +140,10 @@ def test_migrate_of_a_killed_node_is_taken_over_by_the_other(tmp_path, postgres)
         took = time.monotonic() - t0
         assert f"job {jid}: taken over" in b.read_log()
         end = ended(b, jid, 120, "the job to end")
+        out, err = follower.communicate(timeout=60)
+        assert follower.returncode == 0, out + err
+        assert f"job {jid} is already moving a to b: following it" in err, err
+        assert re.search(rf"moved {end['items_done']} of ", out), out
         all_moved_once(tmp_path, b, blobs, end)
         print(f"\nA killed after {before} of {N} switches; B took over after {took:.1f} s "
               f"(lease {LEASE} s, node {taken.get('node')}); {end['items_done']} counted done")
