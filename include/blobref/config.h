@@ -113,6 +113,8 @@ typedef struct br_config {
   char *index_dsn;  /* [index] dsn: libpq conninfo or URI (the PG* environment applies) */
   /* [index] purge_claim_timeout: how long a node's claim on a CDN purge holds (postgres) */
   uint64_t purge_claim_timeout_ms;
+  /* [index] job_lease: how long a node's lease on a running job holds unrenewed (postgres) */
+  uint64_t job_lease_ms;
   char *index_read_dsn;        /* [index] read_dsn: a read replica for point reads ("" = none) */
   uint64_t index_record_cache; /* [index] record_cache: entries of the index's record cache */
   uint64_t cache_max_age_ms;   /* redirects' private max-age */

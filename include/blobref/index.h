@@ -181,6 +181,45 @@ int br_index_plans_claim(br_index *idx, uint64_t grace_ms, uint64_t claim_ms, si
                          br_index_plan_fn fn, void *ud, br_err *err);
 int br_index_plans_count(br_index *idx, uint64_t *n, br_err *err);
 
+/* ---- jobs (PostgreSQL only) -------------------------------------------------------------------
+ * The job engine's migrate and import jobs (core/jobs.c), one row each, so that every node shows
+ * the same jobs and any node takes over a job whose runner is gone. A row is active (queued or
+ * running) until it ends; at most one active row per source store (a unique index). The node
+ * running a job holds its lease: owner + expiry on the database's clock, renewed with each save;
+ * a job no live lease holds is claimed by the first node that asks (rows being claimed are
+ * skipped, not waited for). doc is the job's JSON (without its id). br_index_has_jobs: 1 when the
+ * index keeps them (never on LMDB: core/jobs.c keeps them under DATA_DIR/jobs).
+ * job_add: records an active job of source for owner, leased for lease_ms; 0 with *id, 1 when an
+ * active job of source is there (fn gets it), and forgets the ended jobs older than the newest
+ * keep. job_claim: takes one active job that no live lease holds, for owner and lease_ms (mine:
+ * first frees every job owner holds, left by a previous run of the same node); 0 (fn gets it,
+ * with its owner before the claim), 1 none. job_save: replaces the doc of job id if owner holds it;
+ * active: its lease runs lease_ms more (0: handed back, any node may claim it; owner stays, as the
+ * last runner); not active: it has ended. 0 with *cancel (someone asked to cancel it), 1 when owner
+ * does not hold it (lost: stop). job_list: the newest jobs first, at most max (id not 0: that one
+ * only); returns how many. job_cancel: marks job id as asked to cancel (if active); 0 (fn gets it),
+ * 1 no such job. Each call its own transaction; else a negative code + err. Rows given to fn are
+ * valid during the call only. */
+typedef struct br_index_job {
+  uint64_t id;
+  const char *doc;   /* the job's JSON as saved */
+  const char *owner; /* its last runner ("" when ended or never run) */
+  int leased;        /* the owner's lease has not expired */
+  int active, cancel;
+} br_index_job;
+typedef int (*br_index_job_fn)(void *ud, const br_index_job *job);
+int br_index_has_jobs(br_index *idx);
+int br_index_job_add(br_index *idx, const char *source, const char *doc, const char *owner,
+                     uint64_t lease_ms, size_t keep, uint64_t *id, br_index_job_fn fn, void *ud,
+                     br_err *err);
+int br_index_job_claim(br_index *idx, const char *owner, uint64_t lease_ms, int mine,
+                       br_index_job_fn fn, void *ud, br_err *err);
+int br_index_job_save(br_index *idx, uint64_t id, const char *owner, const char *doc, int active,
+                      uint64_t lease_ms, int *cancel, br_err *err);
+int br_index_job_list(br_index *idx, uint64_t id, size_t max, br_index_job_fn fn, void *ud,
+                      br_err *err);
+int br_index_job_cancel(br_index *idx, uint64_t id, br_index_job_fn fn, void *ud, br_err *err);
+
 /* Stops the writer (after finishing queued operations) and closes the environment. */
 void br_index_close(br_index *idx);
 

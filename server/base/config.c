@@ -109,6 +109,9 @@ static const struct key_spec index_keys[] = {
     /* how long a node's claim on a CDN purge keeps other nodes off it (a killed node's claims
      * are sent by another node once it passes) */
     {"purge_claim_timeout", KEY_DURATION, SRV(purge_claim_timeout_ms), "60s", 1000, 86400000, 0, 0},
+    /* how long a node's lease on the job it runs holds without a renewal (renewed every sixth
+     * of it): a killed node's jobs are taken over by another node once it passes */
+    {"job_lease", KEY_DURATION, SRV(job_lease_ms), "30s", 1000, 3600000, 0, 0},
     {"read_dsn", KEY_STRING, SRV(index_read_dsn), "", 0, 0, 0, 0},
     /* the record cache's entries, ~360 bytes each; rounded up to a power of two */
     {"record_cache", KEY_COUNT, SRV(index_record_cache), "65536", 64, 1 << 24, 0, 0},

@@ -1,6 +1,8 @@
 /* The job engine: migrate and import jobs inside blobrefd, each on its own thread (plus its
  * workers), one per source store at a time, saved after every item under DATA_DIR/jobs/ID.json
- * (written to a temporary file and renamed) so that a restart resumes each from its cursor. */
+ * (written to a temporary file and renamed) so that a restart resumes each from its cursor; on a
+ * PostgreSQL index, rows of the database instead, each run under a lease that any node takes
+ * over once it expires (a killed node's jobs are finished by another node by themselves). */
 #include <errno.h>
 #include <dirent.h>
 #include <inttypes.h>
@@ -11,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <time.h>
 
 #include "blobref/sniff.h"
 #include "core/jobs.h"
@@ -58,7 +61,11 @@ struct job {
   char cursor_key[BR_MAX_KEY + 1];
   /* run-time only */
   int cancel, thread_started, thread_ended;
-  uint64_t claimed; /* migrate: items done, failed or in flight (the limit counts them) */
+  int dirty;         /* shared: progress not written to its row yet */
+  int lost;          /* shared: another node holds it now: it stops, its row is left alone */
+  int releasing;     /* shared: the last write hands it back (the server stopping) */
+  uint64_t saved_ms; /* shared: when its row was last written (monotonic) */
+  uint64_t claimed;  /* migrate: items done, failed or in flight (the limit counts them) */
   pthread_t thread;
   uint64_t run_t0_ms, run_bytes0;
   double rate_next_s; /* the rate limiter: when the next copy may start */
@@ -70,14 +77,21 @@ struct job_engine {
   pthread_cond_t cv; /* rate waits, woken on cancel and stop */
   int stopping;
   char dir[PATH_MAX];
-  struct job *jobs[JOBS_KEPT];
+  struct job *jobs[JOBS_KEPT]; /* shared: only the jobs this node runs */
   int njobs;
   uint64_t next_id;
+  /* shared (a PostgreSQL index): the jobs are rows, leased by owner */
+  int shared;
+  char owner[160];             /* this process: host/pid/random */
+  uint64_t lease_ms, renew_ms; /* renew_ms: how often a running job's lease is renewed */
+  pthread_t lease_thread;      /* renews this node's leases and claims the jobs nobody holds */
+  int lease_started;
 };
 
 static int active(const struct job *j) { return j->state == ST_QUEUED || j->state == ST_RUNNING; }
 
 static double mono_s(void) { return (double)br_mono_ns() / 1e9; }
+static uint64_t mono_ms(void) { return br_mono_ns() / 1000000u; }
 
 /* ---- JSON -------------------------------------------------------------------------------- */
 
@@ -149,6 +163,8 @@ static json_t *job_json(const struct job *j, int saving) {
     json_object_set_new(o, "cursor_digest", json_string(hex));
     json_object_set_new(o, "cursor_key", json_string(j->cursor_key));
     json_object_set_new(o, "rate_mb", json_real(j->rate_mb));
+    json_object_set_new(o, "run_t0_ms", json_integer((json_int_t)j->run_t0_ms));
+    json_object_set_new(o, "run_bytes0", json_integer((json_int_t)j->run_bytes0));
   }
   return o;
 }
@@ -223,13 +239,95 @@ static struct job *job_from_json(json_t *o) {
   if (hex && strlen(hex) == BR_HEX_LEN && br_hex_decode(hex, BR_HEX_LEN, j->cursor_digest) == 0)
     j->has_cursor = 1;
   copy_str(j->cursor_key, sizeof j->cursor_key, o, "cursor_key");
+  j->run_t0_ms = get_u64(o, "run_t0_ms");
+  j->run_bytes0 = get_u64(o, "run_bytes0");
+  if (j->run_bytes0 > j->bytes_done) j->run_bytes0 = j->bytes_done;
   return j;
+}
+
+/* A job's row back (NULL when its doc is not a job): its id and cancel from the row's columns. */
+static struct job *job_from_row(const br_index_job *row) {
+  json_t *o = json_loads(row->doc, 0, NULL);
+  if (!json_is_object(o)) {
+    json_decref(o);
+    return NULL;
+  }
+  json_object_set_new(o, "id", json_integer((json_int_t)row->id));
+  struct job *j = job_from_json(o);
+  json_decref(o);
+  if (j) j->cancel = row->cancel && row->active;
+  return j;
+}
+
+/* A job's row as the API shows it (NULL when its doc is not a job): node names the node whose
+ * lease runs, cancel_requested says a cancel is on its way to it. */
+static json_t *row_json(const br_index_job *row) {
+  struct job *j = job_from_row(row);
+  if (!j) return NULL;
+  json_t *o = job_json(j, 0);
+  if (active(j) && row->leased) json_object_set_new(o, "node", json_string(row->owner));
+  if (active(j) && row->cancel) json_object_set_new(o, "cancel_requested", json_true());
+  free(j);
+  return o;
+}
+
+/* br_index_job_fn: the first row as API JSON into *(json_t **)ud. */
+static int row_one_cb(void *ud, const br_index_job *row) {
+  json_t **out = ud;
+  if (!*out) *out = row_json(row);
+  return 1;
+}
+
+/* br_index_job_fn: each row as API JSON appended to the array ud. */
+static int row_list_cb(void *ud, const br_index_job *row) {
+  json_t *o = row_json(row);
+  if (o) json_array_append_new(ud, o);
+  return 0;
+}
+
+/* Writes job j's row (shared): its doc, and its lease renewed (handed back when releasing; ended
+ * when no longer active). A lost lease halts the job; a cancel asked for on any node is seen
+ * here. A failed write leaves it dirty, for the next renewal. Lock held. */
+static void job_write(struct job_engine *en, struct job *j) {
+  if (j->lost) return;
+  json_t *o = job_json(j, 1);
+  char *doc = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  br_err err;
+  int cancel = 0;
+  int rc = doc ? br_index_job_save(en->srv->index, j->id, en->owner, doc, active(j),
+                                   j->releasing ? 0 : en->lease_ms, &cancel, &err)
+               : br_fail(&err, "out of memory");
+  free(doc);
+  if (rc < 0) {
+    j->dirty = 1;
+    br_warn("job %" PRIu64 ": saving: %s", j->id, err.msg);
+    return;
+  }
+  j->dirty = 0;
+  j->saved_ms = mono_ms();
+  if (rc == 1) {
+    j->lost = 1;
+    pthread_cond_broadcast(&en->cv);
+    br_warn("job %" PRIu64 ": its lease was lost (another node holds it): stopping", j->id);
+  } else if (cancel && !j->cancel) {
+    j->cancel = 1;
+    pthread_cond_broadcast(&en->cv);
+    br_info("job %" PRIu64 ": cancel asked for (on another node)", j->id);
+  }
 }
 
 /* Saves job j to DIR/ID.json: a temporary file renamed over the old one (fsync'd when durable:
  * on state changes; progress after each item survives a kill of the process without it). Lock
  * held. */
-static void job_save(struct job_engine *en, const struct job *j, int durable) {
+static void job_save(struct job_engine *en, struct job *j, int durable) {
+  if (en->shared) { /* progress goes with the next renewal; state changes and cursors at once */
+    if (durable)
+      job_write(en, j);
+    else
+      j->dirty = 1;
+    return;
+  }
   char path[PATH_MAX + 32], tmp[PATH_MAX + 40];
   snprintf(path, sizeof path, "%s/%" PRIu64 ".json", en->dir, j->id);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -269,7 +367,7 @@ static void job_error(struct job_engine *en, struct job *j, const char *item, co
 /* Should the job stop now (cancelled, or the server stopping)? */
 static int job_halted(struct job_engine *en, struct job *j) {
   pthread_mutex_lock(&en->lock);
-  int h = j->cancel || en->stopping;
+  int h = j->cancel || en->stopping || j->lost;
   pthread_mutex_unlock(&en->lock);
   return h;
 }
@@ -769,8 +867,17 @@ static void *job_main(void *arg) {
   int rc = j->kind == KIND_MIGRATE ? migrate_run(en, j, msg, sizeof msg)
                                    : import_run(en, j, msg, sizeof msg);
   pthread_mutex_lock(&en->lock);
-  if (en->stopping && !j->cancel) {
-    /* left running on disk: the next start resumes it */
+  if (j->lost) {
+    /* another node holds it: its row is that node's */
+    br_info("job %" PRIu64 ": stopped here (another node holds it)", j->id);
+  } else if (en->stopping && !j->cancel) {
+    /* left running on disk: the next start resumes it; shared: handed back, for any node */
+    if (en->shared) {
+      j->state = ST_QUEUED;
+      j->releasing = 1;
+      job_write(en, j);
+      br_info("job %" PRIu64 ": handed back (%" PRIu64 " items done)", j->id, j->items_done);
+    }
   } else {
     j->state = rc < 0 ? ST_FAILED : j->cancel ? ST_CANCELLED : ST_DONE;
     if (rc < 0) snprintf(j->message, sizeof j->message, "%s", msg);
@@ -818,6 +925,135 @@ static int make_room(struct job_engine *en) {
   return -1;
 }
 
+/* ---- the shared engine (a PostgreSQL index) ---------------------------------------------- */
+
+/* Forgets the jobs whose thread has ended (joined at once). Lock held. */
+static void reap_ended(struct job_engine *en) {
+  for (int i = 0; i < en->njobs;) {
+    struct job *j = en->jobs[i];
+    if (!j->thread_ended) {
+      i++;
+      continue;
+    }
+    pthread_join(j->thread, NULL);
+    free(j);
+    memmove(&en->jobs[i], &en->jobs[i + 1], (size_t)(en->njobs - i - 1) * sizeof en->jobs[0]);
+    en->njobs--;
+  }
+}
+
+/* Takes a job claimed (or added) by this node: runs it, or hands it back when the engine stops
+ * or is full. Lock held; j is the engine's or freed. */
+static void take_job(struct job_engine *en, struct job *j) {
+  j->saved_ms = mono_ms();
+  if (en->stopping || en->njobs == JOBS_KEPT || job_launch(en, j) < 0) {
+    j->releasing = 1;
+    if (j->state == ST_RUNNING) j->state = ST_QUEUED;
+    job_write(en, j);
+    free(j);
+    return;
+  }
+  en->jobs[en->njobs++] = j;
+}
+
+struct claim {
+  struct job_engine *en;
+  struct job *j;
+  uint64_t id;
+  int mine; /* its last runner was this node (before a restart) */
+};
+
+static int claim_cb(void *ud, const br_index_job *row) {
+  struct claim *c = ud;
+  c->id = row->id;
+  c->mine = !strcmp(row->owner, c->en->owner);
+  c->j = job_from_row(row);
+  return 1;
+}
+
+/* Claims the jobs that no live lease holds (queued ones, a killed or stopped node's), a few per
+ * call, and runs them: each resumes from the progress saved in its row. */
+static void claim_jobs(struct job_engine *en, int mine) {
+  for (int k = 0; k < 8; k++) {
+    struct claim c = {.en = en};
+    br_err err;
+    int rc = br_index_job_claim(en->srv->index, en->owner, en->lease_ms, mine && k == 0, claim_cb,
+                                &c, &err);
+    if (rc < 0) br_warn("jobs: claiming: %s", err.msg);
+    if (rc != 0) return;
+    pthread_mutex_lock(&en->lock);
+    if (!c.j) { /* not a job's doc: ended, so that no node claims it again */
+      struct job bad = {.id = c.id, .state = ST_FAILED, .ended_ms = br_now_ms()};
+      snprintf(bad.message, sizeof bad.message, "its saved state cannot be read");
+      job_write(en, &bad);
+    } else {
+      br_info("job %" PRIu64 ": %s (%s, %" PRIu64 " items done)", c.j->id,
+              c.mine ? "resumed after a restart" : "taken over", state_names[c.j->state],
+              c.j->items_done);
+      take_job(en, c.j);
+    }
+    pthread_mutex_unlock(&en->lock);
+  }
+}
+
+/* The lease thread: every poll, writes the running jobs' progress and renews their leases (every
+ * renew_ms at least), forgets the ended ones, and claims what nobody holds. */
+static void *lease_main(void *arg) {
+  struct job_engine *en = arg;
+  uint64_t poll_ms = en->renew_ms < 1000 ? en->renew_ms : 1000;
+  pthread_mutex_lock(&en->lock);
+  while (!en->stopping) {
+    uint64_t now = mono_ms();
+    for (int i = 0; i < en->njobs; i++) {
+      struct job *j = en->jobs[i];
+      if (!j->thread_ended && !j->lost && active(j) &&
+          (j->dirty || now - j->saved_ms >= en->renew_ms))
+        job_write(en, j);
+    }
+    reap_ended(en);
+    pthread_mutex_unlock(&en->lock);
+    claim_jobs(en, 0);
+    pthread_mutex_lock(&en->lock);
+    if (en->stopping) break;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + poll_ms * 1000000u;
+    ts.tv_sec += (time_t)(ns / 1000000000u);
+    ts.tv_nsec = (long)(ns % 1000000000u);
+    pthread_cond_timedwait(&en->cv, &en->lock, &ts);
+  }
+  pthread_mutex_unlock(&en->lock);
+  return NULL;
+}
+
+/* This node's name on its leases: host and a random id kept in DATA_DIR/jobs/lease-owner, made
+ * at the first start. The data directory's lock makes one process at a time its owner, so that
+ * what a killed run held is this node's again at once when it restarts. */
+static void pick_owner(struct job_engine *en) {
+  char host[64] = "", id[40] = "", path[PATH_MAX + 16];
+  if (gethostname(host, sizeof host) < 0) host[0] = '\0';
+  host[sizeof host - 1] = '\0';
+  snprintf(path, sizeof path, "%s/lease-owner", en->dir);
+  FILE *f = fopen(path, "r");
+  if (f) {
+    if (!fgets(id, sizeof id, f)) id[0] = '\0';
+    fclose(f);
+    id[strcspn(id, "\r\n")] = '\0';
+  }
+  if (strlen(id) != 16) {
+    uint64_t r = 0;
+    FILE *u = fopen("/dev/urandom", "rb");
+    if (!u || fread(&r, sizeof r, 1, u) != 1) r = br_mono_ns() ^ (uint64_t)getpid() << 32;
+    if (u) fclose(u);
+    snprintf(id, sizeof id, "%016" PRIx64, r);
+    f = fopen(path, "w");
+    if (!f || fputs(id, f) < 0 || fclose(f) != 0)
+      br_warn("jobs: %s: %s (a restart waits for its leases to expire)", path, strerror(errno));
+    f = NULL;
+  }
+  snprintf(en->owner, sizeof en->owner, "%s/%s", host, id);
+}
+
 /* ---- the API ----------------------------------------------------------------------------- */
 
 static int job_id_cmp(const void *a, const void *b) {
@@ -836,6 +1072,18 @@ int jobs_start(br_server *srv, br_err *err) {
   snprintf(en->dir, sizeof en->dir, "%s/jobs", srv->cfg->data_dir);
   if (mkdir(en->dir, 0700) < 0 && errno != EEXIST)
     return br_fail(err, "%s: %s", en->dir, strerror(errno));
+  if (br_index_has_jobs(srv->index)) { /* the rows of the database: no job file is read */
+    en->shared = 1;
+    en->lease_ms = srv->cfg->job_lease_ms ? srv->cfg->job_lease_ms : 30000;
+    en->renew_ms = en->lease_ms / 6 ? en->lease_ms / 6 : 1;
+    pick_owner(en);
+    br_info("jobs: kept in PostgreSQL, leased for %" PRIu64 " ms as %s", en->lease_ms, en->owner);
+    claim_jobs(en, 1); /* this node's killed run's jobs first, at once */
+    if (pthread_create(&en->lease_thread, NULL, lease_main, en))
+      return br_fail(err, "jobs: cannot start the lease thread");
+    en->lease_started = 1;
+    return 0;
+  }
   DIR *d = opendir(en->dir);
   if (!d) return br_fail(err, "%s: %s", en->dir, strerror(errno));
   struct job *loaded[JOBS_KEPT * 2];
@@ -892,7 +1140,8 @@ void jobs_stop(br_server *srv) {
   en->stopping = 1;
   pthread_cond_broadcast(&en->cv);
   pthread_mutex_unlock(&en->lock);
-  for (int i = 0; i < en->njobs; i++)
+  if (en->lease_started) pthread_join(en->lease_thread, NULL); /* claims no more */
+  for (int i = 0; i < en->njobs; i++) /* each hands its job back (shared) */
     if (en->jobs[i]->thread_started) pthread_join(en->jobs[i]->thread, NULL);
   for (int i = 0; i < en->njobs; i++) free(en->jobs[i]);
   pthread_mutex_destroy(&en->lock);
@@ -927,6 +1176,44 @@ static void store_root(br_server *srv, const char *store, char *out, size_t n) {
   if (sc && sc->kind && !strcmp(sc->kind, "fs") && sc->root && n >= PATH_MAX) {
     if (!realpath(sc->root, out)) out[0] = '\0';
   }
+}
+
+/* jobs_submit on a shared index: the row is added leased by this node (the unique index refuses
+ * a second active job of the store on any node), then run here. */
+static enum jobs_rc submit_shared(struct job_engine *en, struct job *j, json_t **out, char *msg,
+                                  size_t msglen) {
+  j->state = ST_QUEUED;
+  j->created_ms = br_now_ms();
+  json_t *o = job_json(j, 1);
+  char *doc = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  json_t *other = NULL;
+  br_err err;
+  int rc = doc ? br_index_job_add(en->srv->index, j->source, doc, en->owner, en->lease_ms,
+                                  JOBS_KEPT, &j->id, row_one_cb, &other, &err)
+               : br_fail(&err, "out of memory");
+  free(doc);
+  if (rc != 0) {
+    if (rc == 1 && other) {
+      snprintf(msg, msglen, "job %" JSON_INTEGER_FORMAT " is %s on store %s",
+               json_integer_value(json_object_get(other, "id")),
+               json_string_value(json_object_get(other, "state")), j->source);
+      *out = other;
+    } else {
+      snprintf(msg, msglen, "%s", rc == 1 ? "another job holds the store" : err.msg);
+      json_decref(other);
+    }
+    free(j);
+    return rc == 1 && other ? JOBS_CONFLICT : JOBS_FAILED;
+  }
+  pthread_mutex_lock(&en->lock);
+  *out = job_json(j, 0);
+  json_object_set_new(*out, "node", json_string(en->owner));
+  uint64_t id = j->id;
+  take_job(en, j);
+  pthread_mutex_unlock(&en->lock);
+  br_info("job %" PRIu64 ": %s queued", id, json_string_value(json_object_get(*out, "kind")));
+  return JOBS_OK;
 }
 
 enum jobs_rc jobs_submit(br_server *srv, json_t *spec, json_t **out, const char **field, char *msg,
@@ -1018,6 +1305,7 @@ enum jobs_rc jobs_submit(br_server *srv, json_t *spec, json_t **out, const char 
       BAD("mode", "\"mode\" must be \"in-place\" or \"copy\"");
     j->copy = v && !strcmp(json_string_value(v), "copy");
   }
+  if (en->shared) return submit_shared(en, j, out, msg, msglen);
   pthread_mutex_lock(&en->lock);
   for (int i = 0; i < en->njobs; i++) {
     struct job *o = en->jobs[i];
@@ -1056,25 +1344,60 @@ enum jobs_rc jobs_submit(br_server *srv, json_t *spec, json_t **out, const char 
 json_t *jobs_list(br_server *srv) {
   struct job_engine *en = srv->jobs;
   json_t *arr = json_array();
+  if (en->shared) {
+    br_err err;
+    if (br_index_job_list(srv->index, 0, JOBS_KEPT, row_list_cb, arr, &err) < 0) {
+      br_warn("jobs: listing: %s", err.msg);
+      json_decref(arr);
+      return NULL;
+    }
+    return json_pack("{s:o}", "jobs", arr);
+  }
   pthread_mutex_lock(&en->lock);
   for (int i = en->njobs; i-- > 0;) json_array_append_new(arr, job_json(en->jobs[i], 0));
   pthread_mutex_unlock(&en->lock);
   return json_pack("{s:o}", "jobs", arr);
 }
 
-json_t *jobs_get(br_server *srv, uint64_t id) {
+enum jobs_rc jobs_get(br_server *srv, uint64_t id, json_t **out) {
   struct job_engine *en = srv->jobs;
   json_t *o = NULL;
+  *out = NULL;
+  if (en->shared) {
+    br_err err;
+    if (br_index_job_list(srv->index, id, 1, row_one_cb, out, &err) < 0) {
+      br_warn("jobs: reading job %" PRIu64 ": %s", id, err.msg);
+      return JOBS_FAILED;
+    }
+    return *out ? JOBS_OK : JOBS_NOT_FOUND;
+  }
   pthread_mutex_lock(&en->lock);
   for (int i = 0; i < en->njobs; i++)
     if (en->jobs[i]->id == id) o = job_json(en->jobs[i], 0);
   pthread_mutex_unlock(&en->lock);
-  return o;
+  *out = o;
+  return o ? JOBS_OK : JOBS_NOT_FOUND;
 }
 
 enum jobs_rc jobs_cancel(br_server *srv, uint64_t id, json_t **out) {
   struct job_engine *en = srv->jobs;
   enum jobs_rc rc = JOBS_NOT_FOUND;
+  if (en->shared) { /* the flag in its row: its runner sees it at its next renewal */
+    br_err err;
+    *out = NULL;
+    int r = br_index_job_cancel(srv->index, id, row_one_cb, out, &err);
+    if (r < 0) br_warn("jobs: cancelling job %" PRIu64 ": %s", id, err.msg);
+    if (r != 0 || !*out) return r < 0 ? JOBS_FAILED : JOBS_NOT_FOUND;
+    pthread_mutex_lock(&en->lock);
+    for (int i = 0; i < en->njobs; i++) /* run here: it stops at once */
+      if (en->jobs[i]->id == id && active(en->jobs[i]) && !en->jobs[i]->cancel) {
+        en->jobs[i]->cancel = 1;
+        pthread_cond_broadcast(&en->cv);
+      }
+    pthread_mutex_unlock(&en->lock);
+    br_info("job %" PRIu64 ": cancel asked for", id);
+    return JOBS_OK;
+  }
   pthread_mutex_lock(&en->lock);
   for (int i = 0; i < en->njobs; i++) {
     struct job *j = en->jobs[i];

@@ -51,20 +51,27 @@ enum MHD_Result jobs_post(struct request *req) {
 
 enum MHD_Result jobs_get_all(struct request *req) {
   if (!req->srv->jobs) return reply_error(req, E_NOT_READY, "jobs are not running");
-  return reply_json(req, MHD_HTTP_OK, jobs_list(req->srv));
+  json_t *all = jobs_list(req->srv);
+  if (!all) return reply_error(req, E_INDEX_UNAVAILABLE, "the jobs cannot be read now");
+  return reply_json(req, MHD_HTTP_OK, all);
 }
 
 enum MHD_Result job_get(struct request *req) {
   if (!req->srv->jobs) return reply_error(req, E_NOT_READY, "jobs are not running");
-  json_t *j = jobs_get(req->srv, req->run_id);
-  if (!j) return reply_error(req, E_NOT_FOUND, "no job %" PRIu64, req->run_id);
+  json_t *j = NULL;
+  enum jobs_rc rc = jobs_get(req->srv, req->run_id, &j);
+  if (rc == JOBS_FAILED)
+    return reply_error(req, E_INDEX_UNAVAILABLE, "the jobs cannot be read now");
+  if (rc != JOBS_OK) return reply_error(req, E_NOT_FOUND, "no job %" PRIu64, req->run_id);
   return reply_json(req, MHD_HTTP_OK, j);
 }
 
 enum MHD_Result job_cancel(struct request *req) {
   if (!req->srv->jobs) return reply_error(req, E_NOT_READY, "jobs are not running");
   json_t *j = NULL;
-  if (jobs_cancel(req->srv, req->run_id, &j) != JOBS_OK)
-    return reply_error(req, E_NOT_FOUND, "no job %" PRIu64, req->run_id);
+  enum jobs_rc rc = jobs_cancel(req->srv, req->run_id, &j);
+  if (rc == JOBS_FAILED)
+    return reply_error(req, E_INDEX_UNAVAILABLE, "the jobs cannot be read now");
+  if (rc != JOBS_OK) return reply_error(req, E_NOT_FOUND, "no job %" PRIu64, req->run_id);
   return reply_json(req, MHD_HTTP_OK, j);
 }

@@ -116,6 +116,18 @@ typedef struct idx_ops {
   int (*plans_claim)(idx_backend *be, uint64_t grace_ms, uint64_t claim_ms, size_t max,
                      br_index_plan_fn fn, void *ud, br_err *err);
   int (*plans_count)(idx_backend *be, uint64_t *n, br_err *err);
+  /* Optional (shared backends; any thread): the job engine's jobs, as index.h's br_index_job_*
+   * say. */
+  int (*job_add)(idx_backend *be, const char *source, const char *doc, const char *owner,
+                 uint64_t lease_ms, size_t keep, uint64_t *id, br_index_job_fn fn, void *ud,
+                 br_err *err);
+  int (*job_claim)(idx_backend *be, const char *owner, uint64_t lease_ms, int mine,
+                   br_index_job_fn fn, void *ud, br_err *err);
+  int (*job_save)(idx_backend *be, uint64_t id, const char *owner, const char *doc, int active,
+                  uint64_t lease_ms, int *cancel, br_err *err);
+  int (*job_list)(idx_backend *be, uint64_t id, size_t max, br_index_job_fn fn, void *ud,
+                  br_err *err);
+  int (*job_cancel)(idx_backend *be, uint64_t id, br_index_job_fn fn, void *ud, br_err *err);
   /* Exact per-state counters (NULL on a backend without them). counts_read (any thread): 0 and
    * the stored counters, 1 when none are kept or they are not complete, or -1 + err. */
   int (*counts_read)(idx_backend *be, br_counts *out, br_err *err);

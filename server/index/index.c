@@ -1333,6 +1333,38 @@ int br_index_plans_count(br_index *idx, uint64_t *n, br_err *err) {
   return idx->ops->plans_count(idx->be, n, err);
 }
 
+int br_index_has_jobs(br_index *idx) { return idx->ops->job_add != NULL; }
+
+int br_index_job_add(br_index *idx, const char *source, const char *doc, const char *owner,
+                     uint64_t lease_ms, size_t keep, uint64_t *id, br_index_job_fn fn, void *ud,
+                     br_err *err) {
+  if (!idx->ops->job_add) return br_fail(err, "index: no jobs on %s", idx->ops->name);
+  return idx->ops->job_add(idx->be, source, doc, owner, lease_ms, keep, id, fn, ud, err);
+}
+
+int br_index_job_claim(br_index *idx, const char *owner, uint64_t lease_ms, int mine,
+                       br_index_job_fn fn, void *ud, br_err *err) {
+  if (!idx->ops->job_claim) return br_fail(err, "index: no jobs on %s", idx->ops->name);
+  return idx->ops->job_claim(idx->be, owner, lease_ms, mine, fn, ud, err);
+}
+
+int br_index_job_save(br_index *idx, uint64_t id, const char *owner, const char *doc, int active,
+                      uint64_t lease_ms, int *cancel, br_err *err) {
+  if (!idx->ops->job_save) return br_fail(err, "index: no jobs on %s", idx->ops->name);
+  return idx->ops->job_save(idx->be, id, owner, doc, active, lease_ms, cancel, err);
+}
+
+int br_index_job_list(br_index *idx, uint64_t id, size_t max, br_index_job_fn fn, void *ud,
+                      br_err *err) {
+  if (!idx->ops->job_list) return br_fail(err, "index: no jobs on %s", idx->ops->name);
+  return idx->ops->job_list(idx->be, id, max, fn, ud, err);
+}
+
+int br_index_job_cancel(br_index *idx, uint64_t id, br_index_job_fn fn, void *ud, br_err *err) {
+  if (!idx->ops->job_cancel) return br_fail(err, "index: no jobs on %s", idx->ops->name);
+  return idx->ops->job_cancel(idx->be, id, fn, ud, err);
+}
+
 br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *err) {
   br_index *idx = calloc(1, sizeof *idx);
   if (!idx) {

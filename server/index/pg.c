@@ -281,10 +281,28 @@ static int schema_direct_plans(PGconn *c, char *why, size_t cap) {
   return rc;
 }
 
+/* Schema step "jobs": the job engine's migrate and import jobs, one row each (doc: the job's
+ * JSON), with the lease of the node running it (owner, until on the database's clock) and the
+ * cancel asked for from any node; one active job per source store, by a unique index. */
+static int schema_jobs(PGconn *c, char *why, size_t cap) {
+  int rc = exec_ok(c,
+                   "CREATE TABLE blobref_jobs (id bigserial PRIMARY KEY, source text NOT NULL,"
+                   " active boolean NOT NULL DEFAULT true, cancel boolean NOT NULL DEFAULT false,"
+                   " owner text NOT NULL DEFAULT '', lease_until bigint NOT NULL DEFAULT 0,"
+                   " doc text NOT NULL)",
+                   why, cap);
+  if (!rc)
+    rc = exec_ok(c,
+                 "CREATE UNIQUE INDEX blobref_jobs_one_per_source ON blobref_jobs (source)"
+                 " WHERE active",
+                 why, cap);
+  return rc;
+}
+
 /* The migration steps in order: step i brings the schema to version i + 1. */
 static int (*const SCHEMA_STEPS[])(PGconn *c, char *why, size_t cap) = {
-    schema_v1,     schema_purge_claims, schema_shared_state,
-    schema_counts, schema_file_cache,   schema_direct_plans,
+    schema_v1,         schema_purge_claims, schema_shared_state, schema_counts,
+    schema_file_cache, schema_direct_plans, schema_jobs,
 };
 #define SCHEMA_VERSION ((int)(sizeof SCHEMA_STEPS / sizeof SCHEMA_STEPS[0]))
 
@@ -1507,6 +1525,162 @@ static int pg_plans_count(idx_backend *be, uint64_t *n, br_err *err) {
   return 0;
 }
 
+/* ---- jobs ------------------------------------------------------------------------------------
+ * Every statement reads the database's clock (now.ms) and returns the rows as JOB_COLS (text,
+ * NUL-terminated by libpq in binary results too). */
+
+#define NOW_MS "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms)"
+#define JOB_COLS                                                                                  \
+  "j.id::text, j.doc, j.owner, (j.owner <> '' AND j.lease_until > now.ms)::text, j.active::text," \
+  " j.cancel::text"
+
+/* Passes each row of r (JOB_COLS) to fn until it returns non-zero; how many rows r has. */
+static int job_rows(PGresult *r, br_index_job_fn fn, void *ud) {
+  int n = PQntuples(r);
+  for (int i = 0; i < n; i++) {
+    br_index_job j = {.id = strtoull(PQgetvalue(r, i, 0), NULL, 10),
+                      .doc = PQgetvalue(r, i, 1),
+                      .owner = PQgetvalue(r, i, 2),
+                      .leased = PQgetvalue(r, i, 3)[0] == 't',
+                      .active = PQgetvalue(r, i, 4)[0] == 't',
+                      .cancel = PQgetvalue(r, i, 5)[0] == 't'};
+    if (fn && fn(ud, &j)) break;
+  }
+  return n;
+}
+
+static void u64_text(uint64_t v, char out[24]) { snprintf(out, 24, "%llu", (unsigned long long)v); }
+
+/* The insert skips a source with an active job (the unique index); then that job is read. A job
+ * that ends between the two is tried again. */
+static int pg_job_add(idx_backend *be, const char *source, const char *doc, const char *owner,
+                      uint64_t lease_ms, size_t keep, uint64_t *id, br_index_job_fn fn, void *ud,
+                      br_err *err) {
+  char lease_s[24], keep_s[24];
+  u64_text(lease_ms, lease_s), u64_text(keep, keep_s);
+  for (int attempt = 0; attempt < 3; attempt++) {
+    const char *v[4] = {source, doc, owner, lease_s};
+    int rc = 0;
+    PGresult *r = read_query(be,
+                             NOW_MS
+                             " INSERT INTO blobref_jobs (source, doc, owner, lease_until)"
+                             " SELECT $1, $2, $3, now.ms + $4::int8 FROM now"
+                             " ON CONFLICT (source) WHERE active DO NOTHING RETURNING id::text",
+                             4, v, NULL, NULL, "add a job", &rc, err);
+    if (!r) return rc;
+    int added = PQntuples(r) == 1;
+    if (added) *id = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    if (added) {
+      const char *k[1] = {keep_s};
+      r = read_query(be,
+                     "DELETE FROM blobref_jobs WHERE NOT active AND id < (SELECT min(id) FROM"
+                     " (SELECT id FROM blobref_jobs ORDER BY id DESC LIMIT $1::int8) t)",
+                     1, k, NULL, NULL, "forget old jobs", &rc, err);
+      PQclear(r); /* a failure leaves old rows for the next add */
+      return 0;
+    }
+    const char *s[1] = {source};
+    r = read_query(be,
+                   NOW_MS " SELECT " JOB_COLS
+                          " FROM blobref_jobs j, now"
+                          " WHERE j.source = $1 AND j.active",
+                   1, s, NULL, NULL, "read a job", &rc, err);
+    if (!r) return rc;
+    int n = job_rows(r, fn, ud);
+    PQclear(r);
+    if (n) return 1;
+  }
+  return br_fail(err, "index: add a job: the active job of %s keeps changing", source);
+}
+
+static int pg_job_claim(idx_backend *be, const char *owner, uint64_t lease_ms, int mine,
+                        br_index_job_fn fn, void *ud, br_err *err) {
+  char lease_s[24];
+  u64_text(lease_ms, lease_s);
+  const char *v[2] = {owner, lease_s};
+  int rc = 0;
+  if (mine) { /* a previous run of this node is gone: what it held is free */
+    PGresult *h =
+        read_query(be, "UPDATE blobref_jobs SET lease_until = 0 WHERE active AND owner = $1", 1, v,
+                   NULL, NULL, "hand back jobs", &rc, err);
+    if (!h) return rc;
+    PQclear(h);
+  }
+  PGresult *r = read_query(be,
+                           NOW_MS
+                           ", c AS (SELECT id, owner AS prev FROM blobref_jobs, now WHERE active"
+                           " AND lease_until <= now.ms ORDER BY id LIMIT 1"
+                           " FOR UPDATE OF blobref_jobs SKIP LOCKED)"
+                           " UPDATE blobref_jobs j SET owner = $1,"
+                           " lease_until = now.ms + $2::int8 FROM c, now WHERE j.id = c.id"
+                           " RETURNING j.id::text, j.doc, c.prev, 'false', j.active::text,"
+                           " j.cancel::text",
+                           2, v, NULL, NULL, "claim a job", &rc, err);
+  if (!r) return rc;
+  int n = job_rows(r, fn, ud);
+  PQclear(r);
+  return n ? 0 : 1;
+}
+
+/* The owner is compared, not the expiry: a claim by another node changes it under the row's
+ * lock, so exactly one node holds a job at any time on the database's clock. */
+static int pg_job_save(idx_backend *be, uint64_t id, const char *owner, const char *doc, int active,
+                       uint64_t lease_ms, int *cancel, br_err *err) {
+  char id_s[24], lease_s[24];
+  u64_text(id, id_s), u64_text(lease_ms, lease_s);
+  const char *v[5] = {id_s, owner, doc, active ? "true" : "false", lease_s};
+  int rc = 0;
+  PGresult *r = read_query(
+      be,
+      NOW_MS
+      " UPDATE blobref_jobs j SET doc = $3, active = $4::bool,"
+      " owner = CASE WHEN $4::bool THEN j.owner ELSE '' END,"
+      " lease_until = CASE WHEN $4::bool AND $5::int8 > 0 THEN now.ms + $5::int8 ELSE 0 END"
+      " FROM now WHERE j.id = $1::int8 AND j.owner = $2 AND j.owner <> '' AND j.active"
+      " RETURNING j.cancel::text",
+      5, v, NULL, NULL, "save a job", &rc, err);
+  if (!r) return rc;
+  int held = PQntuples(r) == 1;
+  if (held) *cancel = PQgetvalue(r, 0, 0)[0] == 't';
+  PQclear(r);
+  return held ? 0 : 1;
+}
+
+static int pg_job_list(idx_backend *be, uint64_t id, size_t max, br_index_job_fn fn, void *ud,
+                       br_err *err) {
+  char id_s[24], max_s[24];
+  u64_text(id, id_s), u64_text(max, max_s);
+  const char *v[2] = {id_s, max_s};
+  int rc = 0;
+  PGresult *r = read_query(be,
+                           NOW_MS " SELECT " JOB_COLS
+                                  " FROM blobref_jobs j, now"
+                                  " WHERE $1::int8 = 0 OR j.id = $1::int8"
+                                  " ORDER BY j.id DESC LIMIT $2::int8",
+                           2, v, NULL, NULL, "list jobs", &rc, err);
+  if (!r) return rc;
+  int n = job_rows(r, fn, ud);
+  PQclear(r);
+  return n;
+}
+
+static int pg_job_cancel(idx_backend *be, uint64_t id, br_index_job_fn fn, void *ud, br_err *err) {
+  char id_s[24];
+  u64_text(id, id_s);
+  const char *v[1] = {id_s};
+  int rc = 0;
+  PGresult *r = read_query(be,
+                           NOW_MS
+                           " UPDATE blobref_jobs j SET cancel = j.cancel OR j.active"
+                           " FROM now WHERE j.id = $1::int8 RETURNING " JOB_COLS,
+                           1, v, NULL, NULL, "cancel a job", &rc, err);
+  if (!r) return rc;
+  int n = job_rows(r, fn, ud);
+  PQclear(r);
+  return n ? 0 : 1;
+}
+
 static void pg_close(idx_backend *be) {
   release_wres(be);
   PQfinish(be->wconn);
@@ -1689,6 +1863,11 @@ static const idx_ops pg_ops = {
     .plans_forget = pg_plans_forget,
     .plans_claim = pg_plans_claim,
     .plans_count = pg_plans_count,
+    .job_add = pg_job_add,
+    .job_claim = pg_job_claim,
+    .job_save = pg_job_save,
+    .job_list = pg_job_list,
+    .job_cancel = pg_job_cancel,
     .counts_read = pg_counts_read,
     .purges_pending = pg_purges_pending,
     .counts_add = pg_counts_add,
