@@ -12,9 +12,11 @@
  *                             on stdout. Naming steps runs only those (e.g. under perf record).
  *
  * Sizes (the same environment for both modes): SNAPSHOTS=100 FILES_PER_SNAPSHOT=10
- * HASHES_PER_FILE=1000 (LISTS=0: reconcile runs with [reconcile] lists = false). Of each data
- * file's values, 90 % are blobs of its own (so every indexed blob referenced once) and 10 %
- * repeat blobs of the previous file; the index holds the referenced blobs plus 1/9 as many that
+ * HASHES_PER_FILE=1000 (LISTS=0: reconcile runs with [reconcile] lists = false; FILL=bulk: the
+ * index filled through br_index_apply_locations, 4 threads by default, as an import would, instead
+ * of br_index_record_upload from FILL_THREADS uploaders; index_map_size grows with the index, 8
+ * GiB plus 1 KiB a blob). Of each data file's values, 90 % are blobs of its own (so every
+ * indexed blob referenced once) and 10 % repeat blobs of the previous file; the index holds the referenced blobs plus 1/9 as many that
  * nothing references (10 % of the index), all uploaded 30 days ago.
  * The appended snapshot (v{SNAPSHOTS+1}) adds FILES_PER_SNAPSHOT files whose values are half
  * unreferenced blobs (quarantined by the first run: restored) and half hashes the index lacks.
@@ -264,7 +266,8 @@ static void load_config(br_config *cfg, const char *dir, unsigned version) {
   snprintf(text, sizeof text,
            "[server]\n"
            "data_dir = %s/data\n"
-           "index_map_size = %" PRIu64 "GiB\n"
+           "index_map_size = %" PRIu64
+           "GiB\n"
            "[reconcile]\n"
            "grace = 72h\n"
            "retention = 36500d\n"
@@ -405,7 +408,8 @@ static void step_fill(const char *dir) {
   br_index_get_stats(fl.idx, &st);
   br_index_close(fl.idx);
   double t2 = now_s();
-  printf("{\"step\":\"fill\",\"mode\":\"%s\",\"blobs\":%" PRIu64 ",\"threads\":%u,\"commits\":%" PRIu64
+  printf("{\"step\":\"fill\",\"mode\":\"%s\",\"blobs\":%" PRIu64
+         ",\"threads\":%u,\"commits\":%" PRIu64
          ",\"digest_seconds\":%.2f,\"seconds\":%.2f,\"index_mib\":%.1f",
          fill_bulk ? "bulk" : "upload", st.entries, fill_threads, st.commits, t1 - t0, t2 - t1,
          (double)st.map_used / 1048576.0);
