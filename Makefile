@@ -178,6 +178,9 @@ test-failover:
 	BLOBREF_FAILOVER=1 tests/run-integration.sh $(BUILD_ROOT)/san/bin tests/integration/test_patroni_failover.py -s
 
 # Reconcile at scale: 1M indexed blobs, 100 snapshots, 1,000 data files (about 3 minutes).
+# SIZE=10000000 FILES=10000 [SNAPSHOTS=100]: a table and index of those totals, the index
+# bulk-loaded; SIZES="1000000 10000000": one run per size and their peak RSS side by side
+# (tests/bench/reconcile-bench.sh lists the rest; make passes command-line variables through).
 bench-reconcile:
 	@tools/install-deps.sh test
 	@$(MAKE) --no-print-directory all

@@ -1,7 +1,8 @@
 /* The memory-bounded half of mark: digests are collected in a fixed buffer; each full buffer is
  * sorted, deduplicated and spilled as a run file; the runs are then merged (a small heap over
  * buffered readers) into one ascending stream without duplicates. Memory is the buffer plus
- * 64 KiB per run, whatever the number of references. */
+ * 64 KiB per run, whatever the number of references, plus a scratch buffer as large as the
+ * first while sorting. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +12,9 @@
 #include "reconcile/internal.h"
 
 #define D BR_SHA256_LEN
-#define READ_BUF 2048 /* digests per run reader: 64 KiB */
+#define READ_BUF 2048   /* digests per run reader: 64 KiB */
+#define NBUCKETS 65536  /* the counting sort's buckets: a digest's first two bytes */
+#define SMALL_BUCKET 32 /* buckets up to this many digests are insertion-sorted */
 
 struct run {
   FILE *f;
@@ -24,6 +27,8 @@ struct dsort {
   char dir[4096];
   uint8_t *mem;
   size_t cap, n;
+  uint8_t *tmp;    /* sort_unique's scratch, cap digests (glibc's qsort took as much) */
+  size_t *buckets; /* sort_unique's NBUCKETS + 1 offsets */
   uint64_t added;
   struct run *runs;
   size_t nruns, runs_cap;
@@ -37,16 +42,49 @@ struct dsort {
 
 static int cmp_digest(const void *a, const void *b) { return memcmp(a, b, D); }
 
-/* Sorts mem[0..n) and removes duplicates; returns the new count. */
-static size_t sort_unique(uint8_t *mem, size_t n) {
-  if (n < 2) return n;
-  qsort(mem, n, D, cmp_digest);
-  size_t w = 1;
-  for (size_t i = 1; i < n; i++)
-    if (memcmp(mem + (w - 1) * D, mem + i * D, D) != 0) {
-      if (w != i) memcpy(mem + w * D, mem + i * D, D);
-      w++;
+/* Sorts the n digests of b (n > 1) in place: insertion sort for a few, qsort past that. */
+static void sort_bucket(uint8_t *b, size_t n) {
+  if (n > SMALL_BUCKET) {
+    qsort(b, n, D, cmp_digest);
+    return;
+  }
+  for (size_t i = 1; i < n; i++) {
+    uint8_t x[D];
+    memcpy(x, b + i * D, D);
+    size_t j = i;
+    while (j > 0 && memcmp(b + (j - 1) * D, x, D) > 0) {
+      memcpy(b + j * D, b + (j - 1) * D, D);
+      j--;
     }
+    if (j != i) memcpy(b + j * D, x, D);
+  }
+}
+
+/* Sorts mem[0..n) into tmp and writes it back to mem without duplicates; returns the new count.
+ * Digests are spread evenly over the key space, so a counting sort on their first two bytes
+ * leaves buckets of a few digests each (16 for 1M), each finished by sort_bucket: about 4x less
+ * CPU than qsort over the whole buffer (issue 25: the sort was a third of a rerun's CPU at 10M
+ * references). Any input is sorted right; a skewed one only makes its buckets qsort's. */
+static size_t sort_unique(dsort *s, uint8_t *mem, size_t n) {
+  if (n < 2) return n;
+  uint8_t *tmp = s->tmp;
+  size_t *at = s->buckets;
+  memset(at, 0, (NBUCKETS + 1) * sizeof *at);
+  for (size_t i = 0; i < n; i++) at[(mem[i * D] << 8 | mem[i * D + 1]) + 1]++;
+  for (size_t k = 1; k <= NBUCKETS; k++) at[k] += at[k - 1]; /* at[k]: bucket k's start */
+  for (size_t i = 0; i < n; i++) {
+    size_t k = (size_t)(mem[i * D] << 8 | mem[i * D + 1]);
+    memcpy(tmp + at[k]++ * D, mem + i * D, D); /* at[k] ends as bucket k + 1's start */
+  }
+  size_t start = 0, w = 0;
+  for (size_t k = 0; k < NBUCKETS; k++) {
+    size_t end = at[k];
+    if (end - start > 1) sort_bucket(tmp + start * D, end - start);
+    for (size_t i = start; i < end; i++)
+      if (!w || memcmp(mem + (w - 1) * D, tmp + i * D, D) != 0)
+        memcpy(mem + w++ * D, tmp + i * D, D);
+    start = end;
+  }
   return w;
 }
 
@@ -59,7 +97,12 @@ dsort *dsort_new(const char *dir, size_t mem_digests, br_err *err) {
   snprintf(s->dir, sizeof s->dir, "%s", dir);
   s->cap = mem_digests < 1024 ? 1024 : mem_digests;
   s->mem = malloc(s->cap * D);
-  if (!s->mem) {
+  s->tmp = malloc(s->cap * D);
+  s->buckets = malloc((NBUCKETS + 1) * sizeof *s->buckets);
+  if (!s->mem || !s->tmp || !s->buckets) {
+    free(s->mem);
+    free(s->tmp);
+    free(s->buckets);
     free(s);
     br_fail(err, "out of memory for %zu digests", mem_digests);
     return NULL;
@@ -68,7 +111,7 @@ dsort *dsort_new(const char *dir, size_t mem_digests, br_err *err) {
 }
 
 static int spill(dsort *s, br_err *err) {
-  size_t n = sort_unique(s->mem, s->n);
+  size_t n = sort_unique(s, s->mem, s->n);
   if (s->nruns == s->runs_cap) {
     size_t ncap = s->runs_cap ? s->runs_cap * 2 : 16;
     struct run *nr = realloc(s->runs, ncap * sizeof *nr);
@@ -134,13 +177,17 @@ static void heap_down(dsort *s, size_t i) {
 
 int dsort_finish(dsort *s, br_err *err) {
   if (s->nruns == 0) { /* everything fits: no files at all */
-    s->n = sort_unique(s->mem, s->n);
+    s->n = sort_unique(s, s->mem, s->n);
     s->in_memory = 1;
+    free(s->tmp); /* the stream is read from mem */
+    s->tmp = NULL;
     return 0;
   }
   if (s->n && spill(s, err) < 0) return -1;
   free(s->mem); /* the merge needs only the readers */
   s->mem = NULL;
+  free(s->tmp);
+  s->tmp = NULL;
   s->heap = calloc(s->nruns, sizeof *s->heap);
   if (!s->heap) return br_fail(err, "out of memory");
   for (size_t i = 0; i < s->nruns; i++) {
@@ -192,5 +239,7 @@ void dsort_free(dsort *s) {
   free(s->runs);
   free(s->heap);
   free(s->mem);
+  free(s->tmp);
+  free(s->buckets);
   free(s);
 }

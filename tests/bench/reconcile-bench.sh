@@ -6,6 +6,16 @@
 # env:   SNAPSHOTS=100 FILES_PER_SNAPSHOT=10 HASHES_PER_FILE=1000   the table (and so the index:
 #          90 % of each file's values are blobs of its own, the index has 1/9 more unreferenced)
 #        FILL_THREADS=1024  uploaders filling the index through the group-committing writer
+#        FILL=bulk          fill through the writer's batch API instead (br_index_apply_locations,
+#                           an import's path; 4 threads, 16,384 records a commit): minutes, not an
+#                           hour, at 10M blobs
+#        SIZE=N [FILES=N/1000] [SNAPSHOTS=100]   the table and index by their totals: N indexed
+#                           blobs, FILES data files over SNAPSHOTS snapshots (FILES_PER_SNAPSHOT
+#                           and HASHES_PER_FILE follow; N/FILES must be a multiple of 10). With
+#                           SIZE, FILL defaults to bulk, LISTS_ROUNDS and SPILL to 0
+#        SIZES="1000000 10000000"   one run per size (each SIZE=n, FILES=n/1000, cleaned up before
+#                           the next), then a table of the steps' peak RSS and time against the
+#                           first size's (issue 25: memory flat as the index grows)
 #        SPILL=1            also a full dry run with a 256k-digest sort buffer (spills runs)
 #        QUICK=1            smoke run: SNAPSHOTS=10
 #        OUT=build/bench/reconcile.md (raw step lines in reconcile.jsonl beside it)
@@ -32,6 +42,56 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 LIB=${1:-$ROOT/build/release/libblobref.a}
 OUT=${OUT:-$ROOT/build/bench/reconcile.md}
+
+# SIZES: this script once per size, then the sizes side by side
+if [ -n "${SIZES:-}" ]; then
+  outs=()
+  for n in $SIZES; do
+    printf '[bench-reconcile %s] size %s (load %s)\n' "$(date +%T)" "$n" "$(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    SIZES='' SIZE=$n FILES=$((n / 1000)) OUT=${OUT%.md}-$n.md "${BASH_SOURCE[0]}" "$LIB" || exit 1
+    outs+=("${OUT%.md}-$n.jsonl")
+  done
+  python3 - "$OUT" "${outs[@]}" <<'EOF'
+import json, sys
+runs = []
+for path in sys.argv[2:]:
+    steps = [json.loads(l) for l in open(path) if l.strip()]
+    runs.append({s["step"]: s for s in steps if s["step"] != "size"})
+base = runs[0]
+out = ["Reconcile by index size (each size its own run, one after the other; load = the 1-minute "
+       "load average before the step)", "",
+       "| blobs | data files | step | wall | CPU user+sys | waiting for a CPU | load | peak RSS | peak anon "
+       "| peak file-backed | anon vs first size | wall vs first size |",
+       "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+for r in runs:
+    for name in ("full", "rerun", "append", "full_spill"):
+        s, b = r.get(name), base.get(name)
+        if not s or not b:
+            continue
+        t = s["report"]["tables"][0] if s["report"]["tables"] else {}
+        files = t.get("data_files_read", 0) + t.get("data_files_cached", 0)
+        out.append(f"| {r['fill']['blobs']:,} | {files:,} | {name} | {s['seconds']:.2f} s "
+                   f"| {s['cpu_user_s']:.2f}+{s['cpu_sys_s']:.2f} s | {s['runq_wait_s']:.2f} s "
+                   f"| {s.get('load1', 0):.1f} | {s['max_rss_kib'] / 1024:.0f} MiB "
+                   f"| {s['peak_anon_kib'] / 1024:.0f} MiB | {s['peak_file_kib'] / 1024:.0f} MiB "
+                   f"| {s['peak_anon_kib'] / max(b['peak_anon_kib'], 1):.2f}x "
+                   f"| {s['seconds'] / max(b['seconds'], 1e-9):.2f}x |")
+text = "\n".join(out) + "\n"
+open(sys.argv[1], "w").write(text)
+print(text)
+EOF
+  exit 0
+fi
+if [ -n "${SIZE:-}" ]; then
+  export SNAPSHOTS=${SNAPSHOTS:-100} FILL=${FILL:-bulk} LISTS_ROUNDS=${LISTS_ROUNDS:-0} SPILL=${SPILL:-0}
+  FILES=${FILES:-$((SIZE / 1000))}
+  if [ "$FILES" -lt "$SNAPSHOTS" ] || [ $((FILES % SNAPSHOTS)) != 0 ] || [ $((SIZE % FILES)) != 0 ] \
+    || [ $((SIZE / FILES % 10)) != 0 ]; then
+    echo "SIZE=$SIZE FILES=$FILES SNAPSHOTS=$SNAPSHOTS: want FILES a multiple of SNAPSHOTS and SIZE/FILES a multiple of 10" >&2
+    exit 2
+  fi
+  export FILES_PER_SNAPSHOT=$((FILES / SNAPSHOTS)) HASHES_PER_FILE=$((SIZE / FILES))
+fi
 if [ "${QUICK:-0}" = 1 ]; then export SNAPSHOTS=${SNAPSHOTS:-10}; fi
 # make bench-reconcile passes the Makefile's flags; run directly, ask make for the same ones (its
 # PKGS list is the one place the libraries are named: a copy here once lacked gnutls, pq, magic)
@@ -91,8 +151,13 @@ ROUNDS=${LISTS_ROUNDS:-5}
 log "filling the index, then reconcile: $STEP_NAMES"
 "$RB" run "$T" fill | tee -a "$STEPS" | cut -c1-200 >&2 || die "reconcile_bench fill failed"
 [ "$ROUNDS" -gt 0 ] && cp -a --sparse=always "$T/data" "$T/data.filled"
-# shellcheck disable=SC2086
-"$RB" run "$T" $STEP_NAMES | tee -a "$STEPS" | cut -c1-200 >&2 || die "reconcile_bench run failed"
+# each step in a process of its own, the 1-minute load average before it on its line
+for step in $STEP_NAMES; do
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  log "$step (load $load)"
+  "$RB" run "$T" "$step" | sed "s/^{\"step\":\"$step\"/&,\"load1\":$load/" \
+    | tee -a "$STEPS" | cut -c1-200 >&2 || die "reconcile_bench $step failed"
+done
 
 # lists on against off: the same full run from the same filled index, interleaved (the order
 # swapped every round) so that both see the same load on a shared machine
@@ -128,13 +193,13 @@ out.append(f"- table: {gen['data_files']} data files ({sizes.get('data', 0) / 10
            f"{gen['values']} values, metadata {sizes.get('metadata', 0) / 1048576:.1f} MiB "
            f"(Parquet written in {gen['seconds']:.1f} s, Avro in {by['avro']['seconds']:.1f} s)")
 out.append(f"- index: {fill['blobs']} blobs ({fill['index_mib']:.0f} MiB), filled in {fill['seconds']:.1f} s "
-           f"by {fill['threads']} threads in {fill['commits']} group commits "
+           f"by {fill['threads']} threads ({fill.get('mode', 'upload')}) in {fill['commits']} group commits "
            f"({fill['blobs'] / max(fill['seconds'], 1e-9):.0f} records/s)")
 out.append("")
-out.append("| run | wall | mark | sweep | apply | CPU user+sys | waiting for a CPU | data files read / cached "
+out.append("| run | load | wall | mark | sweep | apply | CPU user+sys | waiting for a CPU | data files read / cached "
            "| references | spill runs | quarantined | restored | peak RSS | peak anon | peak file-backed |")
-out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-goals = {"full": 60, "rerun": 5} if fill["blobs"] >= 1000000 else {}  # issue 7's sizes
+out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+goals = {"full": 60, "rerun": 5} if fill["blobs"] >= 1000000 else {}  # issues 7 and 25
 for name in ("full", "rerun", "append", "full_spill"):
     s = by.get(name)
     if not s:
@@ -146,7 +211,7 @@ for name in ("full", "rerun", "append", "full_spill"):
     wall = f"{s['seconds']:.2f} s"
     if name in goals:
         wall += " ✓" if s["seconds"] < goals[name] else f" ✗ (goal {goals[name]} s)"
-    out.append(f"| {name} | {wall} | {p['mark_ms'] / 1000:.2f} s | {p['sweep_ms'] / 1000:.2f} s "
+    out.append(f"| {name} | {s.get('load1', 0):.1f} | {wall} | {p['mark_ms'] / 1000:.2f} s | {p['sweep_ms'] / 1000:.2f} s "
                f"| {p['delete_ms'] / 1000:.2f} s | {s['cpu_user_s']:.2f}+{s['cpu_sys_s']:.2f} s | {s['runq_wait_s']:.2f} s "
                f"| {t.get('data_files_read', 0)} / {t.get('data_files_cached', 0)} "
                f"| {r['references']} | {r['spill_runs']} | {b['quarantined']} | {b['restored']} "
@@ -154,7 +219,7 @@ for name in ("full", "rerun", "append", "full_spill"):
     if r.get("errors"):
         out.append(f"|  | errors: {'; '.join(r['errors'])} |")
 out.append("")
-out.append("Goals (issue 7): full run under 60 s, rerun with no change under 5 s. mark = walking "
+out.append("Goals (issue 7 at 1M blobs, issue 25 at 10M): full run under 60 s, rerun with no change under 5 s. mark = walking "
            "metadata and manifests, reading (or taking from the cache) each data file's hashes into "
            "the external sort; sweep = the sorted references merged against the index; apply = the "
            "changes through the index writer. CPU is the step process's; waiting for a CPU is the run "

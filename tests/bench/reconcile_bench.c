@@ -12,9 +12,11 @@
  *                             on stdout. Naming steps runs only those (e.g. under perf record).
  *
  * Sizes (the same environment for both modes): SNAPSHOTS=100 FILES_PER_SNAPSHOT=10
- * HASHES_PER_FILE=1000 (LISTS=0: reconcile runs with [reconcile] lists = false). Of each data
- * file's values, 90 % are blobs of its own (so every indexed blob referenced once) and 10 %
- * repeat blobs of the previous file; the index holds the referenced blobs plus 1/9 as many that
+ * HASHES_PER_FILE=1000 (LISTS=0: reconcile runs with [reconcile] lists = false; FILL=bulk: the
+ * index filled through br_index_apply_locations, 4 threads by default, as an import would, instead
+ * of br_index_record_upload from FILL_THREADS uploaders; index_map_size grows with the index, 8
+ * GiB plus 1 KiB a blob). Of each data file's values, 90 % are blobs of its own (so every
+ * indexed blob referenced once) and 10 % repeat blobs of the previous file; the index holds the referenced blobs plus 1/9 as many that
  * nothing references (10 % of the index), all uploaded 30 days ago.
  * The appended snapshot (v{SNAPSHOTS+1}) adds FILES_PER_SNAPSHOT files whose values are half
  * unreferenced blobs (quarantined by the first run: restored) and half hashes the index lacks.
@@ -52,6 +54,7 @@
 static unsigned snapshots = 100, files_per_snapshot = 10, hashes_per_file = 1000;
 static unsigned fill_threads = 1024;
 static unsigned lists_on = 1; /* LISTS=0: [reconcile] lists = false (counts only) */
+static unsigned fill_bulk;    /* FILL=bulk: the index through the batch API, not uploads */
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...) {
@@ -263,7 +266,8 @@ static void load_config(br_config *cfg, const char *dir, unsigned version) {
   snprintf(text, sizeof text,
            "[server]\n"
            "data_dir = %s/data\n"
-           "index_map_size = 8GiB\n"
+           "index_map_size = %" PRIu64
+           "GiB\n"
            "[reconcile]\n"
            "grace = 72h\n"
            "retention = 36500d\n"
@@ -273,7 +277,7 @@ static void load_config(br_config *cfg, const char *dir, unsigned version) {
            "location = %s/table/metadata/v%u.metadata.json\n"
            "column = image_sha256\n"
            "form = hex\n",
-           dir, lists_on ? "true" : "false", dir, version);
+           dir, 8 + indexed_blobs() / (1u << 20), lists_on ? "true" : "false", dir, version);
   br_err err;
   br_config_init(cfg);
   if (br_config_load_string(cfg, text, "bench", &err) < 0 || br_config_finish(cfg, &err) < 0)
@@ -336,6 +340,49 @@ static void *fill_main(void *arg) {
   return NULL;
 }
 
+/* FILL=bulk: each thread takes BULK_CHUNK blobs at a time, in digest order, through the writer's
+ * batch API (br_index_apply_locations, BR_LOC_INSERT: the path of --import-index and POST
+ * /v1/import, as tests/bench/scale_load.c loads), BULK_TXN records a transaction. The records are
+ * the same as fill_main's. */
+#define BULK_CHUNK 1024
+#define BULK_TXN 16384
+static void *bulk_main(void *arg) {
+  struct fill *fl = arg;
+  br_loc_change *ch = calloc(BULK_CHUNK, sizeof *ch);
+  br_record *recs = calloc(BULK_CHUNK, sizeof *recs);
+  if (!ch || !recs) die("out of memory");
+  for (;;) {
+    uint64_t lo = atomic_fetch_add(&fl->next, BULK_CHUNK);
+    if (lo >= fl->n || atomic_load(&fl->failed)) break;
+    size_t n = fl->n - lo < BULK_CHUNK ? (size_t)(fl->n - lo) : BULK_CHUNK;
+    for (size_t j = 0; j < n; j++) {
+      const uint8_t *d = fl->digests + (lo + j) * D;
+      char hex[BR_HEX_LEN + 1], key[BR_MAX_KEY + 1];
+      br_hex_encode(d, hex);
+      snprintf(key, sizeof key, "sha256/%.2s/%.2s/%s", hex, hex + 2, hex);
+      br_record_init(&recs[j], 4096, "application/octet-stream", "local", key, fl->uploaded_ms,
+                     fl->uploaded_ms);
+      memset(&ch[j], 0, sizeof ch[j]);
+      memcpy(ch[j].digest, d, D);
+      ch[j].kind = BR_LOC_INSERT;
+      ch[j].rec = &recs[j];
+    }
+    br_err err;
+    int rc = br_index_apply_locations(fl->idx, ch, n, br_now_ms(), &err);
+    for (size_t j = 0; rc == 0 && j < n; j++)
+      if (ch[j].outcome != BR_LOC_APPLIED) rc = 1;
+    if (rc != 0) {
+      fprintf(stderr, "reconcile_bench: bulk fill at %" PRIu64 ": %d %s\n", lo, rc,
+              rc == 1 ? "not inserted" : err.msg);
+      atomic_store(&fl->failed, 1);
+      break;
+    }
+  }
+  free(ch);
+  free(recs);
+  return NULL;
+}
+
 static void step_fill(const char *dir) {
   br_config cfg;
   load_config(&cfg, dir, snapshots);
@@ -346,22 +393,26 @@ static void step_fill(const char *dir) {
   for (uint64_t i = 0; i < fl.n; i++) blob_digest(i, fl.digests + i * D);
   qsort(fl.digests, fl.n, D, cmp_digest);
   double t1 = now_s();
+  if (fill_bulk) cfg.index_batch_max = BULK_TXN;
   fl.idx = open_index(&cfg);
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setstacksize(&attr, 128 * 1024);
   pthread_t *th = calloc(fill_threads, sizeof *th);
   for (unsigned i = 0; i < fill_threads; i++)
-    if (pthread_create(&th[i], &attr, fill_main, &fl)) die("pthread_create failed");
+    if (pthread_create(&th[i], &attr, fill_bulk ? bulk_main : fill_main, &fl))
+      die("pthread_create failed");
   for (unsigned i = 0; i < fill_threads; i++) pthread_join(th[i], NULL);
   if (atomic_load(&fl.failed)) die("fill failed");
   br_index_stats st;
   br_index_get_stats(fl.idx, &st);
   br_index_close(fl.idx);
   double t2 = now_s();
-  printf("{\"step\":\"fill\",\"blobs\":%" PRIu64 ",\"threads\":%u,\"commits\":%" PRIu64
+  printf("{\"step\":\"fill\",\"mode\":\"%s\",\"blobs\":%" PRIu64
+         ",\"threads\":%u,\"commits\":%" PRIu64
          ",\"digest_seconds\":%.2f,\"seconds\":%.2f,\"index_mib\":%.1f",
-         st.entries, fill_threads, st.commits, t1 - t0, t2 - t1, (double)st.map_used / 1048576.0);
+         fill_bulk ? "bulk" : "upload", st.entries, fill_threads, st.commits, t1 - t0, t2 - t1,
+         (double)st.map_used / 1048576.0);
   free(fl.digests);
   free(th);
   br_config_free(&cfg);
@@ -488,6 +539,11 @@ int main(int argc, char **argv) {
   hashes_per_file = env_uint("HASHES_PER_FILE", hashes_per_file, 10, 10000000);
   fill_threads = env_uint("FILL_THREADS", fill_threads, 1, 4096);
   lists_on = env_uint("LISTS", lists_on, 0, 1);
+  const char *fill = getenv("FILL");
+  if (fill && *fill && strcmp(fill, "upload") && strcmp(fill, "bulk"))
+    die("FILL=%s: want upload or bulk", fill);
+  fill_bulk = fill && !strcmp(fill, "bulk");
+  if (fill_bulk && !getenv("FILL_THREADS")) fill_threads = 4;
   br_log_min_level = BR_LOG_WARN;
   if (!strcmp(argv[1], "gen"))
     cmd_gen(argv[2]);

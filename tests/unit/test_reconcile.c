@@ -67,6 +67,55 @@ static void test_sort(const char *dir) {
   }
 }
 
+/* The sort's buckets (a digest's first two bytes): real digests (about one a bucket here), all in
+ * one bucket past the insertion-sort size (qsort's path), buckets of just that size, and
+ * duplicates within a bucket, each in memory and spilled; the stream must be qsort's, unique. */
+static void test_sort_buckets(const char *dir) {
+  enum { N = 30000 };
+  uint8_t *in = malloc((size_t)N * BR_SHA256_LEN), *want = malloc((size_t)N * BR_SHA256_LEN);
+  for (int shape = 0; shape < 4; shape++) {
+    for (size_t i = 0; i < N; i++) {
+      uint8_t *d = in + i * BR_SHA256_LEN;
+      uint32_t v = (uint32_t)(shape == 3 ? i % 5000 : i);
+      SHA256((const uint8_t *)&v, sizeof v, d);
+      if (shape == 1) d[0] = d[1] = 0x5a; /* one bucket of N */
+      if (shape == 2) {                   /* buckets of 32 */
+        d[0] = (uint8_t)(i / 32 >> 8);
+        d[1] = (uint8_t)(i / 32);
+      }
+      if (shape == 3) d[0] = d[1] = (uint8_t)(v % 3); /* three buckets, each digest 6 times */
+    }
+    memcpy(want, in, (size_t)N * BR_SHA256_LEN);
+    qsort(want, N, BR_SHA256_LEN, cmp);
+    size_t w = 0;
+    for (size_t i = 0; i < N; i++)
+      if (!w || memcmp(want + (w - 1) * BR_SHA256_LEN, want + i * BR_SHA256_LEN, BR_SHA256_LEN))
+        memmove(want + w++ * BR_SHA256_LEN, want + i * BR_SHA256_LEN, BR_SHA256_LEN);
+    for (size_t mem = 4096; mem <= 65536; mem *= 16) { /* spilled (8 runs), then in memory */
+      br_err err;
+      dsort *s = dsort_new(dir, mem, &err);
+      CHECK(s != NULL, "new: %s", err.msg);
+      if (!s) continue;
+      int ok = 1, rc;
+      for (size_t i = 0; i < N; i++) ok &= dsort_add(s, in + i * BR_SHA256_LEN, &err) == 0;
+      ok &= dsort_finish(s, &err) == 0;
+      uint8_t d[BR_SHA256_LEN];
+      size_t got = 0;
+      while ((rc = dsort_next(s, d, &err)) == 1) {
+        if (got >= w || memcmp(d, want + got * BR_SHA256_LEN, BR_SHA256_LEN)) ok = 0;
+        got++;
+      }
+      CHECK(ok && rc == 0 && got == w, "shape %d, mem %zu: %zu of %zu in order: %d", shape, mem,
+            got, w, ok);
+      CHECK((dsort_runs(s) > 0) == (mem < N), "shape %d, mem %zu: %zu runs", shape, mem,
+            dsort_runs(s));
+      dsort_free(s);
+    }
+  }
+  free(in);
+  free(want);
+}
+
 struct collect {
   size_t n;
   uint8_t last[BR_SHA256_LEN];
@@ -312,6 +361,7 @@ int main(void) {
   char dir[] = "/tmp/blobref-test-reconcile-XXXXXX";
   if (!mkdtemp(dir)) return 1;
   test_sort(dir);
+  test_sort_buckets(dir);
   test_state(dir);
   test_finish_deletes(dir);
   test_lease_gate(dir);
