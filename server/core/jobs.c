@@ -1028,17 +1028,25 @@ static void *lease_main(void *arg) {
 
 /* This node's name on its leases: host and a random id kept in DATA_DIR/jobs/lease-owner, made
  * at the first start. The data directory's lock makes one process at a time its owner, so that
- * what a killed run held is this node's again at once when it restarts. */
+ * what a killed run held is this node's again at once when it restarts. The file also names the
+ * directory it was made in (device and inode): a data directory copied elsewhere (a cloned
+ * image, a restored backup) makes an id of its own, never sharing another node's leases. */
 static void pick_owner(struct job_engine *en) {
-  char host[64] = "", id[40] = "", path[PATH_MAX + 16];
+  char host[64] = "", line[96] = "", id[17] = "", path[PATH_MAX + 16];
   if (gethostname(host, sizeof host) < 0) host[0] = '\0';
   host[sizeof host - 1] = '\0';
+  struct stat sd;
+  uint64_t dev = 0, ino = 0;
+  if (stat(en->dir, &sd) == 0) dev = (uint64_t)sd.st_dev, ino = (uint64_t)sd.st_ino;
   snprintf(path, sizeof path, "%s/lease-owner", en->dir);
   FILE *f = fopen(path, "r");
   if (f) {
-    if (!fgets(id, sizeof id, f)) id[0] = '\0';
+    uint64_t fdev = 0, fino = 0;
+    if (fgets(line, sizeof line, f) &&
+        sscanf(line, "%16[0-9a-f] %" SCNu64 ":%" SCNu64, id, &fdev, &fino) == 3 &&
+        (fdev != dev || fino != ino || !ino))
+      id[0] = '\0'; /* made in another directory: this copy's own id */
     fclose(f);
-    id[strcspn(id, "\r\n")] = '\0';
   }
   if (strlen(id) != 16) {
     uint64_t r = 0;
@@ -1047,9 +1055,10 @@ static void pick_owner(struct job_engine *en) {
     if (u) fclose(u);
     snprintf(id, sizeof id, "%016" PRIx64, r);
     f = fopen(path, "w");
-    if (!f || fputs(id, f) < 0 || fclose(f) != 0)
+    int ok = f && fprintf(f, "%s %" PRIu64 ":%" PRIu64 "\n", id, dev, ino) > 0;
+    if (f && fclose(f) != 0) ok = 0;
+    if (!ok)
       br_warn("jobs: %s: %s (a restart waits for its leases to expire)", path, strerror(errno));
-    f = NULL;
   }
   snprintf(en->owner, sizeof en->owner, "%s/%s", host, id);
 }

@@ -10,6 +10,7 @@ is done once."""
 import hashlib
 import random
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -339,6 +340,44 @@ def test_a_killed_node_restarted_resumes_its_job_at_once(tmp_path, postgres):
         all_moved_once(tmp_path, a, blobs, end)
     finally:
         stop_all(a)
+
+
+def test_a_copied_data_directory_does_not_share_the_leases_of_its_original(tmp_path, postgres):
+    """A node started on a copy of a killed node's data directory (a cloned image) on the same
+    host gets a lease owner of its own: it leaves the original's job alone until its lease (60 s
+    here) expires, where the same owner would have resumed it at once. The original, started
+    again on its own directory, keeps its owner and goes on at once."""
+    dsn = postgres.database()
+    a = node(tmp_path, "na", dsn, lease=60)
+    c = None
+    a.start()
+    try:
+        blobs = put_blobs(a)
+        jid = start_migrate(a, rate=0.5)
+        wait_for(lambda: moved(a, blobs) >= 3, 60, "the job to switch a few blobs", step=0.05)
+        a.stop(signal.SIGKILL)
+        owner = (tmp_path / "na" / "jobs" / "lease-owner").read_text()
+        shutil.copytree(tmp_path / "na", tmp_path / "nc")
+        c = node(tmp_path, "nc", dsn, lease=60)
+        c.start()
+        assert (tmp_path / "nc" / "jobs" / "lease-owner").read_text().split()[0] \
+            != owner.split()[0]
+        before = moved(c, blobs)
+        assert before < N, "the job ended before the kill: nothing was proved"
+        # the bound within which the same owner resumes (see the restart test): nothing moves
+        deadline = time.monotonic() + 1 + SLACK
+        while time.monotonic() < deadline:
+            assert moved(c, blobs) == before, "the copy took over the original's job"
+            assert job(c, jid)["state"] == "running"
+            time.sleep(0.2)
+        stop_all(c)
+        a.start()
+        assert (tmp_path / "na" / "jobs" / "lease-owner").read_text() == owner
+        wait_for(lambda: moved(a, blobs) > before, 1 + SLACK,
+                 "the original node to go on with its job")
+        all_moved_once(tmp_path, a, blobs, ended(a, jid, 120, "the job to end"))
+    finally:
+        stop_all(*(n for n in (a, c) if n is not None))
 
 
 def test_same_location_switch_raced_on_two_nodes_is_done_once(tmp_path, postgres):
