@@ -113,3 +113,65 @@ def test_blob_lock_is_free_once_the_upload_is_answered(node, pgss):
     for b in bodies:  # reads on the pooled connections that released the locks
         r = requests.get(f"{node.url}/v1/blobs/{hashlib.sha256(b).hexdigest()}", timeout=TIMEOUT)
         assert r.status_code == 200 and r.content == b
+
+
+GET_SQL = "SELECT record FROM blobref_blobs WHERE digest = $1"
+GET_MANY_SQL = "SELECT (q.i - 1)::int4, b.record FROM unnest($1::bytea[])%"
+
+
+def reader_connections(pg, db):
+    """The node's sessions on the database (the writer's among them): an upper bound on how many
+    reader connections planned anything."""
+    return int(pg.psql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                       " AND application_name = 'blobrefd'", db)[0][0])
+
+
+def reads_planned_once_per_connection(node, pg, n):
+    reset(pg, node.db)
+    bodies = [os.urandom(2048) for _ in range(n)]
+    assert [put(node, b) for b in bodies] == [201] * n  # each reads its record first (br_get)
+    hashes = [hashlib.sha256(b).hexdigest() for b in bodies] + ["0" * 64]
+    for _ in range(n):
+        r = requests.post(f"{node.url}/v1/lookup", json={"hashes": hashes}, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+    conns = reader_connections(pg, node.db)
+    assert conns < n
+    assert statements(pg, node.db, GET_SQL) == n
+    assert statements(pg, node.db, GET_MANY_SQL) == n
+    # the default mode would plan each call anew (custom plans, over 16 partitions)
+    assert statements(pg, node.db, GET_SQL, "plans") <= conns
+    assert statements(pg, node.db, GET_MANY_SQL, "plans") <= conns
+
+
+def test_readers_plan_the_record_reads_once_per_connection(node, pgss):
+    reads_planned_once_per_connection(node, pgss, 16)
+
+
+def test_reconnected_readers_prepare_and_plan_them_once_again(node, pgss):
+    """After a database restart every connection is new: the reads are prepared on it again (a
+    read on a connection without them would fail) and planned once there too."""
+    put(node, b"before the restart")
+    pgss.stop()
+    pgss.start()
+    data = b"after the restart"
+    assert pgutil.wait_until(lambda: requests.put(
+        f"{node.url}/v1/blobs/{hashlib.sha256(data).hexdigest()}", data=data,
+        timeout=TIMEOUT).status_code == 201)
+    reads_planned_once_per_connection(node, pgss, 16)
+
+
+def test_ad_hoc_queries_keep_the_default_plan_mode(node, pgss):
+    """A query with parameters other than the hot reads runs in the default plan_cache_mode on a
+    connection that ran the hot reads before: the session is switched back for it (and only when
+    it changes)."""
+    bodies = [os.urandom(1000) for _ in range(4)]
+    for b in bodies:
+        put(node, b)
+    reset(pgss, node.db)
+    for b in bodies:  # a hot read (br_get, generic), then ad hoc ones (the store-key map)
+        put(node, b)
+        r = requests.get(f"{node.url}/v1/blobs/{hashlib.sha256(b).hexdigest()}", timeout=TIMEOUT)
+        assert r.status_code == 200
+    sets = pgss.psql("SELECT query, calls FROM pg_stat_statements WHERE query LIKE "
+                     "'SET plan_cache_mode%' ORDER BY query", node.db)
+    print(sets)
