@@ -117,9 +117,23 @@ static int exec_ok(PGconn *c, const char *sql, char *why, size_t cap);
   " ON CONFLICT (store, key) DO UPDATE SET owner = EXCLUDED.owner"     \
   " WHERE blobref_owners.owner = EXCLUDED.owner"
 #define SQL_NOTIFY "SELECT pg_notify('" PGL_CHANNEL "', $1)"
+/* The counters' upsert (pg_counts_add), a row of values per (store, state) changed; its one- and
+ * two-row texts (a batch of new uploads to one store: its row and the all-stores row) are among
+ * the prepared ones. */
+#define SQL_COUNTS_HEAD "INSERT INTO blobref_counts (node, store, state, blobs, bytes) VALUES "
+#define SQL_COUNTS_ROW "%s($1::int8, $%d, $%d::int2, $%d::int8, $%d::int8)"
+#define SQL_COUNTS_TAIL                                                                            \
+  " ON CONFLICT (node, store, state) DO UPDATE SET blobs = blobref_counts.blobs + EXCLUDED.blobs," \
+  " bytes = blobref_counts.bytes + EXCLUDED.bytes"
+#define SQL_COUNTS_ONE \
+  SQL_COUNTS_HEAD "($1::int8, $2, $3::int2, $4::int8, $5::int8)" SQL_COUNTS_TAIL
+#define SQL_COUNTS_TWO                                \
+  SQL_COUNTS_HEAD                                     \
+      "($1::int8, $2, $3::int2, $4::int8, $5::int8)," \
+      "($1::int8, $6, $7::int2, $8::int8, $9::int8)" SQL_COUNTS_TAIL
 static const char *const WRITER_SQL[] = {SQL_LOCK_RECORD,   SQL_LOCK_OWNER,    SQL_INSERT_RECORD,
                                          SQL_UPDATE_RECORD, SQL_DELETE_RECORD, SQL_PUT_OWNER,
-                                         SQL_NOTIFY};
+                                         SQL_NOTIFY,        SQL_COUNTS_ONE,    SQL_COUNTS_TWO};
 #define WRITER_STMTS ((int)(sizeof WRITER_SQL / sizeof WRITER_SQL[0]))
 
 /* The name of sql's prepared statement on the writer's connection ("bw0" ...), or NULL. */
@@ -1172,9 +1186,7 @@ static int pg_counts_add(idx_backend *be, const br_counts *delta) {
     goto done;
   }
   v[0] = be->count_node;
-  size_t len = (size_t)snprintf(sql, 256,
-                                "INSERT INTO blobref_counts (node, store, state, blobs,"
-                                " bytes) VALUES ");
+  size_t len = (size_t)snprintf(sql, 256, "%s", SQL_COUNTS_HEAD);
   size_t k = 0;
   for (size_t i = 0; i < delta->n; i++) {
     const br_count *d = &delta->c[i];
@@ -1186,14 +1198,10 @@ static int pg_counts_add(idx_backend *be, const br_counts *delta) {
     int p = 2 + 4 * (int)k;
     v[p - 1] = d->store, v[p] = num, v[p + 1] = num + NUM, v[p + 2] = num + 2 * NUM;
     len +=
-        (size_t)snprintf(sql + len, ROW_SQL, "%s($1::int8, $%d, $%d::int2, $%d::int8, $%d::int8)",
-                         k ? "," : "", p, p + 1, p + 2, p + 3);
+        (size_t)snprintf(sql + len, ROW_SQL, SQL_COUNTS_ROW, k ? "," : "", p, p + 1, p + 2, p + 3);
     k++;
   }
-  snprintf(sql + len, 256 + n * ROW_SQL - len,
-           " ON CONFLICT (node, store, state) DO UPDATE SET"
-           " blobs = blobref_counts.blobs + EXCLUDED.blobs,"
-           " bytes = blobref_counts.bytes + EXCLUDED.bytes");
+  snprintf(sql + len, 256 + n * ROW_SQL - len, "%s", SQL_COUNTS_TAIL);
   rc = wsend(be, sql, 1 + 4 * (int)n, v, NULL, NULL, PGRES_COMMAND_OK, NULL);
 done:
   free(v);

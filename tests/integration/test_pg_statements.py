@@ -90,6 +90,10 @@ def test_writer_plans_its_statements_once_per_connection(node, pgss):
                 "INSERT INTO blobref_owners (store, key, owner) VALUES%"):
         assert statements(pgss, node.db, sql) == 12, sql
         assert statements(pgss, node.db, sql, "plans") <= 1, sql
+    # the counters' upsert, once a batch (two rows: store a's and the all-stores one)
+    counts = "INSERT INTO blobref_counts %"
+    assert statements(pgss, node.db, counts) >= 2
+    assert statements(pgss, node.db, counts, "plans") <= 1
 
 
 def test_blob_lock_is_free_once_the_upload_is_answered(node, pgss):
