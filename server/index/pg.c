@@ -4,6 +4,7 @@
 #include "backend.h"
 #include "index/pg_listen.h"
 
+#include <libpq-events.h>
 #include <libpq-fe.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -84,8 +85,11 @@ static void pq_message(PGconn *c, const PGresult *r, char *out, size_t cap) {
 
 static int exec_ok(PGconn *c, const char *sql, char *why, size_t cap);
 
-/* The hot reads, prepared on every connection (planned once, not at each call: planning over
- * 16 partitions costs more than the lookups themselves). */
+/* The hot reads, prepared on every connection and planned once per connection: a generic plan,
+ * which prunes the 16 partitions at run time (PostgreSQL's default would plan each call anew, its
+ * custom plans looking cheaper than the generic one, and planning costs more than the lookup).
+ * plan_cache_mode, read at each execution, is force_generic_plan while they run and the default
+ * while an ad hoc query with parameters runs (see reader_mode). */
 #define STMT_GET "br_get"
 #define SQL_GET "SELECT record FROM blobref_blobs WHERE digest = $1"
 #define STMT_GET_MANY "br_get_many"
@@ -113,9 +117,23 @@ static int exec_ok(PGconn *c, const char *sql, char *why, size_t cap);
   " ON CONFLICT (store, key) DO UPDATE SET owner = EXCLUDED.owner"     \
   " WHERE blobref_owners.owner = EXCLUDED.owner"
 #define SQL_NOTIFY "SELECT pg_notify('" PGL_CHANNEL "', $1)"
+/* The counters' upsert (pg_counts_add), a row of values per (store, state) changed; its one- and
+ * two-row texts (a batch of new uploads to one store: its row and the all-stores row) are among
+ * the prepared ones. */
+#define SQL_COUNTS_HEAD "INSERT INTO blobref_counts (node, store, state, blobs, bytes) VALUES "
+#define SQL_COUNTS_ROW "%s($1::int8, $%d, $%d::int2, $%d::int8, $%d::int8)"
+#define SQL_COUNTS_TAIL                                                                            \
+  " ON CONFLICT (node, store, state) DO UPDATE SET blobs = blobref_counts.blobs + EXCLUDED.blobs," \
+  " bytes = blobref_counts.bytes + EXCLUDED.bytes"
+#define SQL_COUNTS_ONE \
+  SQL_COUNTS_HEAD "($1::int8, $2, $3::int2, $4::int8, $5::int8)" SQL_COUNTS_TAIL
+#define SQL_COUNTS_TWO                                \
+  SQL_COUNTS_HEAD                                     \
+      "($1::int8, $2, $3::int2, $4::int8, $5::int8)," \
+      "($1::int8, $6, $7::int2, $8::int8, $9::int8)" SQL_COUNTS_TAIL
 static const char *const WRITER_SQL[] = {SQL_LOCK_RECORD,   SQL_LOCK_OWNER,    SQL_INSERT_RECORD,
                                          SQL_UPDATE_RECORD, SQL_DELETE_RECORD, SQL_PUT_OWNER,
-                                         SQL_NOTIFY};
+                                         SQL_NOTIFY,        SQL_COUNTS_ONE,    SQL_COUNTS_TWO};
 #define WRITER_STMTS ((int)(sizeof WRITER_SQL / sizeof WRITER_SQL[0]))
 
 /* The name of sql's prepared statement on the writer's connection ("bw0" ...), or NULL. */
@@ -126,6 +144,31 @@ static const char *writer_stmt(const char *sql, char name[16]) {
       return name;
     }
   return NULL;
+}
+
+/* A reader connection's plan_cache_mode is known by libpq instance data under this event
+ * procedure: non-NULL while the session is in force_generic_plan. A new connection (a reconnect)
+ * starts in the default mode, as its session does. */
+static int plan_mode_event(PGEventId id, void *info, void *arg) {
+  if (id == PGEVT_CONNRESET)
+    PQsetInstanceData(((PGEventConnReset *)info)->conn, plan_mode_event, NULL);
+  (void)arg;
+  return 1;
+}
+
+static char GENERIC_MODE; /* the instance data of a session in force_generic_plan */
+
+/* Puts reader connection c's session in force_generic_plan (generic: for the hot reads) or back
+ * in the default mode (for ad hoc queries with parameters, planned as before), a round trip only
+ * when it changes. 0, or -1 with c's error (the caller's query then fails on c as well). */
+static int reader_mode(PGconn *c, int generic) {
+  if ((PQinstanceData(c, plan_mode_event) != NULL) == generic) return 0;
+  PGresult *r = PQexec(
+      c, generic ? "SET plan_cache_mode = force_generic_plan" : "SET plan_cache_mode = DEFAULT");
+  int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
+  PQclear(r);
+  if (ok) PQsetInstanceData(c, plan_mode_event, generic ? &GENERIC_MODE : NULL);
+  return ok ? 0 : -1;
 }
 
 static int prepare(PGconn *c, const char *name, const char *sql, char *why, size_t cap) {
@@ -142,7 +185,8 @@ static PGconn *connect_db(idx_backend *be, char *why, size_t cap) {
   PGconn *c = PQconnectdb(be->dsn);
   if (c && PQstatus(c) == CONNECTION_OK) {
     PQclear(PQexec(c, "SET application_name = 'blobrefd'"));
-    if (!be->schema_ok || (prepare(c, STMT_GET, SQL_GET, why, cap) == 0 &&
+    if (!be->schema_ok || (PQregisterEventProc(c, plan_mode_event, "blobref plan mode", NULL) &&
+                           prepare(c, STMT_GET, SQL_GET, why, cap) == 0 &&
                            prepare(c, STMT_GET_MANY, SQL_GET_MANY, why, cap) == 0 &&
                            prepare(c, STMT_LOCK, SQL_LOCK, why, cap) == 0 &&
                            prepare(c, STMT_UNLOCK, SQL_UNLOCK, why, cap) == 0))
@@ -413,8 +457,13 @@ static PGresult *run_read(idx_backend *be, const char *stmt, const char *sql, in
       *rc = BR_INDEX_UNAVAILABLE;
       return NULL;
     }
-    PGresult *r = stmt ? PQexecPrepared(c, stmt, n, vals, lens, fmts, 1)
-                       : PQexecParams(c, sql, n, NULL, vals, lens, fmts, 1);
+    /* a statement without parameters is planned alike in either mode */
+    PGresult *r = NULL;
+    if (!stmt && n == 0)
+      r = PQexecParams(c, sql, n, NULL, vals, lens, fmts, 1);
+    else if (reader_mode(c, stmt != NULL) == 0)
+      r = stmt ? PQexecPrepared(c, stmt, n, vals, lens, fmts, 1)
+               : PQexecParams(c, sql, n, NULL, vals, lens, fmts, 1);
     if (r && (PQresultStatus(r) == PGRES_TUPLES_OK || PQresultStatus(r) == PGRES_COMMAND_OK)) {
       atomic_store(&be->up, 1);
       pool_give(be, c);
@@ -503,7 +552,8 @@ static int pg_scan(idx_backend *be, enum idx_table table, const uint8_t *after, 
            table == IDX_BLOBS ? "record" : "value",
            table == IDX_BLOBS ? "blobref_blobs" : "blobref_purges", SCAN_PAGE);
   int out = 0;
-  PGresult *r = PQexec(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+  PGresult *r =
+      reader_mode(c, 0) == 0 ? PQexec(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") : NULL;
   if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) out = read_fail(be, c, r, "scan", err);
   PQclear(r);
   uint8_t from[BR_SHA256_LEN];
@@ -1136,9 +1186,7 @@ static int pg_counts_add(idx_backend *be, const br_counts *delta) {
     goto done;
   }
   v[0] = be->count_node;
-  size_t len = (size_t)snprintf(sql, 256,
-                                "INSERT INTO blobref_counts (node, store, state, blobs,"
-                                " bytes) VALUES ");
+  size_t len = (size_t)snprintf(sql, 256, "%s", SQL_COUNTS_HEAD);
   size_t k = 0;
   for (size_t i = 0; i < delta->n; i++) {
     const br_count *d = &delta->c[i];
@@ -1150,14 +1198,10 @@ static int pg_counts_add(idx_backend *be, const br_counts *delta) {
     int p = 2 + 4 * (int)k;
     v[p - 1] = d->store, v[p] = num, v[p + 1] = num + NUM, v[p + 2] = num + 2 * NUM;
     len +=
-        (size_t)snprintf(sql + len, ROW_SQL, "%s($1::int8, $%d, $%d::int2, $%d::int8, $%d::int8)",
-                         k ? "," : "", p, p + 1, p + 2, p + 3);
+        (size_t)snprintf(sql + len, ROW_SQL, SQL_COUNTS_ROW, k ? "," : "", p, p + 1, p + 2, p + 3);
     k++;
   }
-  snprintf(sql + len, 256 + n * ROW_SQL - len,
-           " ON CONFLICT (node, store, state) DO UPDATE SET"
-           " blobs = blobref_counts.blobs + EXCLUDED.blobs,"
-           " bytes = blobref_counts.bytes + EXCLUDED.bytes");
+  snprintf(sql + len, 256 + n * ROW_SQL - len, "%s", SQL_COUNTS_TAIL);
   rc = wsend(be, sql, 1 + 4 * (int)n, v, NULL, NULL, PGRES_COMMAND_OK, NULL);
 done:
   free(v);

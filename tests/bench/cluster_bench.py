@@ -10,6 +10,8 @@ env:   DURATION=8 (seconds per measurement)  N=20000 (blobs)  CONNS=32  LOOKUP_C
        OUT=build/bench/cluster.md  SETUPS="lmdb pg1 pg2"  PHASES="uploads reads lookup"
        (PHASES=uploads: the new uploads alone, for quick comparisons)
        STATEMENTS=1: pg_stat_statements on; each phase's statements a request, to stderr
+       ROUNDS=1: every setup (with every bin dir) run again this many times, in turn; the table
+       gives each figure's median and the median of its ratios to LMDB, each round's to stderr
 The batch lookup is measured twice where wrk is installed: Python clients, then wrk (C).
 Prints a markdown table (also written to OUT) with each PostgreSQL figure's ratio to LMDB. With
 two bin dirs (e.g. main's and a branch's) every setup runs with each in turn, alternating, and the
@@ -44,6 +46,7 @@ CONNS = int(os.environ.get("CONNS", "32"))
 LOOKUP_CLIENTS = int(os.environ.get("LOOKUP_CLIENTS", "4"))
 BATCH = 1000
 STATEMENTS = os.environ.get("STATEMENTS") == "1"
+ROUNDS = int(os.environ.get("ROUNDS", "1"))
 WRK = shutil.which("wrk") is not None
 SETUPS = os.environ.get("SETUPS", "lmdb pg1 pg2").split()
 PHASES = os.environ.get("PHASES", "uploads reads lookup").split()
@@ -289,6 +292,11 @@ def run_setup(name, work, ul, gen_list, hexes, pg, bin_dir):
     return res
 
 
+def median(xs):
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+
 def main():
     work = pathlib.Path(tempfile.mkdtemp(prefix="blobref-cbench-"))
     ul = work / "upload_load"
@@ -302,20 +310,30 @@ def main():
     gen_list.write_text(gen)
     hexes = [line.split()[0] for line in gen.splitlines()]
     pg = pgutil.Postgres("-c shared_preload_libraries=pg_stat_statements" if STATEMENTS else "")
-    results = {}  # (setup, bin dir's index) -> figures
+    rounds = []  # per round: (setup, bin dir's index) -> figures
+    loads = []  # the 1-minute load average after each round
     try:
-        for s in SETUPS:
-            for b, bin_dir in enumerate(BINS):
-                t0 = time.monotonic()
-                print(f"{s} with {bin_dir}:", file=sys.stderr)
-                results[s, b] = run_setup(s, work, ul, gen_list, hexes, pg, bin_dir)
-                print(f"{s} with {bin_dir}: {time.monotonic() - t0:.0f} s {results[s, b]}",
-                      file=sys.stderr)
+        for rnd in range(ROUNDS):
+            results = {}
+            for s in SETUPS:
+                for b, bin_dir in enumerate(BINS):
+                    t0 = time.monotonic()
+                    print(f"round {rnd + 1}: {s} with {bin_dir}:", file=sys.stderr)
+                    results[s, b] = run_setup(s, work, ul, gen_list, hexes, pg, bin_dir)
+                    print(f"round {rnd + 1}: {s} with {bin_dir}: {time.monotonic() - t0:.0f} s "
+                          f"{results[s, b]}", file=sys.stderr)
+            rounds.append(results)
+            loads.append(os.getloadavg()[0])
+            print(f"round {rnd + 1}: load average {loads[-1]:.1f}; ratios to LMDB: " + "; ".join(
+                f"{s} ({b}) {sc} {results[s, b][sc] / results['lmdb', b][sc]:.2f}x"
+                for s, b in results if s != "lmdb" and ("lmdb", b) in results
+                for sc in results[s, b]), file=sys.stderr)
     finally:
         pg.destroy()
         shutil.rmtree(work, ignore_errors=True)
     cores = os.cpu_count()
     load = os.getloadavg()[0]
+    results = rounds[0]
     head = {"lmdb": "1 LMDB node", "pg1": "1 PG node", "pg2": "2 PG nodes"}
     cols = [(s, b) for s in SETUPS for b in range(len(BINS))]
     names = [f" ({p.parent.name})" if len(BINS) > 1 else "" for p in BINS]
@@ -324,10 +342,10 @@ def main():
     for sc in next(iter(results.values())):
         cells = []
         for s, b in cols:
-            v = results[s, b][sc]
+            v = median([r[s, b][sc] for r in rounds])
             cell = f"{v:,.0f}"
             if s != "lmdb" and ("lmdb", b) in results:
-                cell += f" ({v / results['lmdb', b][sc]:.2f}x)"
+                cell += f" ({median([r[s, b][sc] / r['lmdb', b][sc] for r in rounds]):.2f}x)"
             cells.append(cell)
         lines.append(f"| {sc} | " + " | ".join(cells) + " |")
     lines.append("")
@@ -335,7 +353,9 @@ def main():
                  f"(load average {load:.1f} at the end); {N} blobs, {DURATION:g} s a measurement, "
                  f"{CONNS} connections per node, lookup: {LOOKUP_CLIENTS} clients per node, "
                  f"{BATCH} hashes a call (half present)"
-                 + (", each setup with each bin dir in turn" if len(BINS) > 1 else "") + ".")
+                 + (", each setup with each bin dir in turn" if len(BINS) > 1 else "")
+                 + (f"; medians of {ROUNDS} rounds (load average after each: "
+                    + ", ".join(f"{x:.1f}" for x in loads) + ")" if ROUNDS > 1 else "") + ".")
     table = "\n".join(lines)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(table + "\n")

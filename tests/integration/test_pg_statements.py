@@ -2,8 +2,9 @@
 module's own (issue 20's speed goals): a /metrics scrape runs no count(*) (the entries come from
 the counters, blobref_counts), a new PUT reads its record once, before its body, not again
 after it (the index writer decides under the blob's lock), the index writer plans its statements
-once per connection, and a blob's lock released without waiting is free once the upload is
-answered, its connection serving the next reads."""
+once per connection, and so do the readers their record reads (also after a reconnect) while
+their ad hoc queries keep custom plans, and a blob's lock released without waiting is free once
+the upload is answered, its connection serving the next reads."""
 import hashlib
 import os
 import re
@@ -89,6 +90,10 @@ def test_writer_plans_its_statements_once_per_connection(node, pgss):
                 "INSERT INTO blobref_owners (store, key, owner) VALUES%"):
         assert statements(pgss, node.db, sql) == 12, sql
         assert statements(pgss, node.db, sql, "plans") <= 1, sql
+    # the counters' upsert, once a batch (two rows: store a's and the all-stores one)
+    counts = "INSERT INTO blobref_counts %"
+    assert statements(pgss, node.db, counts) >= 2
+    assert statements(pgss, node.db, counts, "plans") <= 1
 
 
 def test_blob_lock_is_free_once_the_upload_is_answered(node, pgss):
@@ -113,3 +118,76 @@ def test_blob_lock_is_free_once_the_upload_is_answered(node, pgss):
     for b in bodies:  # reads on the pooled connections that released the locks
         r = requests.get(f"{node.url}/v1/blobs/{hashlib.sha256(b).hexdigest()}", timeout=TIMEOUT)
         assert r.status_code == 200 and r.content == b
+
+
+GET_SQL = "SELECT record FROM blobref_blobs WHERE digest = $1"
+GET_MANY_SQL = "SELECT (q.i - 1)::int4, b.record FROM unnest($1::bytea[])%"
+
+
+def reader_connections(pg, db):
+    """The node's sessions on the database (the writer's among them): an upper bound on how many
+    reader connections planned anything."""
+    return int(pg.psql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                       " AND application_name = 'blobrefd'", db)[0][0])
+
+
+def reads_planned_once_per_connection(node, pg, n):
+    reset(pg, node.db)
+    bodies = [os.urandom(2048) for _ in range(n)]
+    assert [put(node, b) for b in bodies] == [201] * n  # each reads its record first (br_get)
+    hashes = [hashlib.sha256(b).hexdigest() for b in bodies] + ["0" * 64]
+    for _ in range(n):
+        r = requests.post(f"{node.url}/v1/lookup", json={"hashes": hashes}, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+    conns = reader_connections(pg, node.db)
+    assert conns < n
+    assert statements(pg, node.db, GET_SQL) == n
+    assert statements(pg, node.db, GET_MANY_SQL) == n
+    # the default mode would plan each call anew (custom plans, over 16 partitions)
+    assert statements(pg, node.db, GET_SQL, "plans") <= conns
+    assert statements(pg, node.db, GET_MANY_SQL, "plans") <= conns
+
+
+def test_readers_plan_the_record_reads_once_per_connection(node, pgss):
+    reads_planned_once_per_connection(node, pgss, 16)
+
+
+def test_reconnected_readers_prepare_and_plan_them_once_again(node, pgss):
+    """After a database restart every connection is new: the reads are prepared on it again (a
+    read on a connection without them would fail) and planned once there too."""
+    put(node, b"before the restart")
+    pgss.stop()
+    pgss.start()
+    data = b"after the restart"
+    assert pgutil.wait_until(lambda: requests.put(
+        f"{node.url}/v1/blobs/{hashlib.sha256(data).hexdigest()}", data=data,
+        timeout=TIMEOUT).status_code == 201)
+    reads_planned_once_per_connection(node, pgss, 16)
+
+
+def test_ad_hoc_queries_keep_the_default_plan_mode(tmp_path, pgss):
+    """A query with parameters other than the hot reads (the job list's) is planned for its values
+    (a custom plan, the default mode's choice) on connections that ran the hot reads in
+    force_generic_plan just before: auto_explain logs its plans with the value folded in, where a
+    generic plan would filter on $1."""
+    dsn = pgss.database()
+    db = dsn.split("dbname=")[1]
+    pgss.psql(f'ALTER DATABASE "{db}" SET session_preload_libraries = auto_explain', db)
+    pgss.psql(f'ALTER DATABASE "{db}" SET auto_explain.log_min_duration = 0', db)
+    srv = Server(tmp_path / "n", f"[server]\n[store a]\nkind = fs\nroot = {tmp_path / 'a'}\n"
+                 f"[index]\nkind = postgres\ndsn = {dsn}\n").start()
+    try:
+        for _ in range(8):
+            put(srv, os.urandom(1000))  # br_get, generic
+            r = requests.get(f"{srv.url}/v1/jobs", timeout=TIMEOUT)  # ad hoc, $1 = 0
+            assert r.status_code == 200, r.text
+    finally:
+        assert srv.stop() == 0, srv.read_log()
+    log = (pgss.dir / "log").read_text(errors="replace")
+    plans = [p.split("\n") for p in log.split("plan:") if "FROM blobref_jobs j, now" in p]
+    plans = [[ln for ln in p[2:] if ln.startswith(("\t", " "))] for p in plans]  # the plan lines
+    assert len(plans) >= 8
+    assert all(p and not any("$1" in ln for ln in p) for p in plans), plans[-1]
+    # and the hot reads did run generic plans on these sessions (pruned at run time)
+    gets = [p for p in log.split("plan:") if "FROM blobref_blobs WHERE digest = $1\n" in p]
+    assert gets and all("Subplans Removed" in p.split("LOG:")[0] for p in gets), gets[-1]
