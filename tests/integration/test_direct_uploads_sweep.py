@@ -20,7 +20,10 @@ from test_direct_uploads import (MiB, bucket_for, commit, direct,  # noqa: F401 
                                  direct_put, item, metric, negotiate, python_client)
 from util_http import TIMEOUT, assert_error, sha, wait_until
 
-# a test-short grace: the URLs live 1 s, what a plan left is swept 2 s after it was handed out
+# test-short graces: what a plan left is swept 6 s after it was handed out, its URLs live 5 s
+# (time for a negotiation, PUTs and a commit under ASan on a loaded machine: 1 s URLs expired);
+# SHORT is for a config that must be refused
+GRACE, TTL = "direct_upload_grace = 6s\n", "5s"
 SHORT = "direct_upload_grace = 2s\n"
 SWEPT = 60  # seconds to wait for a sweep (a pass every 500 ms; the machine is loaded)
 
@@ -37,7 +40,7 @@ def multipart_plan(srv, data, ps=5 * MiB):
 
 
 def test_kill9_between_put_and_commit_object_swept_after_grace(rgw, direct):
-    srv, b = direct(server=SHORT, presign_ttl="1s")
+    srv, b = direct(server=GRACE, presign_ttl=TTL)
     s3 = rgw.client()
     data = os.urandom(3000)
     a = negotiate(srv, [item(data)])[0]
@@ -62,9 +65,8 @@ def test_kill9_between_put_and_commit_object_swept_after_grace(rgw, direct):
 def test_sweep_never_deletes_an_object_a_record_owns(rgw, direct):
     """Three plans past their grace: one committed (forgotten at the commit), one whose blob
     another client PUT through blobrefd meanwhile (the record owns the key: kept), and one never
-    committed (deleted, which shows that the sweep ran past the other two). Three PUTs and a
-    commit must fit in the grace: 6 s, not SHORT, under ASan on a loaded machine."""
-    srv, b = direct(server="direct_upload_grace = 6s\n", presign_ttl="5s")
+    committed (deleted, which shows that the sweep ran past the other two)."""
+    srv, b = direct(server=GRACE, presign_ttl=TTL)
     s3 = rgw.client()
     done, other, lost = os.urandom(1000), os.urandom(2000), os.urandom(3000)
     acts = negotiate(srv, [item(done), item(other), item(lost)])
