@@ -66,7 +66,7 @@ enum MHD_Result job_get(struct request *req) {
   return reply_json(req, MHD_HTTP_OK, j);
 }
 
-enum MHD_Result job_cancel(struct request *req) {
+enum MHD_Result job_cancel_post(struct request *req) {
   if (!req->srv->jobs) return reply_error(req, E_NOT_READY, "jobs are not running");
   json_t *j = NULL;
   enum jobs_rc rc = jobs_cancel(req->srv, req->run_id, &j);

@@ -48,7 +48,7 @@ enum MHD_Result reconcile_run_get(struct request *req);
 enum MHD_Result jobs_post(struct request *req);
 enum MHD_Result jobs_get_all(struct request *req);
 enum MHD_Result job_get(struct request *req);
-enum MHD_Result job_cancel(struct request *req);
+enum MHD_Result job_cancel_post(struct request *req);
 enum MHD_Result reconcile_run_blobs_get(struct request *req);
 enum MHD_Result blob_refs_get(struct request *req); /* GET /v1/blobs/{hash}/refs */
 

@@ -21,7 +21,7 @@ const struct route br_routes[] = {
     {"POST", "/v1/jobs", BR_SCOPE_ADMIN, NULL, json_body, jobs_post},
     {"GET", "/v1/jobs", BR_SCOPE_ADMIN, NULL, NULL, jobs_get_all},
     {"GET", "/v1/jobs/{id}", BR_SCOPE_ADMIN, NULL, NULL, job_get},
-    {"POST", "/v1/jobs/{id}/cancel", BR_SCOPE_ADMIN, NULL, NULL, job_cancel},
+    {"POST", "/v1/jobs/{id}/cancel", BR_SCOPE_ADMIN, NULL, NULL, job_cancel_post},
     {"POST", "/v1/lookup", BR_SCOPE_READ, NULL, json_body, lookup_finish},
     {"POST", "/v1/uploads", BR_SCOPE_WRITE, NULL, json_body, uploads_post},
     {"POST", "/v1/uploads/commit", BR_SCOPE_WRITE, NULL, json_body, uploads_commit_post},
