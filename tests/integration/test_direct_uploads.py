@@ -148,16 +148,22 @@ def test_radosgw_is_trusted_on_content_sha256(rgw, direct):
     assert requests.get(f"{srv.url}/v1/blobs/{sha(data)}", timeout=TIMEOUT).content == data
 
 
+def assert_rehashed_on_commit(srv, size):
+    """The store is in re-hash mode (metric 2): a blob of size bytes PUT to its negotiated URL is
+    created by its commit, whose re-hash reads exactly its bytes."""
+    assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 2
+    data = os.urandom(size)
+    assert direct_put(negotiate(srv, [item(data)])[0], data).status_code == 200
+    assert commit(srv, [item(data)])[0]["status"] == "created"
+    assert metric(srv, "blobref_direct_rehash_bytes_total") == len(data)
+
+
 def test_mode_on_rehashes_on_radosgw(rgw, direct):
     """direct_uploads = on skips the probe and re-hashes every object, though radosgw would be
     trusted under auto (the re-hash branch stays in use where it is chosen)."""
     srv, b = direct(direct_uploads="on")
     assert "direct-upload probe" not in srv.read_log()
-    assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 2
-    data = os.urandom(7000)
-    assert direct_put(negotiate(srv, [item(data)])[0], data).status_code == 200
-    assert commit(srv, [item(data)])[0]["status"] == "created"
-    assert metric(srv, "blobref_direct_rehash_bytes_total") == len(data)
+    assert_rehashed_on_commit(srv, 7000)
 
 
 def test_store_enforcing_neither_header_is_rehashed(rgw, direct):
@@ -167,11 +173,7 @@ def test_store_enforcing_neither_header_is_rehashed(rgw, direct):
         srv, b = direct(endpoint=proxy.endpoint)
         assert re.search(r"x-amz-checksum-sha256 not enforced, x-amz-content-sha256 not "
                          r"enforced; objects are re-hashed on commit", srv.read_log())
-        assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 2
-        data = os.urandom(6000)
-        assert direct_put(negotiate(srv, [item(data)])[0], data).status_code == 200
-        assert commit(srv, [item(data)])[0]["status"] == "created"
-        assert metric(srv, "blobref_direct_rehash_bytes_total") == len(data)
+        assert_rehashed_on_commit(srv, 6000)
     finally:
         proxy.close()
 
@@ -193,12 +195,8 @@ def test_refusal_that_kept_the_object_is_not_relied_on(rgw, direct):
         assert re.search(r"x-amz-checksum-sha256 not enforced, x-amz-content-sha256 refused but "
                          r"stored; objects are re-hashed on commit", log), log
         assert re.search(r"direct-upload probe: refused with HTTP 400, yet \S+ holds 27 bytes", log)
-        assert metric(srv, 'blobref_store_direct_uploads{store="lake"}') == 2
         assert not [k for k in keys(s3, b) if ".direct-probe/" in k]
-        data = os.urandom(6000)
-        assert direct_put(negotiate(srv, [item(data)])[0], data).status_code == 200
-        assert commit(srv, [item(data)])[0]["status"] == "created"
-        assert metric(srv, "blobref_direct_rehash_bytes_total") == len(data)
+        assert_rehashed_on_commit(srv, 6000)
     finally:
         proxy.close()
 
