@@ -4,6 +4,7 @@ bytes came from, and `--fsck` without `--verify` (size only) called the store cl
 location goes into DATA_DIR/suspect and fsck hashes every suspect location whatever `--verify`
 says: a problem while its bytes are wrong, a note once they hash right again. An in-place file
 that moved since it was hashed is hashed again on open, and listed when it is another blob."""
+import json
 import os
 import time
 
@@ -25,7 +26,13 @@ def test_a_proxied_mismatch_marks_the_location_suspect_for_fsck(faulty):  # noqa
     assert rc == 0 and problems == 0 and "suspect" not in out, out
     origin.corrupt = True
     status, headers, body = raw_get(srv, f"/v1/blobs/{h}")
-    assert status == 200 and len(body) < len(data)
+    # as in test_verify: a 200 cut short, or a 503 when the origin's whole answer landed before
+    # the reply's headers went out (a loaded box); never the whole corrupted body
+    assert status in (200, 503), (status, headers)
+    if status == 200:
+        assert len(body) < len(data), "a corrupted body went out complete"
+    else:
+        assert json.loads(body)["error"], body
     assert metric(srv, "blobref_read_digest_mismatch_total") == 1
     lines = (srv.data_dir / "suspect").read_text().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{h} ") and lines[0].endswith(
