@@ -447,7 +447,8 @@ typedef struct br_index_stats {
   uint64_t entries;  /* records in the index (LMDB; 0 on PostgreSQL: see the counters) */
   uint64_t map_size; /* bytes */
   uint64_t map_used; /* bytes in use (last page number * page size) */
-  uint64_t cache_hits, cache_misses; /* br_index_get answered from the record cache or not */
+  uint64_t cache_hits, cache_misses; /* reads (br_index_get, each hash of br_index_get_many)
+                                        answered from the record cache or not */
   uint64_t cache_entries;            /* the record cache's size in entries (0: none) */
   uint64_t stale_readers;            /* reader slots of dead processes cleared (mdb_reader_check) */
   uint64_t purges_pending; /* blobs with a CDN purge not yet acknowledged (LMDB; else 0) */

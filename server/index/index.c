@@ -246,6 +246,7 @@ static int many_chunk(br_index *idx, const uint8_t *digests, size_t base, size_t
     const uint8_t *d = digests + (base + i) * BR_SHA256_LEN;
     uint8_t buf[RCACHE_MAX_BYTES];
     size_t len = rc ? rcache_get(rc, d, buf) : 0;
+    if (rc) atomic_fetch_add_explicit(len ? &rc->hits : &rc->misses, 1, memory_order_relaxed);
     if (len) {
       br_record rec;
       if (br_record_decode(buf, len, &rec, err) < 0) return -1;

@@ -338,3 +338,22 @@ def test_batch_lookup_fills_and_uses_the_record_cache_and_sees_changes(nodes):
     while hs[1] in found_by_lookup(b, hs):
         assert time.monotonic() - t0 < BOUND, "a quarantined blob still found by B's lookup"
     assert found_by_lookup(b, hs + [absent]) == set(hs) - {hs[1]}
+
+
+def cache_counts(srv):
+    text = requests.get(f"{srv.url}/metrics", timeout=TIMEOUT).text
+    return tuple(int(re.search(rf'^blobref_index_record_cache_total\{{result="{k}"\}} (\d+)$',
+                               text, re.M).group(1)) for k in ("hit", "miss"))
+
+
+def test_batch_lookup_counts_its_record_cache_hits_and_misses(nodes):
+    """Each hash of a batch lookup is a record-cache hit or miss in /metrics, as a single read is:
+    a second lookup of hashes the first cached counts them all hits (PostgreSQL not asked), an
+    absent hash a miss each time."""
+    a, b = nodes
+    hs = [put(a, os.urandom(300 + i)) for i in range(6)]
+    absent = "%064x" % 9
+    assert wait_until(lambda: found_by_lookup(b, hs) == set(hs), timeout=5)
+    hit0, miss0 = cache_counts(b)
+    assert found_by_lookup(b, hs + [absent]) == set(hs)
+    assert cache_counts(b) == (hit0 + len(hs), miss0 + 1)
