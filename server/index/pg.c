@@ -127,10 +127,10 @@ static int exec_ok(PGconn *c, const char *sql, char *why, size_t cap);
   " bytes = blobref_counts.bytes + EXCLUDED.bytes"
 #define SQL_COUNTS_ONE \
   SQL_COUNTS_HEAD "($1::int8, $2, $3::int2, $4::int8, $5::int8)" SQL_COUNTS_TAIL
-#define SQL_COUNTS_TWO                                \
-  SQL_COUNTS_HEAD                                     \
-      "($1::int8, $2, $3::int2, $4::int8, $5::int8)," \
-      "($1::int8, $6, $7::int2, $8::int8, $9::int8)" SQL_COUNTS_TAIL
+#define SQL_COUNTS_TWO                            \
+  SQL_COUNTS_HEAD                                 \
+  "($1::int8, $2, $3::int2, $4::int8, $5::int8)," \
+  "($1::int8, $6, $7::int2, $8::int8, $9::int8)" SQL_COUNTS_TAIL
 static const char *const WRITER_SQL[] = {SQL_LOCK_RECORD,   SQL_LOCK_OWNER,    SQL_INSERT_RECORD,
                                          SQL_UPDATE_RECORD, SQL_DELETE_RECORD, SQL_PUT_OWNER,
                                          SQL_NOTIFY,        SQL_COUNTS_ONE,    SQL_COUNTS_TWO};

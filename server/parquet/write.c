@@ -194,8 +194,8 @@ static int flush_page(br_parquet_writer *w, wcol *c, br_err *err) {
     br_fail(err, "out of memory");
     goto out;
   }
-  if (pq_put_data_page_v1(&c->chunk, w->o.codec, &body, (int32_t)c->ndefs,
-                          &c->chunk_uncompressed, err))
+  if (pq_put_data_page_v1(&c->chunk, w->o.codec, &body, (int32_t)c->ndefs, &c->chunk_uncompressed,
+                          err))
     goto out;
   c->chunk_values += (int64_t)c->ndefs;
   c->vals.len = 0;

@@ -136,13 +136,13 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
     r = MHD_create_response_from_buffer((size_t)len, b->data + first, MHD_RESPMEM_PERSISTENT);
     char cr[80];
     MHD_add_response_header(r, MHD_HTTP_HEADER_ETAG, b->etag);
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "public, max-age=31536000, immutable");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL,
+                            "public, max-age=31536000, immutable");
     MHD_add_response_header(r, MHD_HTTP_HEADER_ACCEPT_RANGES, "bytes");
     MHD_add_response_header(r, "Repr-Digest", b->repr);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/octet-stream");
     if (status == MHD_HTTP_PARTIAL_CONTENT) {
-      snprintf(cr, sizeof cr, "bytes %" PRIu64 "-%" PRIu64 "/%zu", first, first + len - 1,
-               b->size);
+      snprintf(cr, sizeof cr, "bytes %" PRIu64 "-%" PRIu64 "/%zu", first, first + len - 1, b->size);
       MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
     }
   }

@@ -16,10 +16,10 @@
  * index filled through br_index_apply_locations, 4 threads by default, as an import would, instead
  * of br_index_record_upload from FILL_THREADS uploaders; index_map_size grows with the index, 8
  * GiB plus 1 KiB a blob). Of each data file's values, 90 % are blobs of its own (so every
- * indexed blob referenced once) and 10 % repeat blobs of the previous file; the index holds the referenced blobs plus 1/9 as many that
- * nothing references (10 % of the index), all uploaded 30 days ago.
- * The appended snapshot (v{SNAPSHOTS+1}) adds FILES_PER_SNAPSHOT files whose values are half
- * unreferenced blobs (quarantined by the first run: restored) and half hashes the index lacks.
+ * indexed blob referenced once) and 10 % repeat blobs of the previous file; the index holds the
+ * referenced blobs plus 1/9 as many that nothing references (10 % of the index), all uploaded 30
+ * days ago. The appended snapshot (v{SNAPSHOTS+1}) adds FILES_PER_SNAPSHOT files whose values are
+ * half unreferenced blobs (quarantined by the first run: restored) and half hashes the index lacks.
  *
  * Every step runs in a child process so that its peak RSS and CPU time (the child's rusage from
  * wait4) are its own; a sampler thread also records the peaks of RssAnon (heap, sort buffer) and
