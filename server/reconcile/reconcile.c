@@ -908,6 +908,11 @@ static void inputs_digest(const br_config *cfg, uint8_t *kept, size_t n, char he
   br_hex_encode(d, hex);
 }
 
+static uint64_t json_u64(json_t *o, const char *k) {
+  json_int_t v = json_integer_value(json_object_get(o, k));
+  return v > 0 ? (uint64_t)v : 0;
+}
+
 static int newest_report(void *ud, uint64_t id, const char *json) {
   (void)id;
   json_t **out = ud;
@@ -926,7 +931,9 @@ static json_t *skip_basis(br_reconciler *r, const char *inputs, uint64_t seq, ui
   json_t *seqv = json_object_get(b, "index_seq"), *until = json_object_get(b, "until_ms");
   json_t *blobs = json_object_get(last, "blobs");
   if (!in || strcmp(in, inputs) || !json_is_integer(seqv) || !json_is_integer(until) ||
-      (uint64_t)json_integer_value(seqv) != seq || started >= (uint64_t)json_integer_value(until) ||
+      (uint64_t)json_integer_value(seqv) != seq || started < json_u64(b, "started_ms") ||
+      /* a clock stepped back: leases may decide */ started >=
+          (uint64_t)json_integer_value(until) ||
       !json_is_object(blobs) ||
       strcmp(json_string_value(json_object_get(last, "state")) ?: "", "done") ||
       json_array_size(json_object_get(last, "errors"))) {
@@ -934,11 +941,6 @@ static json_t *skip_basis(br_reconciler *r, const char *inputs, uint64_t seq, ui
     return NULL;
   }
   return last;
-}
-
-static uint64_t json_u64(json_t *o, const char *k) {
-  json_int_t v = json_integer_value(json_object_get(o, k));
-  return v > 0 ? (uint64_t)v : 0;
 }
 
 struct copy_list {
@@ -1205,10 +1207,10 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
                   json_array_size(errors) == 0;
   json_object_set_new(
       rep, "rerun_basis",
-      qualifies
-          ? json_pack("{s:s,s:I,s:I}", "inputs", inputs, "index_seq", (json_int_t)seq, "until_ms",
-                      (json_int_t)(s.next_deadline > INT64_MAX ? INT64_MAX : s.next_deadline))
-          : json_null());
+      qualifies ? json_pack("{s:s,s:I,s:I,s:I}", "inputs", inputs, "index_seq", (json_int_t)seq,
+                            "started_ms", (json_int_t)started, "until_ms",
+                            (json_int_t)(s.next_deadline > INT64_MAX ? INT64_MAX : s.next_deadline))
+                : json_null());
   json_decref(basis);
   json_object_set_new(rep, "errors", errors);
   json_object_set_new(rep, "held_referenced_blobs", held);

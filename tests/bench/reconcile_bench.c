@@ -511,7 +511,10 @@ static void cmd_run(const char *dir, char **names, int nnames) {
       {dir, "fill", 0, {0}, 0},
       {dir, "full", snapshots, {.full = 1}, 0},
       {dir, "rerun", snapshots, {0}, 0},
+      {dir, "rerun2", snapshots, {0}, 0}, /* after a rerun that decided nothing */
       {dir, "append", snapshots + 1, {0}, 0},
+      {dir, "rerun_append", snapshots + 1, {0}, 0},
+      {dir, "rerun_append2", snapshots + 1, {0}, 0},
       {dir, "full_spill", snapshots + 1, {.full = 1, .dry_run = 1}, 1u << 18},
   };
   size_t n = sizeof steps / sizeof *steps;
@@ -523,7 +526,9 @@ static void cmd_run(const char *dir, char **names, int nnames) {
   for (int k = 0; k < nnames; k++) {
     size_t i = 0;
     while (i < n && strcmp(steps[i].name, names[k])) i++;
-    if (i == n) die("no step %s (fill, full, rerun, append, full_spill)", names[k]);
+    if (i == n)
+      die("no step %s (fill, full, rerun, rerun2, append, rerun_append, rerun_append2, full_spill)",
+          names[k]);
     in_child(i ? run_reconcile : run_fill, &steps[i]);
   }
 }
