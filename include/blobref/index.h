@@ -121,6 +121,11 @@ int br_index_lease(br_index *idx, int which, int take, br_err *err);
  * 0 not (always on LMDB), or a negative code + err. */
 int br_index_lease_held(br_index *idx, int which, br_err *err);
 
+/* A number every committed write to the index changes (any write: records, purges, counters), so
+ * that equal numbers read at two moments mean no write committed in between: 0, 1 when the
+ * backend keeps none (PostgreSQL), or a negative code + err. */
+int br_index_change_seq(br_index *idx, uint64_t *seq, br_err *err);
+
 /* ---- shared state (PostgreSQL only) -----------------------------------------------------------
  * What every node must answer alike (reconcile's reports and per-run lists): bytes by key in one
  * table, each call its own durable transaction, beside the index rather than in its writer's

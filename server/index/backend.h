@@ -135,6 +135,9 @@ typedef struct idx_ops {
    * them complete (exact NULL: mark them incomplete, to be recounted at the next start). */
   int (*counts_add)(idx_backend *be, const br_counts *delta);
   int (*counts_set)(idx_backend *be, const br_counts *exact);
+  /* Optional: a number that every committed write transaction changes (LMDB: the last
+   * transaction id), for reconcile's unchanged-rerun check. 0, or a negative code + err. */
+  int (*change_seq)(idx_backend *be, uint64_t *seq, br_err *err);
   /* Every record as the writer's transaction sees it (fn returns non-zero to stop). */
   int (*txn_scan)(idx_backend *be, idx_scan_fn fn, void *ud);
   void (*close)(idx_backend *be);

@@ -1256,6 +1256,11 @@ int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int l
 
 const char *br_index_kind(br_index *idx) { return idx->ops->name; }
 
+int br_index_change_seq(br_index *idx, uint64_t *seq, br_err *err) {
+  if (!idx->ops->change_seq) return 1;
+  return idx->ops->change_seq(idx->be, seq, err) < 0 ? -1 : 0;
+}
+
 int br_index_has_shared(br_index *idx) { return idx->ops->kv_put != NULL; }
 
 int br_index_shared_put(br_index *idx, const void *key, size_t klen, const void *val, size_t vlen,

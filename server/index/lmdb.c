@@ -539,6 +539,14 @@ static void lm_close(idx_backend *be) {
   free(be);
 }
 
+static int lm_change_seq(idx_backend *be, uint64_t *seq, br_err *err) {
+  MDB_envinfo info;
+  int rc = mdb_env_info(be->env, &info);
+  if (rc) return br_fail(err, "index: env info: %s", mdb_strerror(rc));
+  *seq = (uint64_t)info.me_last_txnid;
+  return 0;
+}
+
 static const idx_ops lmdb_ops = {
     .name = "lmdb",
     .get = lm_get,
@@ -546,6 +554,7 @@ static const idx_ops lmdb_ops = {
     .scan = lm_scan,
     .key_owner = lm_key_owner,
     .stats = lm_stats,
+    .change_seq = lm_change_seq,
     .has_purges = lm_has_purges,
     .ready = lm_ready,
     .begin = lm_begin,

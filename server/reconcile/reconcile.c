@@ -268,7 +268,8 @@ struct sweep {
   dsort *sorter;
   uint8_t next[D];
   int have_next, sorter_done;
-  uint64_t now, grace_cutoff, retention_cutoff;
+  uint64_t now, grace_cutoff, retention_cutoff, retention_ms;
+  uint64_t next_deadline; /* the earliest time a record seen undecided can become decided */
   uint64_t live, marked, missing, n[3], bytes_delete;
   uint64_t held_referenced, pending, protect;
   json_t *held_list;
@@ -321,6 +322,7 @@ static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
     if (!marked && rec->last_upload_ms < s->grace_cutoff && !leased) {
       kind = DO_QUARANTINE;
     } else if (!marked) {
+      if (eligible < s->next_deadline) s->next_deadline = eligible; /* leases aside: see README */
       s->pending++;
       if (s->lists && rstate_lists_add(s->lists, RL_PENDING, digest,
                                        leased > eligible ? leased : eligible, &s->err) < 0)
@@ -341,6 +343,8 @@ static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
     }
   } else if (rec->state_ms < s->retention_cutoff) {
     kind = DO_DELETE;
+  } else if (rec->state_ms + s->retention_ms < s->next_deadline) {
+    s->next_deadline = rec->state_ms + s->retention_ms;
   }
   if (kind < 0) return 0;
   struct candidate c = {.kind = (uint8_t)kind, .state_ms = rec->state_ms, .size = rec->size};
@@ -874,6 +878,104 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
 
 static int cmp_id(const void *a, const void *b) { return memcmp(a, b, D); }
 
+/* ---- the unchanged rerun ------------------------------------------------------------------------
+ * A run whose sweep decided nothing records a basis in its report (rerun_basis): the inputs
+ * digest, the index's change number read before its sweep, and the earliest time an undecided
+ * record can become decided. The next run skips its sweep only when its mark came wholly from the
+ * cache with the same inputs digest, the index's change number is the same, and it started before
+ * that time: then every record, reference and cutoff the sweep would compare is the one the last
+ * sweep compared, so its decisions (none) and counts are the last run's. Anything else: a full
+ * sweep. The README's "Unchanged reruns" section has the argument. */
+
+/* The inputs digest: SHA-256 over the mark's data-file ids (sorted in place, duplicates once) and
+ * the settings the decisions depend on. */
+static void inputs_digest(const br_config *cfg, uint8_t *kept, size_t n, char hex[BR_HEX_LEN + 1]) {
+  if (n) qsort(kept, n, D, cmp_id);
+  EVP_MD_CTX *c = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+  char set[256];
+  int len =
+      snprintf(set, sizeof set,
+               "v1 grace %" PRIu64 " touch %" PRIu64 " retention %" PRIu64 " lists %d tables %d",
+               (uint64_t)cfg->grace_ms, (uint64_t)cfg->dedup_touch_interval_ms,
+               (uint64_t)cfg->retention_ms, cfg->reconcile_lists, cfg->ntables);
+  EVP_DigestUpdate(c, set, (size_t)len);
+  for (size_t i = 0; i < n; i++)
+    if (i == 0 || memcmp(kept + i * D, kept + (i - 1) * D, D)) EVP_DigestUpdate(c, kept + i * D, D);
+  uint8_t d[D];
+  EVP_DigestFinal_ex(c, d, NULL);
+  EVP_MD_CTX_free(c);
+  br_hex_encode(d, hex);
+}
+
+static uint64_t json_u64(json_t *o, const char *k) {
+  json_int_t v = json_integer_value(json_object_get(o, k));
+  return v > 0 ? (uint64_t)v : 0;
+}
+
+static int newest_report(void *ud, uint64_t id, const char *json) {
+  (void)id;
+  json_t **out = ud;
+  *out = json_loads(json, 0, NULL);
+  return 1;
+}
+
+/* The newest report when it holds a basis this run may skip its sweep on (the mark's inputs
+ * digest, the index's change number now, started), else NULL. */
+static json_t *skip_basis(br_reconciler *r, const char *inputs, uint64_t seq, uint64_t started) {
+  json_t *last = NULL;
+  br_err err = {{0}};
+  rstate_each_report(r->state, 1, newest_report, &last, &err);
+  json_t *b = last ? json_object_get(last, "rerun_basis") : NULL;
+  const char *in = json_string_value(json_object_get(b, "inputs"));
+  json_t *seqv = json_object_get(b, "index_seq"), *until = json_object_get(b, "until_ms");
+  json_t *blobs = json_object_get(last, "blobs");
+  if (!in || strcmp(in, inputs) || !json_is_integer(seqv) || !json_is_integer(until) ||
+      (uint64_t)json_integer_value(seqv) != seq || started < json_u64(b, "started_ms") ||
+      /* a clock stepped back: leases may decide */ started >=
+          (uint64_t)json_integer_value(until) ||
+      !json_is_object(blobs) ||
+      strcmp(json_string_value(json_object_get(last, "state")) ?: "", "done") ||
+      json_array_size(json_object_get(last, "errors"))) {
+    json_decref(last);
+    return NULL;
+  }
+  return last;
+}
+
+struct copy_list {
+  rstate_lists *to;
+  int action;
+  uint8_t last[D];
+  size_t n;
+  br_err *err;
+};
+
+static int copy_entry(void *ud, const uint8_t d[D], uint64_t t_ms) {
+  struct copy_list *c = ud;
+  memcpy(c->last, d, D);
+  c->n++;
+  return rstate_lists_add(c->to, c->action, d, t_ms, c->err) < 0;
+}
+
+/* The run last's held and pending lists, copied into to. 0 or -1 + err. */
+static int copy_lists(br_reconciler *r, uint64_t last, rstate_lists *to, br_err *err) {
+  int actions[] = {RL_HELD, RL_PENDING};
+  for (size_t a = 0; a < 2; a++) {
+    struct copy_list c = {.to = to, .action = actions[a], .err = err};
+    int more = 1, first = 1;
+    while (more) {
+      c.n = 0;
+      if (rstate_list_page(r->state, last, actions[a], first ? NULL : c.last, 4096, copy_entry, &c,
+                           &more, err) < 0)
+        return -1;
+      first = 0;
+      if (c.n == 0) break;
+    }
+  }
+  return 0;
+}
+
 int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *opt,
                      json_t **report_out) {
   const br_config *cfg = r->env.cfg;
@@ -924,6 +1026,14 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   rprogress_publish(r->progress); /* the mark's totals, whatever the last publication was */
   test_pause();
 
+  /* the unchanged rerun: the index's change number before the sweep reads it, and the inputs */
+  char inputs[BR_HEX_LEN + 1] = "";
+  uint64_t seq = 0;
+  int seq_ok = !failed && br_index_change_seq(r->env.index, &seq, &err) == 0;
+  if (seq_ok) inputs_digest(cfg, m.kept, m.nkept, inputs);
+  json_t *basis =
+      seq_ok && !opt->full && m.all_read == 0 ? skip_basis(r, inputs, seq, started) : NULL;
+
   /* sweep: the decisions, against the index in key order */
   struct sweep s = {.r = r,
                     .sorter = m.sorter,
@@ -947,8 +1057,37 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   s.grace_cutoff = started > protect ? started - protect : 0;
   s.protect = protect;
   s.retention_cutoff = started > cfg->retention_ms ? started - cfg->retention_ms : 0;
+  s.retention_ms = cfg->retention_ms;
+  s.next_deadline = UINT64_MAX;
   uint64_t references = 0;
-  if (!failed) {
+  char skipped[512] = "";
+  if (!failed && basis) {
+    /* the last run's sweep, unchanged: its counts and lists, no decisions */
+    uint64_t last_id = json_u64(basis, "id");
+    json_t *b = json_object_get(basis, "blobs");
+    s.live = json_u64(b, "live");
+    s.marked = json_u64(b, "marked");
+    s.held_referenced = json_u64(b, "held_referenced");
+    s.pending = json_u64(b, "pending");
+    s.missing = json_u64(basis, "references_missing");
+    references = json_u64(basis, "references");
+    s.next_deadline = json_u64(json_object_get(basis, "rerun_basis"), "until_ms");
+    size_t i;
+    json_t *h;
+    json_array_foreach(json_object_get(basis, "held_referenced_blobs"), i, h)
+        json_array_append(held, h);
+    if (s.lists && copy_lists(r, last_id, s.lists, &err) < 0) {
+      add_error(errors, "lists: %s", err.msg);
+      failed = 1;
+    }
+    snprintf(skipped, sizeof skipped,
+             "inputs unchanged since run %" PRIu64
+             ": every data file from the cache, the same "
+             "files and settings, no index write since (change %" PRIu64
+             "), before the earliest grace or retention end (%" PRIu64 " ms)",
+             last_id, seq, s.next_deadline);
+    br_info("reconcile: run %" PRIu64 ": sweep skipped: %s", id, skipped);
+  } else if (!failed) {
     char tmpl[4200];
     snprintf(tmpl, sizeof tmpl, "%s/decisions-XXXXXX", r->state_dir);
     int fd = mkstemp(tmpl);
@@ -989,7 +1128,9 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
                q, s.live, cfg->max_fraction);
       refused = refused_msg;
     }
-    if (opt->dry_run) {
+    if (basis) {
+      /* nothing decided: nothing to apply or list */
+    } else if (opt->dry_run) {
       quarantined = refused ? 0 : q;
       restored = s.n[DO_RESTORE];
       deleted = s.n[DO_DELETE];
@@ -1059,6 +1200,18 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
                 (json_int_t)(sweep_end - mark_end), "delete_ms", (json_int_t)(end - sweep_end)));
   json_object_set_new(rep, "spill_runs",
                       json_integer((json_int_t)(m.sorter ? dsort_runs(m.sorter) : 0)));
+  json_object_set_new(rep, "sweep_skipped", *skipped ? json_string(skipped) : json_null());
+  /* a basis for the next run: only a sweep that decided nothing, with nothing going wrong */
+  int qualifies = !failed && seq_ok && !refused && !list_failed && finished == 0 &&
+                  s.n[DO_QUARANTINE] + s.n[DO_RESTORE] + s.n[DO_DELETE] == 0 &&
+                  json_array_size(errors) == 0;
+  json_object_set_new(
+      rep, "rerun_basis",
+      qualifies ? json_pack("{s:s,s:I,s:I,s:I}", "inputs", inputs, "index_seq", (json_int_t)seq,
+                            "started_ms", (json_int_t)started, "until_ms",
+                            (json_int_t)(s.next_deadline > INT64_MAX ? INT64_MAX : s.next_deadline))
+                : json_null());
+  json_decref(basis);
   json_object_set_new(rep, "errors", errors);
   json_object_set_new(rep, "held_referenced_blobs", held);
   dsort_free(m.sorter);

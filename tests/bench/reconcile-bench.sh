@@ -30,7 +30,9 @@
 #   fill     the index, through br_index_record_upload from FILL_THREADS threads (group commit)
 #   full     reconcile --full: reads every data file; quarantines the 10 % nothing references
 #   rerun    no table change: every data file comes from the cache, no Parquet read
+#   rerun2   the same again, after a rerun that decided nothing (its sweep may be skipped)
 #   append   v101: reads only the 10 new files; restores the quarantined blobs they reference
+#   rerun_append, rerun_append2   v101 again, twice
 #   full_spill (SPILL=1) --full --dry-run with a quarter of the references in memory
 #   lists_ab LISTS_ROUNDS x (full with lists on, full with lists off), each from a copy of the
 #            index as fill left it: wall, CPU, list and report bytes, the state file's size
@@ -145,7 +147,7 @@ echo "{\"step\":\"avro\",\"seconds\":$((($(date +%s%N) - t0) / 1000000))e-3}" >>
 du -sb "$T/table/data" "$T/table/metadata" | awk '{printf "{\"step\":\"size\",\"what\":\"%s\",\"bytes\":%s}\n", $2, $1}' \
   | sed "s#$T/table/##" >>"$STEPS"
 
-STEP_NAMES="full rerun append"
+STEP_NAMES="full rerun rerun2 append rerun_append rerun_append2"
 [ "${SPILL:-1}" = 1 ] && STEP_NAMES="$STEP_NAMES full_spill"
 ROUNDS=${LISTS_ROUNDS:-5}
 log "filling the index, then reconcile: $STEP_NAMES"

@@ -16,10 +16,10 @@
  * index filled through br_index_apply_locations, 4 threads by default, as an import would, instead
  * of br_index_record_upload from FILL_THREADS uploaders; index_map_size grows with the index, 8
  * GiB plus 1 KiB a blob). Of each data file's values, 90 % are blobs of its own (so every
- * indexed blob referenced once) and 10 % repeat blobs of the previous file; the index holds the referenced blobs plus 1/9 as many that
- * nothing references (10 % of the index), all uploaded 30 days ago.
- * The appended snapshot (v{SNAPSHOTS+1}) adds FILES_PER_SNAPSHOT files whose values are half
- * unreferenced blobs (quarantined by the first run: restored) and half hashes the index lacks.
+ * indexed blob referenced once) and 10 % repeat blobs of the previous file; the index holds the
+ * referenced blobs plus 1/9 as many that nothing references (10 % of the index), all uploaded 30
+ * days ago. The appended snapshot (v{SNAPSHOTS+1}) adds FILES_PER_SNAPSHOT files whose values are
+ * half unreferenced blobs (quarantined by the first run: restored) and half hashes the index lacks.
  *
  * Every step runs in a child process so that its peak RSS and CPU time (the child's rusage from
  * wait4) are its own; a sampler thread also records the peaks of RssAnon (heap, sort buffer) and
@@ -511,7 +511,10 @@ static void cmd_run(const char *dir, char **names, int nnames) {
       {dir, "fill", 0, {0}, 0},
       {dir, "full", snapshots, {.full = 1}, 0},
       {dir, "rerun", snapshots, {0}, 0},
+      {dir, "rerun2", snapshots, {0}, 0}, /* after a rerun that decided nothing */
       {dir, "append", snapshots + 1, {0}, 0},
+      {dir, "rerun_append", snapshots + 1, {0}, 0},
+      {dir, "rerun_append2", snapshots + 1, {0}, 0},
       {dir, "full_spill", snapshots + 1, {.full = 1, .dry_run = 1}, 1u << 18},
   };
   size_t n = sizeof steps / sizeof *steps;
@@ -523,7 +526,9 @@ static void cmd_run(const char *dir, char **names, int nnames) {
   for (int k = 0; k < nnames; k++) {
     size_t i = 0;
     while (i < n && strcmp(steps[i].name, names[k])) i++;
-    if (i == n) die("no step %s (fill, full, rerun, append, full_spill)", names[k]);
+    if (i == n)
+      die("no step %s (fill, full, rerun, rerun2, append, rerun_append, rerun_append2, full_spill)",
+          names[k]);
     in_child(i ? run_reconcile : run_fill, &steps[i]);
   }
 }
