@@ -4,6 +4,8 @@ passed) skips its sweep; each test changes one input between runs and fails if t
 import json
 import time
 
+import pytest
+
 from reconcile_util import Api, IceTable, blob, start
 
 GRACE = 2.0
@@ -25,10 +27,12 @@ def decided(rep):
     return b["quarantined"], b["restored"], b["deleted"]
 
 
-def settled(tmp_path, **kw):
-    """A server whose table references every blob R; two runs: the second has a basis."""
+@pytest.fixture
+def settled(tmp_path):
+    """A server whose table references every blob R, after a run that left a basis; stopped after
+    the test."""
     t = IceTable(tmp_path / "t")
-    srv = start(tmp_path, t, grace=f"{GRACE:g}s", **kw)
+    srv = start(tmp_path, t, grace=f"{GRACE:g}s")
     api = Api(srv)
     data = {}
     R = upload(api, data, "R", 4)
@@ -38,97 +42,80 @@ def settled(tmp_path, **kw):
     rep = api.run()
     assert decided(rep) == (0, 0, 0) and rep["rerun_basis"], json.dumps(rep)
     assert rep["sweep_skipped"] is None
-    return t, srv, api, data, R
+    yield t, srv, api, data, R
+    srv.stop()
 
 
-def test_unchanged_rerun_skips_the_sweep_with_the_same_counts(tmp_path):
-    t, srv, api, data, R = settled(tmp_path)
-    try:
-        first = api.runs()[0]
-        rep = api.run()
-        assert rep["sweep_skipped"] and "unchanged since run" in rep["sweep_skipped"], rep
-        for k in ("live", "marked", "held_referenced", "pending"):
-            assert rep["blobs"][k] == first["blobs"][k], (k, rep["blobs"], first["blobs"])
-        assert rep["references"] == first["references"] == len(R)
-        for k in ("inputs", "index_seq", "until_ms"):  # carried on: still nothing changed
-            assert rep["rerun_basis"][k] == first["rerun_basis"][k], (rep, first)
-        # a full run reads every file: never skipped
-        rep = api.run(full=True)
-        assert rep["sweep_skipped"] is None
-    finally:
-        srv.stop()
+def test_unchanged_rerun_skips_the_sweep_with_the_same_counts(settled):
+    t, srv, api, data, R = settled
+    first = api.runs()[0]
+    rep = api.run()
+    assert rep["sweep_skipped"] and "unchanged since run" in rep["sweep_skipped"], rep
+    for k in ("live", "marked", "held_referenced", "pending"):
+        assert rep["blobs"][k] == first["blobs"][k], (k, rep["blobs"], first["blobs"])
+    assert rep["references"] == first["references"] == len(R)
+    for k in ("inputs", "index_seq", "until_ms"):  # carried on: still nothing changed
+        assert rep["rerun_basis"][k] == first["rerun_basis"][k], (rep, first)
+    # a full run reads every file: never skipped
+    rep = api.run(full=True)
+    assert rep["sweep_skipped"] is None
 
 
-def test_upload_between_runs_sweeps(tmp_path):
-    t, srv, api, data, R = settled(tmp_path)
-    try:
-        U = upload(api, data, "U", 2)
-        time.sleep(GRACE + MARGIN)  # U past grace: only the index change says to sweep
-        rep = api.run()
-        assert rep["sweep_skipped"] is None and decided(rep) == (2, 0, 0), json.dumps(rep)
-    finally:
-        srv.stop()
+def test_upload_between_runs_sweeps(settled):
+    t, srv, api, data, R = settled
+    upload(api, data, "U", 2)
+    time.sleep(GRACE + MARGIN)  # U past grace: only the index change says to sweep
+    rep = api.run()
+    assert rep["sweep_skipped"] is None and decided(rep) == (2, 0, 0), json.dumps(rep)
 
 
-def test_grace_ending_between_runs_sweeps(tmp_path):
-    t, srv, api, data, R = settled(tmp_path)
-    try:
-        U = upload(api, data, "U", 1)
-        rep = api.run()  # U inside grace: pending, the basis ends when its grace does
-        assert rep["blobs"]["pending"] == 1 and decided(rep) == (0, 0, 0), json.dumps(rep)
-        until = rep["rerun_basis"]["until_ms"]
-        rep = api.run()
-        if rep["sweep_skipped"] is None:  # a loaded box: the grace may have ended already
-            assert decided(rep) == (1, 0, 0), json.dumps(rep)
-            return
-        while time.time() * 1000 <= until + 1:
-            time.sleep(0.05)
-        rep = api.run()
-        assert rep["sweep_skipped"] is None and decided(rep) == (1, 0, 0), json.dumps(rep)
-        assert U[0] not in data or api.code(U[0]) == 410
-    finally:
-        srv.stop()
+def test_grace_ending_between_runs_sweeps(settled):
+    t, srv, api, data, R = settled
+    U = upload(api, data, "U", 1)
+    rep = api.run()  # U inside grace: pending, the basis ends when its grace does
+    assert rep["blobs"]["pending"] == 1 and decided(rep) == (0, 0, 0), json.dumps(rep)
+    until = rep["rerun_basis"]["until_ms"]
+    rep = api.run()
+    if rep["sweep_skipped"] is None:  # a loaded box: the grace may have ended already
+        assert decided(rep) == (1, 0, 0), json.dumps(rep)
+        return
+    while time.time() * 1000 <= until + 1:
+        time.sleep(0.05)
+    rep = api.run()
+    assert rep["sweep_skipped"] is None and decided(rep) == (1, 0, 0), json.dumps(rep)
+    assert api.code(U[0]) == 410
 
 
-def test_expired_snapshot_sweeps(tmp_path):
-    t, srv, api, data, R = settled(tmp_path)
-    try:
-        time.sleep(GRACE + MARGIN)
-        t.overwrite(remove=["f1.parquet"])
-        t.expire(keep=1)  # f1's blobs referenced by nothing; the index is unchanged
-        rep = api.run()
-        assert rep["sweep_skipped"] is None and decided(rep) == (2, 0, 0), json.dumps(rep)
-    finally:
-        srv.stop()
+def test_expired_snapshot_sweeps(settled):
+    t, srv, api, data, R = settled
+    time.sleep(GRACE + MARGIN)
+    t.overwrite(remove=["f1.parquet"])
+    t.expire(keep=1)  # f1's blobs referenced by nothing; the index is unchanged
+    rep = api.run()
+    assert rep["sweep_skipped"] is None and decided(rep) == (2, 0, 0), json.dumps(rep)
 
 
-def test_admin_hold_and_restore_between_runs_sweep(tmp_path):
-    t, srv, api, data, R = settled(tmp_path)
-    try:
-        assert api.delete(R[0], reason="hold").status_code == 200
-        rep = api.run()
-        assert rep["sweep_skipped"] is None and rep["blobs"]["held_referenced"] == 1, rep
-        assert rep["held_referenced_blobs"] == [R[0]]
-        rep = api.run()  # unchanged: skipped, the held blob still listed
-        assert rep["sweep_skipped"] and rep["held_referenced_blobs"] == [R[0]], rep
-        assert api.restore(R[0]).status_code == 200
-        rep = api.run()
-        assert rep["sweep_skipped"] is None and rep["blobs"]["held_referenced"] == 0, rep
-    finally:
-        srv.stop()
+def test_admin_hold_and_restore_between_runs_sweep(settled):
+    t, srv, api, data, R = settled
+    assert api.delete(R[0], reason="hold").status_code == 200
+    rep = api.run()
+    assert rep["sweep_skipped"] is None and rep["blobs"]["held_referenced"] == 1, rep
+    assert rep["held_referenced_blobs"] == [R[0]]
+    rep = api.run()  # unchanged: skipped, the held blob still listed
+    assert rep["sweep_skipped"] and rep["held_referenced_blobs"] == [R[0]], rep
+    assert api.restore(R[0]).status_code == 200
+    rep = api.run()
+    assert rep["sweep_skipped"] is None and rep["blobs"]["held_referenced"] == 0, rep
 
 
-def test_a_run_that_decided_something_leaves_no_basis(tmp_path):
-    t, srv, api, data, R = settled(tmp_path)
-    try:
-        U = upload(api, data, "U", 2)
-        time.sleep(GRACE + MARGIN)
-        rep = api.run()
-        assert decided(rep) == (2, 0, 0) and rep["rerun_basis"] is None, json.dumps(rep)
-        # re-upload: U live again; the next run must see it (no basis, and the index changed)
-        for h in U:
-            api.put(data[h])
-        rep = api.run()
-        assert rep["sweep_skipped"] is None and rep["blobs"]["live"] == len(R) + 2, rep
-    finally:
-        srv.stop()
+def test_a_run_that_decided_something_leaves_no_basis(settled):
+    t, srv, api, data, R = settled
+    U = upload(api, data, "U", 2)
+    time.sleep(GRACE + MARGIN)
+    rep = api.run()
+    assert decided(rep) == (2, 0, 0) and rep["rerun_basis"] is None, json.dumps(rep)
+    # re-upload: U live again; the next run must see it (no basis, and the index changed)
+    for h in U:
+        api.put(data[h])
+    rep = api.run()
+    assert rep["sweep_skipped"] is None and rep["blobs"]["live"] == len(R) + 2, rep
