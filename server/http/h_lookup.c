@@ -183,30 +183,50 @@ static void lookup_attach_job(struct request *req) {
   free(present);
 }
 
-/* The answer: which of the n digests are present and live, read now (l: already read, taken). */
+/* Appends {"sha256":hex,"size":N,"url":"/v1/blobs/hex"}, byte for byte what json_dumps
+ * (JSON_COMPACT) makes of blob_json(digest, size). */
+static void found_text(struct json_text *t, const uint8_t *digest, uint64_t size) {
+  char hex[BR_HEX_LEN + 1], num[24];
+  br_hex_encode(digest, hex);
+  int k = snprintf(num, sizeof num, "%" PRIu64, size);
+  json_text_raw(t, "{\"sha256\":\"", 11);
+  json_text_raw(t, hex, BR_HEX_LEN);
+  json_text_raw(t, "\",\"size\":", 9);
+  json_text_raw(t, num, (size_t)k);
+  json_text_raw(t, ",\"url\":\"/v1/blobs/", 18);
+  json_text_raw(t, hex, BR_HEX_LEN);
+  json_text_raw(t, "\"}", 2);
+}
+
+/* The answer: which of the n digests are present and live, read now (l: already read, taken),
+ * written in place (no jansson object per hash: a call may name tens of thousands). */
 static enum MHD_Result lookup_answer(struct request *req, const uint8_t *digests, size_t n,
                                      struct looked *l) {
   int rc = 0;
   br_err err;
   if (!l) l = look_up(req, digests, n, &rc, &err);
   if (!l) return reply_error(req, index_error(rc), "%s", err.msg);
-  json_t *found = json_array(), *missing = json_array();
+  struct json_text t = {0};
+  size_t nfound = 0;
+  json_text_raw(&t, "{\"found\":[", 10);
   for (size_t i = 0; i < n; i++) {
-    const uint8_t *digest = digests + i * BR_SHA256_LEN;
-    if (l[i].live) {
-      json_array_append_new(found, blob_json(digest, l[i].size));
-    } else {
-      char hex[BR_HEX_LEN + 1];
-      br_hex_encode(digest, hex);
-      json_array_append_new(missing, json_string(hex));
-    }
+    if (!l[i].live) continue;
+    if (nfound++) json_text_raw(&t, ",", 1);
+    found_text(&t, digests + i * BR_SHA256_LEN, l[i].size);
   }
-  enum MHD_Result r =
-      reply_json(req, MHD_HTTP_OK, json_pack("{s:O,s:O}", "found", found, "missing", missing));
-  json_decref(found);
-  json_decref(missing);
+  json_text_raw(&t, "],\"missing\":[", 13);
+  for (size_t i = 0, nmissing = 0; i < n; i++) {
+    if (l[i].live) continue;
+    char hex[BR_HEX_LEN + 1];
+    br_hex_encode(digests + i * BR_SHA256_LEN, hex);
+    if (nmissing++) json_text_raw(&t, ",", 1);
+    json_text_raw(&t, "\"", 1);
+    json_text_raw(&t, hex, BR_HEX_LEN);
+    json_text_raw(&t, "\"", 1);
+  }
+  json_text_raw(&t, "]}", 2);
   free(l);
-  return r;
+  return reply_json_text(req, MHD_HTTP_OK, &t);
 }
 
 enum MHD_Result lookup_finish(struct request *req) {

@@ -593,16 +593,21 @@ def test_lookup_large_mixed(server):
         assert f["url"] == f"/v1/blobs/{f['sha256']}"
     sizes = {sha(b): len(b) for b in blobs}
     assert all(f["size"] == sizes[f["sha256"]] for f in body["found"])
-    assert sorted(body["missing"]) == sorted(missing)
+    assert body["missing"] == [h for h in order if h not in pset]  # in the order asked
     assert all(HEX_RE.match(m) for m in body["missing"])
 
 
 def test_lookup_empty_and_small(mserver):
     r = lookup(mserver, [])
     assert r.status_code == 200 and r.json() == {"found": [], "missing": []}
-    r = lookup(mserver, ["f" * 64, "sha256:" + H10K])
-    assert r.json() == {"found": [{"sha256": H10K, "size": 10000, "url": f"/v1/blobs/{H10K}"}],
-                        "missing": ["f" * 64]}
+    r = lookup(mserver, ["f" * 64, "sha256:" + H10K, "e" * 64])
+    want = {"found": [{"sha256": H10K, "size": 10000, "url": f"/v1/blobs/{H10K}"}],
+            "missing": ["f" * 64, "e" * 64]}
+    assert r.json() == want
+    # compact JSON and a newline, as every other answer (written in place, not by jansson)
+    assert r.content == json.dumps(want, separators=(",", ":")).encode() + b"\n"
+    assert r.headers["Content-Type"] == "application/json"
+    assert r.headers["Cache-Control"] == "no-store"
 
 
 def test_lookup_limits(small_server):
