@@ -121,10 +121,23 @@ int br_index_lease(br_index *idx, int which, int take, br_err *err);
  * 0 not (always on LMDB), or a negative code + err. */
 int br_index_lease_held(br_index *idx, int which, br_err *err);
 
-/* A number every committed write to the index changes (any write: records, purges, counters), so
- * that equal numbers read at two moments mean no write committed in between: 0, 1 when the
- * backend keeps none (PostgreSQL), or a negative code + err. */
-int br_index_change_seq(br_index *idx, uint64_t *seq, br_err *err);
+/* Where the index's writes stand. seq is a number every committed write changes (any write:
+ * records, purges, counters), so that equal numbers read at two moments mean no write committed in
+ * between; commits counts the transactions this process's writer committed, and others is the
+ * value commits had after the last of them holding a write other than changes flagged
+ * by_reconcile and CDN purge bookkeeping. */
+typedef struct br_index_mark {
+  uint64_t seq, commits, others;
+} br_index_mark;
+
+/* Reads the mark (all three at one moment: never between a commit and its count): 0, 1 when the
+ * backend keeps no change number (PostgreSQL), or a negative code + err. */
+int br_index_change_mark(br_index *idx, br_index_mark *out, br_err *err);
+
+/* 1 when every transaction committed between marks a and b (read in that order) was this
+ * process's writer's and held nothing but changes flagged by_reconcile and CDN purge bookkeeping;
+ * else 0. */
+int br_index_only_reconcile_since(const br_index_mark *a, const br_index_mark *b);
 
 /* ---- shared state (PostgreSQL only) -----------------------------------------------------------
  * What every node must answer alike (reconcile's reports and per-run lists): bytes by key in one
@@ -283,6 +296,7 @@ typedef struct br_change {
   uint64_t cutoff_ms;
   uint64_t expect_state_ms;
   const char *reason; /* QUARANTINE, HOLD */
+  int by_reconcile;   /* a decision of the reconcile run (see br_index_only_reconcile_since) */
   int applied;        /* out: 1 changed, 0 not eligible any more (or absent) */
   br_record before;   /* out: the record as the writer found it (when present) */
 } br_change;

@@ -66,6 +66,8 @@ struct br_index {
   uint8_t (*changed)[BR_SHA256_LEN]; /* the writer's scratch: the digests a batch announces */
   const br_location **places;        /* the writer's scratch: the places a batch may take */
   atomic_uint_fast64_t commits, ops_applied;
+  pthread_mutex_t mark_lock; /* a commit and its count in mark (br_index_change_mark) together */
+  br_index_mark mark;        /* commits and others (seq is the backend's, read under the lock) */
   br_counts *pending; /* the writer's: the counters' change in its transaction (NULL: none kept) */
   struct rcache
       *rcache;          /* NULL for read-only opens (fsck), which have no writer to keep it exact */
@@ -869,6 +871,29 @@ static int prefetch(br_index *idx, struct op **ops, size_t n) {
   return idx->ops->prefetch(idx->be, (const uint8_t(*)[BR_SHA256_LEN])idx->changed, idx->places, m);
 }
 
+/* Whether op writes only what reconcile decided or CDN purge bookkeeping (the purge queue, which
+ * no sweep reads). */
+static int reconcile_only(const struct op *op) {
+  return op->apply == apply_queue_purge || op->apply == apply_settle_purge ||
+         (op->apply == apply_change && op->change->by_reconcile);
+}
+
+/* Commits the writer's transaction holding ops[0..n), counted in the mark under mark_lock, so
+ * that a reader of the mark never sees the backend's change number moved without its count. */
+static int commit_marked(br_index *idx, struct op **ops, size_t n) {
+  if (!idx->ops->change_seq) return idx->ops->commit(idx->be);
+  int others = 0;
+  for (size_t i = 0; i < n && !others; i++) others = !reconcile_only(ops[i]);
+  pthread_mutex_lock(&idx->mark_lock);
+  int rc = idx->ops->commit(idx->be);
+  if (!rc) {
+    idx->mark.commits++;
+    if (others) idx->mark.others = idx->mark.commits;
+  }
+  pthread_mutex_unlock(&idx->mark_lock);
+  return rc;
+}
+
 /* Runs ops[0..n) in one transaction. An operation's apply returning -1 failed alone (nothing of
  * it was written); any other non-zero code spoils the transaction, which is then aborted, never
  * used again. The backend may ask for the batch to run again (LMDB: a full map after stale readers
@@ -895,7 +920,7 @@ static void run_batch(br_index *idx, struct op **ops, size_t n) {
     if (!spoiled) spoiled = flush_counts(idx);
     if (!spoiled) spoiled = announce(idx, ops, n);
     if (!spoiled)
-      spoiled = idx->ops->commit(idx->be);
+      spoiled = commit_marked(idx, ops, n);
     else
       idx->ops->abort(idx->be);
     if (!spoiled) {
@@ -1256,9 +1281,21 @@ int br_index_lock_blob(br_index *idx, const uint8_t digest[BR_SHA256_LEN], int l
 
 const char *br_index_kind(br_index *idx) { return idx->ops->name; }
 
-int br_index_change_seq(br_index *idx, uint64_t *seq, br_err *err) {
+int br_index_change_mark(br_index *idx, br_index_mark *out, br_err *err) {
   if (!idx->ops->change_seq) return 1;
-  return idx->ops->change_seq(idx->be, seq, err) < 0 ? -1 : 0;
+  pthread_mutex_lock(&idx->mark_lock);
+  *out = idx->mark;
+  int rc = idx->ops->change_seq(idx->be, &out->seq, err) < 0 ? -1 : 0;
+  pthread_mutex_unlock(&idx->mark_lock);
+  return rc;
+}
+
+/* Every transaction between a and b was the writer's when the change number moved by as much as
+ * its count of commits did (LMDB's transaction id grows by one a committed write; another
+ * process's commit, or a commit that wrote nothing, breaks the equality: the answer is then no). */
+int br_index_only_reconcile_since(const br_index_mark *a, const br_index_mark *b) {
+  return b->seq >= a->seq && b->commits >= a->commits &&
+         b->seq - a->seq == b->commits - a->commits && b->others <= a->commits;
 }
 
 int br_index_has_shared(br_index *idx) { return idx->ops->kv_put != NULL; }
@@ -1382,6 +1419,7 @@ br_index *br_index_open(const char *dir, const br_index_options *opt, br_err *er
   idx->on_change = opt->on_change;
   idx->on_change_ud = opt->on_change_ud;
   pthread_mutex_init(&idx->lock, NULL);
+  pthread_mutex_init(&idx->mark_lock, NULL);
   pthread_cond_init(&idx->work_cv, NULL);
   pthread_cond_init(&idx->done_cv, NULL);
   int shared = opt->dsn && opt->dsn[0];
@@ -1427,6 +1465,7 @@ fail:
   free(idx->places);
   if (idx->be) idx->ops->close(idx->be);
   pthread_mutex_destroy(&idx->lock);
+  pthread_mutex_destroy(&idx->mark_lock);
   pthread_cond_destroy(&idx->work_cv);
   pthread_cond_destroy(&idx->done_cv);
   free(idx);
@@ -1449,6 +1488,7 @@ void br_index_close(br_index *idx) {
   free(idx->pending);
   rcache_free(idx->rcache);
   pthread_mutex_destroy(&idx->lock);
+  pthread_mutex_destroy(&idx->mark_lock);
   pthread_cond_destroy(&idx->work_cv);
   pthread_cond_destroy(&idx->done_cv);
   free(idx);

@@ -233,18 +233,19 @@ static int mark_table(struct mark *m, const br_table_config *t, json_t *tables, 
   return 0;
 }
 
-/* A test hook, inert unless BLOBREF_TEST_RECONCILE_PAUSE names a FIFO: every run opens it for
- * reading between mark and sweep (the open returns once a test opens it for writing: the run has
- * marked) and waits for its end of file (the test closes it: the run goes on). */
-static void test_pause(void) {
-  const char *fifo = getenv("BLOBREF_TEST_RECONCILE_PAUSE");
+/* A test hook, inert unless the variable var names a FIFO: every run opens it for reading at that
+ * point (BLOBREF_TEST_RECONCILE_PAUSE: between mark and sweep; BLOBREF_TEST_RECONCILE_PAUSE_APPLY:
+ * between sweep and apply; the open returns once a test opens it for writing: the run is there)
+ * and waits for its end of file (the test closes it: the run goes on). */
+static void test_pause(const char *var, const char *where) {
+  const char *fifo = getenv(var);
   if (!fifo || !*fifo) return;
   int fd = open(fifo, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     br_warn("reconcile: test pause %s: %s", fifo, strerror(errno));
     return;
   }
-  br_info("reconcile: paused between mark and sweep (test hook %s)", fifo);
+  br_info("reconcile: paused %s (test hook %s)", where, fifo);
   char buf[64];
   for (;;) {
     ssize_t n = read(fd, buf, sizeof buf);
@@ -271,6 +272,7 @@ struct sweep {
   uint64_t now, grace_cutoff, retention_cutoff, retention_ms;
   uint64_t next_deadline; /* the earliest time a record seen undecided can become decided */
   uint64_t live, marked, missing, n[3], bytes_delete;
+  uint64_t marked_deleting; /* referenced records found deleting (their delete goes on) */
   uint64_t held_referenced, pending, protect;
   json_t *held_list;
   uint64_t swept, files, read, cached; /* records seen; the mark's data files (progress) */
@@ -313,6 +315,7 @@ static int on_record(void *ud, const uint8_t digest[D], const br_record *rec) {
   int kind = -1;
   if (rec->state == BR_STATE_DELETING) {
     kind = DO_DELETE; /* decided before: finished, referenced or not (its bytes may be gone) */
+    if (marked) s->marked_deleting++;
   } else if (rec->state == BR_STATE_LIVE) {
     /* unreferenced: quarantined once past grace (and the touch slack) and every lease */
     /* leases as they were at the run's start, when the tables were marked: a lease ending
@@ -606,6 +609,7 @@ static size_t delete_blobs(br_reconciler *r, const struct candidate *c, size_t n
     br_change *ch = &chs[nm];
     memset(ch, 0, sizeof *ch);
     ch->kind = BR_CHANGE_MARK_DELETE;
+    ch->by_reconcile = 1;
     ch->cutoff_ms = UINT64_MAX;
     ch->expect_state_ms = c[i].state_ms;
     ch->reason = "being deleted for good";
@@ -660,6 +664,7 @@ static size_t delete_blobs(br_reconciler *r, const struct candidate *c, size_t n
     br_change *ch = &chs[nr];
     memset(ch, 0, sizeof *ch);
     ch->kind = BR_CHANGE_REMOVE;
+    ch->by_reconcile = 1;
     ch->cutoff_ms = UINT64_MAX;
     ch->expect_state_ms = recs[i].state_ms;
     memcpy(ch->digest, c[i].digest, D);
@@ -856,6 +861,7 @@ static uint64_t apply_kind(br_reconciler *r, FILE *f, enum decision kind, uint64
       memset(ch, 0, sizeof *ch);
       memcpy(ch->digest, c.digest, D);
       ch->kind = kind == DO_QUARANTINE ? BR_CHANGE_QUARANTINE : BR_CHANGE_RESTORE;
+      ch->by_reconcile = 1;
       ch->cutoff_ms = grace_cutoff;
       ch->reason = "unreferenced";
     }
@@ -880,12 +886,15 @@ static int cmp_id(const void *a, const void *b) { return memcmp(a, b, D); }
 
 /* ---- the unchanged rerun ------------------------------------------------------------------------
  * A run whose sweep decided nothing records a basis in its report (rerun_basis): the inputs
- * digest, the index's change number read before its sweep, and the earliest time an undecided
- * record can become decided. The next run skips its sweep only when its mark came wholly from the
+ * digest, the index's change number read before its sweep, the earliest time an undecided record
+ * can become decided, and its counts. So does a run whose decisions were all applied while no
+ * other write reached the index (br_index_only_reconcile_since): its basis holds the change number
+ * after its changes, the counts as they make them, and ends by the time what it quarantined
+ * reaches its retention. The next run skips its sweep only when its mark came wholly from the
  * cache with the same inputs digest, the index's change number is the same, and it started before
  * that time: then every record, reference and cutoff the sweep would compare is the one the last
- * sweep compared, so its decisions (none) and counts are the last run's. Anything else: a full
- * sweep. The README's "Unchanged reruns" section has the argument. */
+ * sweep left, so its decisions (none) and counts are the basis's. Anything else: a full sweep.
+ * The README's "Unchanged reruns" section has the argument. */
 
 /* The inputs digest: SHA-256 over the mark's data-file ids (sorted in place, duplicates once) and
  * the settings the decisions depend on. */
@@ -931,6 +940,10 @@ static json_t *skip_basis(br_reconciler *r, const char *inputs, uint64_t seq, ui
   json_t *seqv = json_object_get(b, "index_seq"), *until = json_object_get(b, "until_ms");
   json_t *blobs = json_object_get(last, "blobs");
   if (!in || strcmp(in, inputs) || !json_is_integer(seqv) || !json_is_integer(until) ||
+      /* a basis from before the counts after a run's changes were kept: sweep once */
+      !json_is_integer(json_object_get(b, "live")) ||
+      !json_is_integer(json_object_get(b, "marked")) ||
+      !json_is_integer(json_object_get(b, "references_missing")) ||
       (uint64_t)json_integer_value(seqv) != seq || started < json_u64(b, "started_ms") ||
       /* a clock stepped back: leases may decide */ started >=
           (uint64_t)json_integer_value(until) ||
@@ -1024,13 +1037,14 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   uint64_t mark_end = br_now_ms();
   rprogress_update(r->progress, "mark", m.all_files, m.all_read, m.all_cached, 0);
   rprogress_publish(r->progress); /* the mark's totals, whatever the last publication was */
-  test_pause();
 
-  /* the unchanged rerun: the index's change number before the sweep reads it, and the inputs */
+  /* the unchanged rerun: the index's change mark before the sweep reads it, and the inputs */
   char inputs[BR_HEX_LEN + 1] = "";
-  uint64_t seq = 0;
-  int seq_ok = !failed && br_index_change_seq(r->env.index, &seq, &err) == 0;
+  br_index_mark mark0 = {0};
+  int seq_ok = !failed && br_index_change_mark(r->env.index, &mark0, &err) == 0;
+  uint64_t seq = mark0.seq;
   if (seq_ok) inputs_digest(cfg, m.kept, m.nkept, inputs);
+  test_pause("BLOBREF_TEST_RECONCILE_PAUSE", "between mark and sweep");
   json_t *basis =
       seq_ok && !opt->full && m.all_read == 0 ? skip_basis(r, inputs, seq, started) : NULL;
 
@@ -1064,14 +1078,14 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   if (!failed && basis) {
     /* the last run's sweep, unchanged: its counts and lists, no decisions */
     uint64_t last_id = json_u64(basis, "id");
-    json_t *b = json_object_get(basis, "blobs");
-    s.live = json_u64(b, "live");
-    s.marked = json_u64(b, "marked");
+    json_t *b = json_object_get(basis, "blobs"), *rb = json_object_get(basis, "rerun_basis");
+    s.live = json_u64(rb, "live"); /* the counts after the last run's changes */
+    s.marked = json_u64(rb, "marked");
+    s.missing = json_u64(rb, "references_missing");
     s.held_referenced = json_u64(b, "held_referenced");
     s.pending = json_u64(b, "pending");
-    s.missing = json_u64(basis, "references_missing");
     references = json_u64(basis, "references");
-    s.next_deadline = json_u64(json_object_get(basis, "rerun_basis"), "until_ms");
+    s.next_deadline = json_u64(rb, "until_ms");
     size_t i;
     json_t *h;
     json_array_foreach(json_object_get(basis, "held_referenced_blobs"), i, h)
@@ -1113,6 +1127,7 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   }
   uint64_t sweep_end = br_now_ms();
   rprogress_update(r->progress, "apply", s.files, s.read, s.cached, s.swept);
+  test_pause("BLOBREF_TEST_RECONCILE_PAUSE_APPLY", "between sweep and apply");
 
   /* guards, then the changes */
   const char *refused = NULL;
@@ -1201,15 +1216,29 @@ int br_reconcile_run(br_reconciler *r, uint64_t id, const br_reconcile_options *
   json_object_set_new(rep, "spill_runs",
                       json_integer((json_int_t)(m.sorter ? dsort_runs(m.sorter) : 0)));
   json_object_set_new(rep, "sweep_skipped", *skipped ? json_string(skipped) : json_null());
-  /* a basis for the next run: only a sweep that decided nothing, with nothing going wrong */
-  int qualifies = !failed && seq_ok && !refused && !list_failed && finished == 0 &&
-                  s.n[DO_QUARANTINE] + s.n[DO_RESTORE] + s.n[DO_DELETE] == 0 &&
+  /* a basis for the next run, with nothing going wrong: a sweep that decided nothing, or one whose
+   * decisions were all applied with no other write to the index since mark0 (the index is then
+   * the swept one with exactly those changes: the next sweep would decide nothing before the
+   * retention of what this run quarantined ends) */
+  uint64_t decided = s.n[DO_QUARANTINE] + s.n[DO_RESTORE] + s.n[DO_DELETE];
+  br_index_mark mark1 = mark0;
+  int changes_alone = decided == 0;
+  if (!changes_alone && !failed && seq_ok && !opt->dry_run && !basis &&
+      quarantined == s.n[DO_QUARANTINE] && restored == s.n[DO_RESTORE] &&
+      deleted == s.n[DO_DELETE] && br_index_change_mark(r->env.index, &mark1, &err) == 0)
+    changes_alone = br_index_only_reconcile_since(&mark0, &mark1);
+  int qualifies = !failed && seq_ok && !refused && !list_failed && finished == 0 && changes_alone &&
                   json_array_size(errors) == 0;
+  uint64_t until = s.next_deadline;
+  if (quarantined && started + cfg->retention_ms < until) until = started + cfg->retention_ms;
   json_object_set_new(
       rep, "rerun_basis",
-      qualifies ? json_pack("{s:s,s:I,s:I,s:I}", "inputs", inputs, "index_seq", (json_int_t)seq,
-                            "started_ms", (json_int_t)started, "until_ms",
-                            (json_int_t)(s.next_deadline > INT64_MAX ? INT64_MAX : s.next_deadline))
+      qualifies ? json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I}", "inputs", inputs, "index_seq",
+                            (json_int_t)mark1.seq, "started_ms", (json_int_t)started, "until_ms",
+                            (json_int_t)(until > INT64_MAX ? INT64_MAX : until), "live",
+                            (json_int_t)(s.live - quarantined + restored), "marked",
+                            (json_int_t)(s.marked - s.marked_deleting), "references_missing",
+                            (json_int_t)(s.missing + s.marked_deleting))
                 : json_null());
   json_decref(basis);
   json_object_set_new(rep, "errors", errors);

@@ -1260,6 +1260,58 @@ static void test_counts_kept_and_repaired(void) {
   CHECK(system(cmd) == 0, "rm");
 }
 
+/* The change mark: which commits between two marks were reconcile's alone. A table for the rule,
+ * then a real LMDB index: reconcile's changes and purge bookkeeping keep "only reconcile", any
+ * other write ends it. */
+static void test_change_mark(void) {
+  static const struct {
+    br_index_mark a, b;
+    int only;
+  } rule[] = {
+      {{10, 5, 2}, {12, 7, 2}, 1}, /* two commits, both reconcile's */
+      {{10, 5, 5}, {10, 5, 5}, 1}, /* nothing committed */
+      {{10, 5, 2}, {12, 7, 6}, 0}, /* one of them held another write */
+      {{10, 5, 2}, {12, 7, 5}, 1}, /* the last other write was before a */
+      {{10, 5, 2}, {13, 7, 2}, 0}, /* a commit not this writer's (another process) */
+      {{10, 5, 2}, {11, 7, 2}, 0}, /* a commit that wrote nothing: not provable */
+      {{10, 5, 2}, {9, 5, 2}, 0},  /* the number went back */
+      {{10, 5, 2}, {10, 4, 2}, 0}, /* the count went back (another open) */
+  };
+  for (size_t i = 0; i < sizeof rule / sizeof rule[0]; i++)
+    CHECK(br_index_only_reconcile_since(&rule[i].a, &rule[i].b) == rule[i].only, "rule %zu", i);
+
+  fresh_dir("index-mark");
+  br_index *idx = open_purging(1);
+  br_err err;
+  uint8_t d[3][BR_SHA256_LEN];
+  for (unsigned i = 0; i < 3; i++) {
+    br_record r = sample(1);
+    r.last_upload_ms = 10;
+    digest_of(5000 + i, d[i]);
+    own_keys(&r, d[i]);
+    CHECK(br_index_record_upload(idx, d[i], &r, NULL, NULL, &err) == 0, "setup %u", i);
+  }
+  br_index_mark a, b;
+  CHECK(br_index_change_mark(idx, &a, &err) == 0, "mark: %s", err.msg);
+  br_change ch = change_of(d[0], BR_CHANGE_QUARANTINE);
+  ch.by_reconcile = 1;
+  CHECK(br_index_apply_changes(idx, &ch, 1, 1000, &err) == 0 && ch.applied, "quarantine");
+  CHECK(br_index_queue_purges(idx, (const uint8_t(*)[BR_SHA256_LEN])d[1], 1, &err) == 0,
+        "queue purge: %s", err.msg);
+  CHECK(br_index_change_mark(idx, &b, &err) == 0 && b.seq > a.seq, "mark after: %s", err.msg);
+  CHECK(br_index_only_reconcile_since(&a, &b), "reconcile's change and a purge: only reconcile");
+  br_change other = change_of(d[1], BR_CHANGE_HOLD); /* an admin's, not flagged */
+  CHECK(br_index_apply_changes(idx, &other, 1, 1001, &err) == 0 && other.applied, "hold");
+  CHECK(br_index_change_mark(idx, &b, &err) == 0, "mark");
+  CHECK(!br_index_only_reconcile_since(&a, &b), "an admin hold is another write");
+  CHECK(br_index_change_mark(idx, &a, &err) == 0, "mark");
+  CHECK(br_index_touch(idx, d[2], 2000, &err) == 0, "touch: %s", err.msg);
+  CHECK(br_index_change_mark(idx, &b, &err) == 0, "mark");
+  CHECK(!br_index_only_reconcile_since(&a, &b), "a dedup touch is another write");
+  br_index_close(idx);
+  remove_dir();
+}
+
 int main(void) {
   test_encoding();
   test_encoding_identity();
@@ -1276,5 +1328,6 @@ int main(void) {
   test_deleting();
   test_purges();
   test_counts_kept_and_repaired();
+  test_change_mark();
   return unit_summary("index");
 }
