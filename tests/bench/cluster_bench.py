@@ -7,8 +7,10 @@ database. The load of the two-node setup is split over both nodes (one client ea
 
 usage: tests/bench/cluster_bench.py [BIN_DIR [BIN_DIR2]]
 env:   DURATION=8 (seconds per measurement)  N=20000 (blobs)  CONNS=32  LOOKUP_CLIENTS=4
+       N1M=1000 (new 1 MiB blobs, 16 connections per node; 0: none)
        OUT=build/bench/cluster.md  SETUPS="lmdb pg1 pg2"  PHASES="uploads reads lookup"
-       (PHASES=uploads: the new uploads alone, for quick comparisons)
+       (PHASES=uploads: the new uploads alone, for quick comparisons; "uploads1m" adds the
+       1 MiB uploads, on by default)
        STATEMENTS=1: pg_stat_statements on; each phase's statements a request, to stderr
        ROUNDS=1: every setup (with every bin dir) run again this many times, in turn; the table
        gives each figure's median and the median of its ratios to LMDB, each round's to stderr
@@ -49,7 +51,8 @@ STATEMENTS = os.environ.get("STATEMENTS") == "1"
 ROUNDS = int(os.environ.get("ROUNDS", "1"))
 WRK = shutil.which("wrk") is not None
 SETUPS = os.environ.get("SETUPS", "lmdb pg1 pg2").split()
-PHASES = os.environ.get("PHASES", "uploads reads lookup").split()
+PHASES = os.environ.get("PHASES", "uploads uploads1m reads lookup").split()
+N1M = int(os.environ.get("N1M", "1000")) if "uploads1m" in PHASES else 0
 OUT = pathlib.Path(os.environ.get("OUT", ROOT / "build" / "bench" / "cluster.md"))
 
 
@@ -231,7 +234,7 @@ def lookup_rate_wrk(nodes, hexes, work):
     return rate, bad
 
 
-def run_setup(name, work, ul, gen_list, hexes, pg, bin_dir):
+def run_setup(name, work, ul, gen_list, hexes, pg, bin_dir, gen_1m):
     d = work / f"{name}-{bin_dir.parent.name}-{len(list(work.glob(name + '-*')))}"
     root = d / "blobs"
     root.mkdir(parents=True)
@@ -262,6 +265,19 @@ def run_setup(name, work, ul, gen_list, hexes, pg, bin_dir):
         assert errs == 0 and ok == len(lines), (name, "uploads", errs, ok)
         res["uploads/s (4 KiB, new)"] = len(lines) / (time.monotonic() - t0)
         res["CPU µs an upload (nodes + PostgreSQL)"] = sum(ph.cpu_us)
+        if gen_1m:
+            lines = gen_1m.read_text().splitlines()
+            for i in range(nnodes):
+                lists[i].write_text("\n".join(lines[i::nnodes]) + "\n")
+            t0 = time.monotonic()
+            with Phase("uploads 1 MiB", pg, db, nodes) as ph:
+                rps, errs, ok = parallel(ul, [["-m", "put", "-u", f"{n.url}/v1/blobs", "-f",
+                                               lists[i], "-c", 16, "-d", 600]
+                                              for i, n in enumerate(nodes)])
+                ph.requests = ok
+            assert errs == 0 and ok == len(lines), (name, "uploads 1 MiB", errs, ok)
+            res["uploads/s (1 MiB, new)"] = len(lines) / (time.monotonic() - t0)
+            res["CPU µs a 1 MiB upload (nodes + PostgreSQL)"] = sum(ph.cpu_us)
         for sc, method in (("HEAD req/s", "HEAD"), ("redirect req/s (307)", "GET")):
             if "reads" not in PHASES:
                 break
@@ -309,6 +325,12 @@ def main():
     gen_list = work / "gen.list"
     gen_list.write_text(gen)
     hexes = [line.split()[0] for line in gen.splitlines()]
+    gen_1m = None
+    if N1M:
+        gen_1m = work / "gen1m.list"
+        gen_1m.write_text(subprocess.run(
+            [str(ul), "-m", "gen", "-s", str(1 << 20), "-n", str(N1M), "-S", f"cm{os.getpid()}",
+             "-o", str(work / "files1m")], capture_output=True, text=True, check=True).stdout)
     pg = pgutil.Postgres("-c shared_preload_libraries=pg_stat_statements" if STATEMENTS else "")
     rounds = []  # per round: (setup, bin dir's index) -> figures
     loads = []  # the 1-minute load average after each round
@@ -319,7 +341,7 @@ def main():
                 for b, bin_dir in enumerate(BINS):
                     t0 = time.monotonic()
                     print(f"round {rnd + 1}: {s} with {bin_dir}:", file=sys.stderr)
-                    results[s, b] = run_setup(s, work, ul, gen_list, hexes, pg, bin_dir)
+                    results[s, b] = run_setup(s, work, ul, gen_list, hexes, pg, bin_dir, gen_1m)
                     print(f"round {rnd + 1}: {s} with {bin_dir}: {time.monotonic() - t0:.0f} s "
                           f"{results[s, b]}", file=sys.stderr)
             rounds.append(results)
